@@ -1,0 +1,45 @@
+# `make run` and `make test` do all the set-up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.zerohop-installed
+
+.PHONY: run test lint format install bench clean
+
+run: $(STAMP)
+	$(VENV)/bin/zerohop serve
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) benchmarks/engine_throughput.py
+
+install: $(STAMP)
+
+# PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
+# on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
+# then accepts whichever is installed and never replaces it.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install -q torch; \
+	else \
+		$(PIP) install -q torch==2.13.0; \
+	fi
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

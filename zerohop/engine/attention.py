@@ -1,0 +1,99 @@
+"""Attention over the paged KV cache for one flat batch of decode tokens and prefill chunks.
+
+The cache of one layer is a tensor [num_slots, kv_heads, head_dim]; slot = block * block_size
++ offset. A step's flat batch puts all decode tokens first (one per sequence, attended as a
+single batched SDPA call), then each prefill chunk (one SDPA call per chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    num_seqs: int
+    key_slots: torch.Tensor  # [B, L] cache slots of every key, padded
+    key_mask: torch.Tensor  # [B, 1, 1, L] True where a key is real
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    token_start: int  # first row of this chunk in the flat batch
+    num_tokens: int
+    key_slots: torch.Tensor | None  # [ctx] when the chunk attends to earlier cached tokens
+    mask: torch.Tensor | None  # [n, ctx] causal mask offset by the cached context
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    slot_mapping: torch.Tensor  # [T] cache slot of each new token
+    decode: DecodeGroup | None
+    prefills: list[PrefillChunk]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D]."""
+    k_cache.index_copy_(0, batch.slot_mapping, k)
+    v_cache.index_copy_(0, batch.slot_mapping, v)
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    if batch.decode is not None:
+        n = batch.decode.num_seqs
+        out[:n] = _decode(q[:n], k_cache, v_cache, batch.decode, scale)
+    for chunk in batch.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    batch, num_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    # Query heads sharing a KV head become that head's "query rows": no KV repeat needed.
+    grouped_q = q.view(batch, kv_heads, num_heads // kv_heads, head_dim)
+    keys = k_cache[group.key_slots].transpose(1, 2)
+    values = v_cache[group.key_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        grouped_q, keys, values, attn_mask=group.key_mask, scale=scale
+    )
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    if chunk.key_slots is None:
+        keys, values, mask, causal = k, v, None, True
+    else:
+        keys, values = k_cache[chunk.key_slots], v_cache[chunk.key_slots]
+        mask, causal = chunk.mask, False
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)

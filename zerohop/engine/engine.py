@@ -1,0 +1,320 @@
+"""The step loop: schedule, run the model, sample, detokenize, report per-request deltas."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from zerohop.engine.block_pool import BlockPool
+from zerohop.engine.config import EngineConfig, ModelConfig
+from zerohop.engine.detokenizer import IncrementalDetokenizer
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.model import CausalLM
+from zerohop.engine.policy import SchedulingPolicy, TokenUsage
+from zerohop.engine.runner import ModelRunner
+from zerohop.engine.sampler import Sampler, SampleResult
+from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.scheduler import ScheduledChunk, Scheduler
+from zerohop.engine.sequence import Sequence
+from zerohop.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_GIB = 1.0
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one request produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    new_logprobs: list[dict[int, float]] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_tokens_processed: int = 0  # prefilled this step (what the gateway charges)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_blocks: int
+    blocks_in_use: int
+    blocks_cached: int
+    blocks_free: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_running: int
+    num_waiting: int
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: EngineConfig | None = None,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        model_dir = Path(model_path)
+        self.model_config = ModelConfig.from_dir(model_dir)
+        self.tokenizer = Tokenizer.from_dir(model_dir)
+        device = self.config.resolve_device()
+        self.model = CausalLM(
+            self.model_config, model_dir, self.config.resolve_dtype(device), device
+        )
+        self.max_model_len = min(
+            self.config.max_model_len or self.model_config.max_position_embeddings,
+            self.model_config.max_position_embeddings,
+        )
+        num_blocks = self._num_kv_blocks()
+        bs = self.config.block_size
+        self.pool = BlockPool(num_blocks, bs, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.pool, self.config.max_num_seqs, self.config.max_num_batched_tokens, policy
+        )
+        self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.sampler = Sampler()
+        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
+            self.model_config.eos_token_ids
+        )
+        self.requests: dict[str, Sequence] = {}
+        self._pending_aborts: list[str] = []
+        self.warmup()
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def _num_kv_blocks(self) -> int:
+        cfg, bs = self.config, self.config.block_size
+        if cfg.num_kv_blocks:
+            return cfg.num_kv_blocks
+        per_block = ModelRunner.kv_bytes_per_block(self.model, bs)
+        if cfg.kv_cache_memory is not None:
+            budget = cfg.kv_cache_memory * 2**30
+        elif self.model.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.model.device)
+            budget = free * cfg.gpu_memory_utilization
+        else:
+            budget = DEFAULT_CPU_KV_GIB * 2**30
+        # More blocks than every sequence at full length could use is wasted memory.
+        useful = cfg.max_num_seqs * (-(-self.max_model_len // bs))
+        num_blocks = min(int(budget // per_block), useful)
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget {budget / 2**30:.3f} GiB holds no block")
+        return num_blocks
+
+    def warmup(self) -> None:
+        """Run every code path once (prefill, chunk over cache, decode) before serving."""
+        length = min(2 * self.config.block_size + 3, self.max_model_len - 2)
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        self.add_request("__warmup__", [1] * length, params)
+        while self.has_unfinished():
+            self.step()
+        self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
+
+    # -- requests --------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        tenant: str = "default",
+        weight: float = 1.0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        seq = Sequence(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            max_tokens=self._resolve_max_tokens(prompt_token_ids, params),
+            tenant=tenant,
+            weight=weight,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.model.device).manual_seed(params.seed)
+        seq.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, params.stop or [], params.skip_special_tokens
+        )
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _resolve_max_tokens(self, prompt: list[int], params: SamplingParams) -> int:
+        n = len(prompt)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: it needs at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        capacity = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
+        if n >= capacity:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens, but this model's context is {capacity} tokens"
+                " (prompt plus at least one output token)"
+            )
+        room = capacity - n
+        return room if params.max_tokens is None else min(params.max_tokens, room)
+
+    def abort(self, request_id: str) -> None:
+        """Takes effect at the next step; unknown or finished ids are ignored."""
+        self._pending_aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        pool = self.pool
+        return EngineStats(
+            num_blocks=pool.num_blocks,
+            blocks_in_use=pool.num_in_use,
+            blocks_cached=pool.num_cached,
+            blocks_free=pool.num_free,
+            prefix_query_tokens=pool.counters.prefix_query_tokens,
+            prefix_hit_tokens=pool.counters.prefix_hit_tokens,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.policy),
+        )
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        deltas = self._apply_aborts()
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return deltas
+        chunks = ModelRunner.order_chunks(plan.chunks)
+        completing = [c.seq for c in chunks if c.completes]
+        try:
+            logits = self.runner.execute(chunks)
+        except Exception as exc:  # e.g. out of memory: fail this step's requests, go on
+            log.exception("forward pass failed")
+            return deltas + [self._fail(c.seq, f"forward pass failed: {exc}") for c in chunks]
+        step_deltas = {c.seq.request_id: self._advance(c) for c in chunks}
+        result = self._sample(logits, completing)
+        for row, seq in enumerate(completing):
+            self._append_token(seq, row, result, step_deltas[seq.request_id])
+        self.scheduler.policy.charge([self._usage(c, step_deltas) for c in chunks])
+        return deltas + list(step_deltas.values())
+
+    def _apply_aborts(self) -> list[RequestDelta]:
+        deltas = []
+        for request_id in self._pending_aborts:
+            seq = self.requests.pop(request_id, None)
+            if seq is not None:
+                self.scheduler.finish(seq, "abort")
+                deltas.append(self._final_delta(seq))
+        self._pending_aborts.clear()
+        return deltas
+
+    def _advance(self, chunk: ScheduledChunk) -> RequestDelta:
+        seq = chunk.seq
+        # The last token of a completing chunk is a decode once the request has output.
+        decoded = 1 if chunk.completes and seq.num_output_tokens > 0 else 0
+        prefilled = chunk.num_tokens - decoded
+        seq.num_computed_tokens += chunk.num_tokens
+        self.pool.commit(seq)
+        return RequestDelta(
+            seq.request_id,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=max(seq.num_cached_tokens, 0),
+            prompt_tokens_processed=prefilled,
+        )
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        params = [s.params for s in seqs]
+        generators = [s.generator for s in seqs]
+        try:
+            return self.sampler(logits, params, generators)
+        except Exception:
+            log.exception("batched sampling failed; sampling row by row")
+        result = SampleResult([0] * len(seqs), [None] * len(seqs), [None] * len(seqs))
+        for row in range(len(seqs)):
+            try:
+                one = self.sampler(
+                    logits[row : row + 1], params[row : row + 1], generators[row : row + 1]
+                )
+                result.token_ids[row], result.logprobs[row] = one.token_ids[0], one.logprobs[0]
+                result.errors[row] = one.errors[0]
+            except Exception as exc:
+                result.errors[row] = f"sampling failed: {exc}"
+        return result
+
+    def _append_token(
+        self, seq: Sequence, row: int, result: SampleResult, delta: RequestDelta
+    ) -> None:
+        if result.errors[row] is not None:
+            failed = self._fail(seq, result.errors[row])
+            delta.finished, delta.finish_reason, delta.error = True, "error", failed.error
+            return
+        token = result.token_ids[row]
+        seq.token_ids.append(token)
+        delta.new_token_ids.append(token)
+        if (lp := result.logprobs[row]) is not None:
+            delta.new_logprobs = [{**lp[1], token: lp[0]}]
+        text, stop_string = seq.detokenizer.push(token)
+        delta.new_text = text
+        reason, stop_reason = self._stop_reason(seq, token, stop_string)
+        if reason is not None:
+            if stop_string is None:
+                delta.new_text += seq.detokenizer.flush()
+            self.requests.pop(seq.request_id, None)
+            self.scheduler.finish(seq, reason, stop_reason)
+            delta.finished, delta.finish_reason, delta.stop_reason = True, reason, stop_reason
+
+    def _stop_reason(
+        self, seq: Sequence, token: int, stop_string: str | None
+    ) -> tuple[str | None, str | int | None]:
+        p = seq.params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if token in p.stop_token_ids:
+            return "stop", token
+        if stop_string is not None:
+            return "stop", stop_string
+        if seq.num_output_tokens >= seq.max_tokens:
+            return "length", None
+        return None, None
+
+    def _fail(self, seq: Sequence, message: str) -> RequestDelta:
+        self.requests.pop(seq.request_id, None)
+        if not seq.is_finished:
+            self.scheduler.finish(seq, "error")
+        seq.error = message
+        return self._final_delta(seq)
+
+    def _final_delta(self, seq: Sequence) -> RequestDelta:
+        return RequestDelta(
+            seq.request_id,
+            finished=True,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            error=seq.error,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=max(seq.num_cached_tokens, 0),
+        )
+
+    @staticmethod
+    def _usage(chunk: ScheduledChunk, deltas: dict[str, RequestDelta]) -> TokenUsage:
+        d = deltas[chunk.seq.request_id]
+        return TokenUsage(
+            chunk.seq.request_id,
+            chunk.seq.tenant,
+            prompt_tokens=d.prompt_tokens_processed,
+            output_tokens=len(d.new_token_ids),
+            cached_tokens=d.cached_tokens,
+        )

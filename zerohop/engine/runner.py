@@ -1,0 +1,104 @@
+"""Turns a scheduled step into one forward pass: flat batch, cache slots, attention groups."""
+
+from __future__ import annotations
+
+import torch
+
+from zerohop.engine.attention import AttentionBatch, DecodeGroup, PrefillChunk
+from zerohop.engine.model import CausalLM
+from zerohop.engine.scheduler import ScheduledChunk
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.device
+        shape = (num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+            )
+            for _ in range(cfg.num_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
+        cfg = model.config
+        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+        return per_token * block_size * model.dtype.itemsize
+
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Run the step; return logits [len(completing chunks), vocab] in `chunks` order.
+
+        `chunks` must list single-token chunks first (see `order_chunks`).
+        """
+        input_ids, positions, slots, logits_rows = [], [], [], []
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            span = range(start, start + chunk.num_tokens)
+            input_ids.extend(seq.token_ids[start : start + chunk.num_tokens])
+            positions.extend(span)
+            table, bs = seq.block_table, self.block_size
+            slots.extend(table[p // bs] * bs + p % bs for p in span)
+            if chunk.completes:
+                logits_rows.append(len(input_ids) - 1)
+        attn = AttentionBatch(
+            slot_mapping=self._tensor(slots),
+            decode=self._decode_group(chunks),
+            prefills=self._prefill_chunks(chunks),
+        )
+        return self.model.forward(
+            self._tensor(input_ids),
+            self._tensor(positions),
+            attn,
+            self.kv_caches,
+            self._tensor(logits_rows),
+        )
+
+    @staticmethod
+    def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+        return sorted(chunks, key=lambda c: c.num_tokens != 1)
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_group(self, chunks: list[ScheduledChunk]) -> DecodeGroup | None:
+        decodes = [c.seq for c in chunks if c.num_tokens == 1]
+        if not decodes:
+            return None
+        context_lens = self._tensor([s.num_computed_tokens + 1 for s in decodes])
+        max_len = max(s.num_computed_tokens + 1 for s in decodes)
+        key_slots = self._key_slots([s.block_table for s in decodes], max_len)
+        key_pos = torch.arange(max_len, device=self.device)
+        key_mask = (key_pos.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+        return DecodeGroup(len(decodes), key_slots, key_mask)
+
+    def _prefill_chunks(self, chunks: list[ScheduledChunk]) -> list[PrefillChunk]:
+        out, row = [], 0
+        for chunk in chunks:
+            n, start = chunk.num_tokens, chunk.seq.num_computed_tokens
+            if n > 1:
+                out.append(self._prefill_chunk(chunk, row, n, start))
+            row += n
+        return out
+
+    def _prefill_chunk(self, chunk: ScheduledChunk, row: int, n: int, start: int) -> PrefillChunk:
+        if start == 0:
+            return PrefillChunk(row, n, None, None)
+        ctx = start + n
+        key_slots = self._key_slots([chunk.seq.block_table], ctx)[0]
+        query_pos = torch.arange(start, ctx, device=self.device).unsqueeze(1)
+        mask = torch.arange(ctx, device=self.device).unsqueeze(0) <= query_pos
+        return PrefillChunk(row, n, key_slots, mask)
+
+    def _key_slots(self, tables: list[list[int]], length: int) -> torch.Tensor:
+        """[len(tables), length] cache slots of positions 0..length-1 (padding -> slot 0)."""
+        num_blocks = -(-length // self.block_size)
+        padded = [t[:num_blocks] + [0] * (num_blocks - len(t[:num_blocks])) for t in tables]
+        blocks = self._tensor(padded)
+        pos = torch.arange(length, device=self.device)
+        return blocks[:, pos // self.block_size] * self.block_size + pos % self.block_size
