@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from zerohop.engine.config import EngineConfig, ModelConfig
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.model import CausalLM
+from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import SchedulingPolicy, TokenUsage
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sampler import Sampler, SampleResult
@@ -24,35 +24,6 @@ from zerohop.engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_GIB = 1.0
-
-
-@dataclass(slots=True)
-class RequestDelta:
-    """What one request produced in one step."""
-
-    request_id: str
-    new_token_ids: list[int] = field(default_factory=list)
-    new_text: str = ""
-    new_logprobs: list[dict[int, float]] | None = None
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: str | int | None = None
-    error: str | None = None
-    num_prompt_tokens: int = 0
-    cached_tokens: int = 0
-    prompt_tokens_processed: int = 0  # prefilled this step (what the gateway charges)
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_blocks: int
-    blocks_in_use: int
-    blocks_cached: int
-    blocks_free: int
-    prefix_query_tokens: int
-    prefix_hit_tokens: int
-    num_running: int
-    num_waiting: int
 
 
 class LLMEngine:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.engine import LLMEngine, RequestDelta
+from zerohop.engine.engine import LLMEngine
+from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.policy import SchedulingPolicy
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.tokenizer import Tokenizer

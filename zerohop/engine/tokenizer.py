@@ -40,7 +40,9 @@ class Tokenizer:
         self._backend = backend
         self.special_tokens = _named_special_tokens(config)
         _add_missing_special_tokens(backend, config, self.special_tokens.values())
-        self._add_bos = _needs_manual_bos(backend, config, self.special_tokens.get("bos_token"))
+        # tokenizer.json's post-processor adds bos, as in transformers; `add_bos_token` only
+        # counts when it has none (transformers 4's Llama tokenizers honoured it there).
+        self._add_bos = backend.post_processor is None and bool(config.get("add_bos_token"))
         self._chat_template = chat_template
         self._compiled = _compile_template(chat_template) if chat_template else None
         eos_ids = set(extra_eos_ids)
@@ -113,7 +115,7 @@ class Tokenizer:
         variables["add_generation_prompt"] = add_generation_prompt
         try:
             return self._compiled.render(**variables)
-        except jinja2.TemplateError as exc:
+        except Exception as exc:  # the template is a program; any failure is this request's
             raise InvalidRequestError(f"chat template error: {exc}") from exc
 
     def encode_chat(
@@ -174,12 +176,6 @@ def _add_missing_special_tokens(
         backend.add_special_tokens(missing)
 
 
-def _needs_manual_bos(backend: BackendTokenizer, config: dict[str, Any], bos: str | None) -> bool:
-    # tokenizer.json's post-processor decides, as in transformers; `add_bos_token` only counts
-    # when it has none (transformers 4's Llama tokenizers honoured it there).
-    return backend.post_processor is None and bool(config.get("add_bos_token")) and bos is not None
-
-
 def _as_id_list(value: Any) -> list[int]:
     if value is None:
         return []
@@ -209,10 +205,6 @@ def _tojson(x: Any, ensure_ascii: bool = False, **options: Any) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, **options)
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 class _GenerationTag(Extension):
     """`{% generation %}...{% endgeneration %}` renders its body as is (some templates use it)."""
 
@@ -234,5 +226,5 @@ def _compile_template(source: str) -> jinja2.Template:
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)

@@ -1,0 +1,195 @@
+"""The engine as the server sees it: `async for delta in engine.generate(...)`.
+
+The model and step loop run in a separate process (see DESIGN.md: an engine thread next to
+a busy event loop loses most of its steps to the GIL). This side owns one socket to it,
+read by the event loop, and routes each step's deltas to the waiting streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from zerohop.engine.errors import InvalidRequestError, RequestFailedError
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.wire import HEADER, delta_from_wire, pack, params_to_wire, unpack
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RequestFailedError):
+    """The engine process has exited; no request can be served."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    queue: asyncio.Queue
+    finished: bool = False
+
+
+class AsyncEngine:
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}
+        self.dead: str | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._process: subprocess.Popen | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+
+    @classmethod
+    async def start(cls, model_path: str, **engine_options: Any) -> AsyncEngine:
+        """Spawn the engine process and wait until it has loaded and warmed up the model."""
+        self = cls()
+        parent, child = socket.socketpair()
+        # A fresh interpreter (not multiprocessing's spawn, which re-imports __main__).
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "zerohop.engine.engine_process", str(child.fileno())],
+            pass_fds=[child.fileno()],
+        )
+        child.close()
+        reader, self._writer = await asyncio.open_connection(sock=parent)
+        self._send(["start", str(model_path), engine_options])
+        first = await _read_frame(reader)
+        if first is None or first[0] != "ready":
+            await self.shutdown()
+            reason = first[1] if first else "the engine process exited during start-up"
+            raise RuntimeError(f"engine failed to start: {reason}")
+        self.info = first[1]
+        self._reader_task = asyncio.create_task(self._read_loop(reader))
+        return self
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._request_ids)}"
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        **options: Any,  # tenant, weight, priority, cache_salt
+    ) -> AsyncIterator[RequestDelta]:
+        """Yield each step's delta for this request; leaving early aborts it in the engine."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        if request_id in self._streams:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        stream = _Stream(asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send(["add", request_id, prompt_token_ids, params_to_wire(params), options])
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    stream.finished = True
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not stream.finished and not self.dead:
+                self._send(["abort", request_id])
+
+    def abort(self, request_id: str) -> None:
+        if not self.dead:
+            self._send(["abort", request_id])
+
+    async def call(self, name: str) -> Any:
+        """Ask the engine process for something (`stats`, `info`)."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._send(["call", call_id, name])
+        return await future
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.call("stats")
+
+    @property
+    def num_active(self) -> int:
+        return len(self._streams)
+
+    def _send(self, message: list) -> None:
+        assert self._writer is not None
+        self._writer.write(pack(message))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        reason = "the engine process exited"
+        try:
+            while (message := await _read_frame(reader)) is not None:
+                if message[0] == "fatal":
+                    reason = f"the engine process failed: {message[1]}"
+                    break
+                self._dispatch(message)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            reason = f"lost the engine process: {exc}"
+        self._mark_dead(reason)
+
+    def _dispatch(self, message: list) -> None:
+        kind = message[0]
+        if kind == "deltas":
+            for values in message[1]:
+                delta = delta_from_wire(values)
+                stream = self._streams.get(delta.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(delta)
+        elif kind == "rejected":
+            stream = self._streams.get(message[1])
+            if stream is not None:
+                stream.finished = True
+                stream.queue.put_nowait(InvalidRequestError(message[2]))
+        elif kind == "reply":
+            future = self._calls.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_result(message[2])
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        log.error("%s", reason)
+        for stream in self._streams.values():
+            stream.queue.put_nowait(EngineDeadError(reason))
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+        self._calls.clear()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        if self._writer is not None and not self.dead:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._send(["shutdown"])
+                await self._writer.drain()
+        self._mark_dead("the engine was shut down")
+        if self._process is not None:
+            try:
+                await asyncio.to_thread(self._process.wait, timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Any | None:
+    try:
+        header = await reader.readexactly(HEADER.size)
+        (size,) = HEADER.unpack(header)
+        return unpack(await reader.readexactly(size))
+    except asyncio.IncompleteReadError:
+        return None

@@ -1,0 +1,37 @@
+"""What the engine reports: per-request deltas each step, and pool/cache counters.
+
+Torch-free, so the API process can use these without importing the model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one request produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    new_logprobs: list[dict[int, float]] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_tokens_processed: int = 0  # prefilled this step (what the gateway charges)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_blocks: int
+    blocks_in_use: int
+    blocks_cached: int
+    blocks_free: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_running: int
+    num_waiting: int
