@@ -1,0 +1,3 @@
+from zerohop.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Models zerohop can build by itself (no download)."""
