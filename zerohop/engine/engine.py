@@ -89,7 +89,9 @@ class LLMEngine:
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         self.add_request("__warmup__", [1] * length, params)
         while self.has_unfinished():
-            self.step()
+            for delta in self.step():
+                if delta.error:
+                    raise RuntimeError(f"warm-up failed: {delta.error}")
         self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
 
     # -- requests --------------------------------------------------------------------

@@ -51,37 +51,40 @@ class CausalLM:
         self.dtype = dtype
         self.device = torch.device(device)
         weights = _WeightSource(load_state_dict(model_dir), dtype, self.device, model_dir)
-        self.embed_tokens = weights.take("model.embed_tokens.weight")
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed_tokens = weights.take("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
-        self.norm = weights.take("model.norm.weight")
+        self.norm = weights.take("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
-            self.lm_head = weights.take("lm_head.weight")
+            self.lm_head = weights.take("lm_head.weight", (vocab, hidden))
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
         )
         self.scale = config.head_dim**-0.5
 
     def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:
+        c = self.config
         p = f"model.layers.{i}."
-        bias = self.config.attention_bias
-        qk_norm = self.config.qk_norm
+        hidden, inter, head = c.hidden_size, c.intermediate_size, c.head_dim
+        q_dim, kv_dim = c.num_heads * head, c.num_kv_heads * head
+        bias, qk_norm = c.attention_bias, c.qk_norm
         return LayerWeights(
-            input_norm=w.take(p + "input_layernorm.weight"),
-            q_proj=w.take(p + "self_attn.q_proj.weight"),
-            k_proj=w.take(p + "self_attn.k_proj.weight"),
-            v_proj=w.take(p + "self_attn.v_proj.weight"),
-            o_proj=w.take(p + "self_attn.o_proj.weight"),
-            q_bias=w.take(p + "self_attn.q_proj.bias") if bias else None,
-            k_bias=w.take(p + "self_attn.k_proj.bias") if bias else None,
-            v_bias=w.take(p + "self_attn.v_proj.bias") if bias else None,
-            q_norm=w.take(p + "self_attn.q_norm.weight") if qk_norm else None,
-            k_norm=w.take(p + "self_attn.k_norm.weight") if qk_norm else None,
-            post_norm=w.take(p + "post_attention_layernorm.weight"),
-            gate_proj=w.take(p + "mlp.gate_proj.weight"),
-            up_proj=w.take(p + "mlp.up_proj.weight"),
-            down_proj=w.take(p + "mlp.down_proj.weight"),
+            input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
+            q_proj=w.take(p + "self_attn.q_proj.weight", (q_dim, hidden)),
+            k_proj=w.take(p + "self_attn.k_proj.weight", (kv_dim, hidden)),
+            v_proj=w.take(p + "self_attn.v_proj.weight", (kv_dim, hidden)),
+            o_proj=w.take(p + "self_attn.o_proj.weight", (hidden, q_dim)),
+            q_bias=w.take(p + "self_attn.q_proj.bias", (q_dim,)) if bias else None,
+            k_bias=w.take(p + "self_attn.k_proj.bias", (kv_dim,)) if bias else None,
+            v_bias=w.take(p + "self_attn.v_proj.bias", (kv_dim,)) if bias else None,
+            q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
+            k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
+            post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
+            gate_proj=w.take(p + "mlp.gate_proj.weight", (inter, hidden)),
+            up_proj=w.take(p + "mlp.up_proj.weight", (inter, hidden)),
+            down_proj=w.take(p + "mlp.down_proj.weight", (hidden, inter)),
         )
 
     @torch.inference_mode()
@@ -133,9 +136,14 @@ class _WeightSource:
     def __init__(self, tensors: dict[str, torch.Tensor], dtype, device, model_dir: Path) -> None:
         self.tensors, self.dtype, self.device, self.model_dir = tensors, dtype, device, model_dir
 
-    def take(self, name: str) -> torch.Tensor:
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{self.model_dir}: weight '{name}' not found in *.safetensors")
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(
+                f"{self.model_dir}: weight '{name}' has shape {tuple(tensor.shape)}, but"
+                f" config.json implies {shape}"
+            )
         # No copy when dtype and device already match: the tensor stays a view of the file.
         return tensor.to(dtype=self.dtype, device=self.device)

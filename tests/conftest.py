@@ -1,0 +1,50 @@
+"""Session-wide fixtures: torch threads and the tiny models, each built once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TinyModelFactory = Callable[[str], Path]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads() -> None:
+    # The machines have 2 cores shared with other jobs; torch's default oversubscribes.
+    # Imported here, not at module level, so tests that need no model need no torch.
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
+    """`tiny_model("qwen2")` -> folder of that tiny model, built on first use."""
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    built: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = build_tiny_model(root / arch, arch)
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tiny_model: TinyModelFactory) -> dict[str, Path]:
+    """Every tiny architecture, by name."""
+    from tests.fixtures.tiny_models import ARCH_NAMES
+
+    return {arch: tiny_model(arch) for arch in ARCH_NAMES}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_model: TinyModelFactory) -> Path:
+    return tiny_model("llama")
