@@ -48,3 +48,14 @@ def tiny_model_dirs(tiny_model: TinyModelFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(tiny_model: TinyModelFactory) -> Path:
     return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def live_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `zerohop serve` subprocess on the tiny llama, shared by the API tests."""
+    from tests.live_server import LiveServer
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = LiveServer(llama_dir).start(log)
+    yield server
+    server.stop()

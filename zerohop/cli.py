@@ -1,8 +1,10 @@
-"""`zerohop` command line: `generate` (offline), `serve` (HTTP/gRPC, next capability)."""
+"""`zerohop` command line: `serve` (HTTP + gRPC), `generate` (offline)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +27,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix (KV) caching")
     g.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    g.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)"
+    )
+    g.add_argument("--debug-step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -36,6 +43,9 @@ def engine_options(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "enable_prefix_caching": not args.no_prefix_caching,
         "num_threads": args.num_threads,
+        "max_model_len": args.max_model_len,
+        "num_kv_blocks": args.num_kv_blocks,
+        "step_delay": args.debug_step_delay,
     }
 
 
@@ -63,9 +73,76 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_engine_threads() -> int:
+    # Leave a core to the API process (event loop, tokenizing, framing): on a busy server
+    # torch's one-thread-per-core default next to the event loop halves engine throughput.
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from zerohop.server import ServeOptions, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options = engine_options(args)
+    options["num_threads"] = options["num_threads"] or default_engine_threads()
+    serve_options = ServeOptions(
+        model_dir=resolve_model_dir(args.model_dir),
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port or None,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        served_model_name=args.served_model_name,
+        max_body_bytes=args.max_body_bytes,
+        drain_seconds=args.drain_seconds,
+        engine_options=options,
+    )
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("zerohop serve: --tls-cert and --tls-key go together")
+    try:
+        import uvloop
+
+        return uvloop.run(serve(serve_options))
+    except ImportError:
+        return asyncio.run(serve(serve_options))
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    srv = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (Anthropic + OpenAI APIs) and gRPC",
+        description="Serve MODEL_DIR (a Hugging Face folder), or the embedded default model.",
+    )
+    srv.add_argument(
+        "model_dir", nargs="?", help="Hugging Face model folder (default: embedded tiny model)"
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    srv.add_argument(
+        "--port", type=int, default=8000, help="HTTP port: HTTP/1.1, h2c and TLS+ALPN h2"
+    )
+    srv.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: no gRPC server)")
+    srv.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (h2 or http/1.1 by ALPN)")
+    srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    srv.add_argument(
+        "--served-model-name", help="the model name clients use (default: the folder's name)"
+    )
+    srv.add_argument("--max-body-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
+    srv.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
+    )
+    add_engine_options(srv)
+    srv.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerohop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", help="Hugging Face model folder (default: embedded model)")

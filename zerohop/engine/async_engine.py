@@ -157,11 +157,12 @@ class AsyncEngine:
             if future is not None and not future.done():
                 future.set_result(message[2])
 
-    def _mark_dead(self, reason: str) -> None:
+    def _mark_dead(self, reason: str, expected: bool = False) -> None:
         if self.dead:
             return
         self.dead = reason
-        log.error("%s", reason)
+        if not expected:
+            log.error("%s", reason)
         for stream in self._streams.values():
             stream.queue.put_nowait(EngineDeadError(reason))
         for future in self._calls.values():
@@ -174,7 +175,7 @@ class AsyncEngine:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 self._send(["shutdown"])
                 await self._writer.drain()
-        self._mark_dead("the engine was shut down")
+        self._mark_dead("the engine was shut down", expected=True)
         if self._process is not None:
             try:
                 await asyncio.to_thread(self._process.wait, timeout)

@@ -167,6 +167,7 @@ class EngineConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
+    step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
 
     def __post_init__(self) -> None:
         assert self.block_size > 0 and self.max_num_seqs > 0

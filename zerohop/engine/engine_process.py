@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -76,6 +77,8 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
             deltas = engine.step()
             if deltas:
                 channel.send(["deltas", [delta_to_wire(d) for d in deltas]])
+            if engine.config.step_delay:
+                time.sleep(engine.config.step_delay)
 
 
 def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:

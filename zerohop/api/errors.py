@@ -1,0 +1,66 @@
+"""API errors and their two wire shapes (Anthropic and OpenAI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+# HTTP status -> OpenAI error type.
+OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    503: "server_error",
+    529: "server_error",
+}
+
+
+@dataclass(slots=True)
+class ApiError(Exception):
+    status: int
+    message: str
+    param: str | None = None  # OpenAI's `param`, when one field is at fault
+    code: str | None = None  # OpenAI's `code`
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def anthropic_body(error: ApiError, request_id: str) -> dict:
+    kind = ANTHROPIC_TYPES.get(error.status, "api_error")
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": error.message},
+        "request_id": request_id,
+    }
+
+
+def openai_body(error: ApiError, request_id: str) -> dict:
+    kind = OPENAI_TYPES.get(error.status, "server_error")
+    return {
+        "error": {
+            "message": error.message,
+            "type": kind,
+            "param": error.param,
+            "code": error.code,
+        }
+    }

@@ -1,0 +1,89 @@
+"""What every API surface shares: the engine, the tokenizer, limits and validation.
+
+The gateway capability (keys, rate limits, budgets) plugs in here, between parsing a
+request and handing it to the engine: `admit` is that place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from zerohop.api.errors import ApiError
+from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.tokenizer import Tokenizer
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20  # the Anthropic API's request size limit
+
+
+def new_request_id(prefix: str = "req_") -> str:
+    return prefix + os.urandom(12).hex()
+
+
+@dataclass(slots=True)
+class ServingContext:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    model_name: str
+    max_model_len: int
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    draining: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and self.engine.dead is None
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise ApiError(
+                404, f"model: {name} (this server serves '{self.model_name}')", param="model"
+            )
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="messages") from exc
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def check_lengths(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        """400 with the numbers when the prompt, or prompt plus max_tokens, overflows."""
+        limit = self.max_model_len
+        if prompt_tokens >= limit:
+            raise ApiError(
+                400,
+                f"prompt is too long: {prompt_tokens} tokens, but this model's context is"
+                f" {limit} tokens (prompt plus at least one output token)",
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"max_tokens is too large: {prompt_tokens} prompt tokens + {max_tokens}"
+                f" max_tokens = {prompt_tokens + max_tokens} > {limit}, this model's context",
+                param="max_tokens",
+            )
+
+    async def admit(self, request_id: str, prompt_tokens: int) -> None:
+        """Where authentication, rate limits and budgets will decide (gateway capability)."""
+        if not self.ready:
+            raise ApiError(529, "the server is shutting down or its engine is unavailable")
+
+    async def generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams, **options: Any
+    ) -> AsyncIterator[RequestDelta]:
+        """The engine's deltas for one request; engine-side rejections become ApiErrors."""
+        await self.admit(request_id, len(prompt))
+        try:
+            async for delta in self.engine.generate(request_id, prompt, params, **options):
+                yield delta
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc)) from exc
+        except EngineDeadError as exc:
+            raise ApiError(500, f"the engine failed: {exc}") from exc
