@@ -1,0 +1,1 @@
+"""Generated gRPC code (scripts/gen_grpc.py from proto/); do not edit."""

@@ -1,0 +1,248 @@
+"""The gRPC surface: `zerohop.v1.Zerohop` (Generate, CountTokens), health and reflection.
+
+grpc.aio on its own port (see DESIGN.md: ~70-140 µs per streamed message, so one message per
+engine step carrying all of that step's tokens). Validation and limits are the shared ones in
+ServingContext; ApiError statuses become gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from zerohop.api.errors import ApiError
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.api.service import ServingContext, new_request_id
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Zerohop"].full_name  # "zerohop.v1.Zerohop"
+HEALTH_POLL_SECONDS = 0.5
+
+_STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    529: grpc.StatusCode.UNAVAILABLE,
+}
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+PromptRequest = pb.GenerateRequest | pb.CountTokensRequest
+
+
+class ZerohopServicer(pb_grpc.ZerohopServicer):
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        request_id = await _start(context)
+        async with self._status_on_error(context, request_id):
+            await self._generate(request, context, request_id)
+
+    async def CountTokens(
+        self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CountTokensResponse:
+        request_id = await _start(context)
+        async with self._status_on_error(context, request_id):
+            self.ctx.check_model(request.model)
+            return pb.CountTokensResponse(input_tokens=len(self._prompt(request)))
+
+    @contextlib.asynccontextmanager
+    async def _status_on_error(
+        self, context: grpc.aio.ServicerContext, request_id: str
+    ) -> AsyncIterator[None]:
+        """End the call with the gRPC status for what went wrong."""
+        try:
+            yield
+        except ApiError as exc:
+            await context.abort(self._code(exc), exc.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("gRPC request %s failed", request_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
+
+    async def _generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, request_id: str
+    ) -> None:
+        ctx = self.ctx
+        ctx.check_model(request.model)
+        prompt = self._prompt(request)
+        params = _sampling_params(request)
+        ctx.check_lengths(len(prompt), params.max_tokens)
+        finished = False
+        completion_tokens = 0
+        try:
+            # A cancelled or timed-out call raises CancelledError at one of these awaits.
+            async with contextlib.aclosing(ctx.generate(request_id, prompt, params)) as deltas:
+                async for delta in deltas:
+                    completion_tokens += len(delta.new_token_ids)
+                    finished = delta.finished
+                    if delta.new_token_ids or delta.new_text or finished:
+                        await context.write(_response(delta, len(prompt), completion_tokens))
+        finally:
+            if not finished:
+                ctx.engine.abort(request_id)  # leaving the iterator also does; be certain
+
+    def _prompt(self, request: PromptRequest) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind == "prompt":
+            ids = self.ctx.encode_text(request.prompt)
+        elif kind == "prompt_token_ids":
+            ids = list(request.prompt_token_ids.ids)
+        elif kind == "messages":
+            messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+            if not messages:
+                raise ApiError(400, "messages: at least one message is required", "messages")
+            ids = self.ctx.encode_chat(messages)
+        else:
+            raise ApiError(400, "one of prompt, prompt_token_ids or messages is required")
+        if not ids:
+            raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
+        return ids
+
+    def _code(self, error: ApiError) -> grpc.StatusCode:
+        if error.status >= 500 and self.ctx.engine.dead:
+            return grpc.StatusCode.UNAVAILABLE
+        return _STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+async def _start(context: grpc.aio.ServicerContext) -> str:
+    """A request id for the call, sent at once as `request-id` metadata (for the logs)."""
+    request_id = new_request_id()
+    await context.send_initial_metadata((("request-id", request_id),))
+    return request_id
+
+
+def _sampling_params(request: pb.GenerateRequest) -> SamplingParams:
+    def given(name: str, default: float | None) -> float | None:
+        return getattr(request, name) if request.HasField(name) else default
+
+    temperature = given("temperature", 1.0)
+    if not math.isfinite(temperature):  # NaN passes a `< 0` check
+        raise ApiError(400, f"temperature must be a finite number, got {temperature}")
+    try:
+        return SamplingParams(
+            temperature=temperature,
+            top_p=given("top_p", 1.0),
+            top_k=request.top_k,
+            seed=given("seed", None),
+            max_tokens=given("max_tokens", None),
+            stop=list(request.stop),
+            stop_token_ids=list(request.stop_token_ids),
+            ignore_eos=request.ignore_eos,
+            logprobs=given("logprobs", None),
+        )
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def _response(
+    delta: RequestDelta, prompt_tokens: int, completion_tokens: int
+) -> pb.GenerateResponse:
+    message = pb.GenerateResponse(token_ids=delta.new_token_ids, text=delta.new_text)
+    if delta.new_logprobs is not None:
+        message.logprobs.extend(
+            _logprobs(token, top)
+            for token, top in zip(delta.new_token_ids, delta.new_logprobs, strict=True)
+        )
+    if not delta.finished:
+        return message
+    if delta.finish_reason == "error":
+        raise ApiError(500, f"the request failed in the engine: {delta.error}")
+    if delta.finish_reason not in _FINISH_REASONS:  # "abort": only the server aborts on its own
+        raise ApiError(503, "the request was aborted by the server")
+    message.finish_reason = _FINISH_REASONS[delta.finish_reason]
+    if isinstance(delta.stop_reason, str):
+        message.stop_string = delta.stop_reason
+    elif isinstance(delta.stop_reason, int):
+        message.stop_token_id = delta.stop_reason
+    message.usage.prompt_tokens = prompt_tokens
+    message.usage.completion_tokens = completion_tokens
+    message.usage.cached_tokens = delta.cached_tokens
+    return message
+
+
+def _logprobs(token: int, top: dict[int, float]) -> pb.Logprobs:
+    ranked = sorted(top.items(), key=lambda item: -item[1])
+    return pb.Logprobs(
+        logprob=top[token], top=[pb.TokenLogprob(token_id=t, logprob=lp) for t, lp in ranked]
+    )
+
+
+class ReadinessHealth(health_aio.HealthServicer):
+    """grpc.health.v1: SERVING while the context is ready, NOT_SERVING otherwise."""
+
+    def __init__(self, ctx: ServingContext, services: Sequence[str]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.services = ("", *services)
+        self._follower: asyncio.Task | None = None
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        if request.service not in self.services:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service}")
+        return health_pb2.HealthCheckResponse(status=self._status())
+
+    def _status(self) -> health_pb2.HealthCheckResponse.ServingStatus:
+        return _SERVING if self.ctx.ready else _NOT_SERVING
+
+    def follow(self) -> None:
+        """Keep Watch streams current; Check always reads the context directly."""
+        self._follower = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        last = None
+        while not self.ctx.draining:
+            if (status := self._status()) != last:
+                for service in self.services:
+                    await self.set(service, status)
+                last = status
+            await asyncio.sleep(HEALTH_POLL_SECONDS)
+        await self.enter_graceful_shutdown()
+
+
+async def start_grpc_server(ctx: ServingContext, host: str, port: int) -> grpc.aio.Server:
+    """Start serving on host:port and return the started server (stop it with `.stop()`)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),  # else a second server can silently share the port
+            ("grpc.max_receive_message_length", ctx.max_body_bytes),
+        ],
+        compression=grpc.Compression.NoCompression,
+    )
+    pb_grpc.add_ZerohopServicer_to_server(ZerohopServicer(ctx), server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    health = ReadinessHealth(ctx, [SERVICE_NAME, health_name])
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_name, reflection.SERVICE_NAME], server
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if server.add_insecure_port(address) == 0:
+        raise RuntimeError(f"gRPC: could not bind {address}")
+    await server.start()
+    health.follow()
+    return server
