@@ -1,0 +1,289 @@
+"""The Anthropic Messages API: `POST /v1/messages` (streaming or not) and `count_tokens`.
+
+Decisions where the API leaves room (see also anthropic_schema.py):
+- Text blocks of one message are concatenated as they are (blocks are often split only to
+  place cache breakpoints); consecutive same-role turns are joined with a blank line.
+- A final assistant message is a prefill: the prompt is the chat template's rendering of the
+  turns before it, with the generation prompt, followed by the prefill text; the response
+  continues from it. As in the API it may not end with whitespace.
+- Usage: `input_tokens` excludes prefix-cache hits, which are `cache_read_input_tokens`;
+  `cache_creation_input_tokens` is always 0 (caching is automatic and never billed as a write).
+- A response always holds one text block, possibly empty.
+- `metadata.user_id`, `service_tier`, `cache_control`, `x-api-key`/`Authorization` and
+  `anthropic-version` are accepted and ignored until the gateway capability.
+- The stream's headers go out with the engine's first delta, so a request the engine
+  rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from zerohop.api.anthropic_schema import (
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    decode_count_tokens,
+    decode_messages,
+)
+from zerohop.api.asgi import (
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    end_stream,
+    header,
+    on_disconnect,
+    read_body,
+    send_chunk,
+    send_json,
+    start_stream,
+)
+from zerohop.api.errors import ApiError, anthropic_body
+from zerohop.api.service import ServingContext
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DELTA_PREFIX = (
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+)
+_DELTA_SUFFIX = b"}}\n\n"
+_BLOCK_START = (
+    b"event: content_block_start\n"
+    b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
+    b'\n\nevent: ping\ndata: {"type":"ping"}\n\n'
+)
+_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def routes(ctx: ServingContext) -> dict:
+    surface = AnthropicSurface(ctx)
+    return {
+        ("POST", "/v1/messages"): surface.messages,
+        ("POST", "/v1/messages/count_tokens"): surface.count_tokens,
+    }
+
+
+class AnthropicSurface:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
+        request = decode_count_tokens(await self._body(scope, receive))
+        self.ctx.check_model(request.model)
+        prompt = self.prompt(request)
+        await send_json(send, 200, {"input_tokens": len(prompt)}, _ids(rid))
+
+    async def messages(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
+        request = decode_messages(await self._body(scope, receive))
+        self.ctx.check_model(request.model)
+        prompt = self.prompt(request)
+        self.ctx.check_lengths(len(prompt), request.max_tokens)
+        params = _sampling_params(request)
+        state = _Run(self.ctx, rid, prompt, request.model)
+        watcher = on_disconnect(receive, state.client_gone)
+        deltas = self.ctx.generate(rid, prompt, params)
+        try:
+            if request.stream:
+                await state.stream(deltas, send)
+            else:
+                await state.complete(deltas, send)
+        finally:
+            watcher.cancel()
+            await deltas.aclose()
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        _check_content_type(header(scope, b"content-type"))
+        return await read_body(receive, self.ctx.max_body_bytes)
+
+    def prompt(self, request: CountTokensRequest) -> list[int]:
+        turns, prefill = chat_turns(request)
+        if prefill is None:
+            return self.ctx.encode_chat(turns)
+        tokenizer = self.ctx.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="messages") from exc
+        return tokenizer.encode(text + prefill, add_special_tokens=False)
+
+
+class _Run:
+    """One generation request's response, streamed as SSE events or sent whole."""
+
+    def __init__(self, ctx: ServingContext, rid: str, prompt: list[int], model: str) -> None:
+        self.ctx, self.rid, self.model = ctx, rid, model
+        self.num_prompt = len(prompt)
+        self.cached = 0
+        self.output_tokens = 0
+        self.gone = False
+
+    def client_gone(self) -> None:
+        self.gone = True
+        self.ctx.engine.abort(self.rid)
+
+    async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
+        pieces: list[str] = []
+        async for delta in deltas:
+            self._count(delta)
+            pieces.append(delta.new_text)
+            if delta.finished:
+                break
+        stop_reason, stop_sequence = self._finish(delta)
+        body = {
+            **self._message(),
+            "content": [{"type": "text", "text": "".join(pieces)}],
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": self._usage(),
+        }
+        await send_json(send, 200, body, _ids(self.rid))
+
+    async def stream(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
+        # Errors before the first delta become the HTTP status (the app sends them).
+        delta = await anext(deltas)
+        self._count(delta)
+        await start_stream(send, _ids(self.rid))
+        start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
+        start["usage"] = self._usage()
+        await send_chunk(send, _event("message_start", {"message": start}) + _BLOCK_START)
+        try:
+            while True:
+                if delta.new_text:
+                    await send_chunk(
+                        send, _DELTA_PREFIX + orjson.dumps(delta.new_text) + _DELTA_SUFFIX
+                    )
+                if delta.finished:
+                    break
+                delta = await anext(deltas)
+                self._count(delta)
+            stop_reason, stop_sequence = self._finish(delta)
+        except ApiError as exc:
+            return await end_stream(send, _event("error", anthropic_body(exc, self.rid)))
+        except Exception:
+            log.exception("request %s failed mid-stream", self.rid)
+            error = ApiError(500, "internal server error")
+            return await end_stream(send, _event("error", anthropic_body(error, self.rid)))
+        end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
+        end["usage"] = self._usage()
+        await end_stream(send, _BLOCK_STOP + _event("message_delta", end) + _MESSAGE_STOP)
+
+    def _count(self, delta: RequestDelta) -> None:
+        self.output_tokens += len(delta.new_token_ids)
+        self.cached = delta.cached_tokens
+
+    def _finish(self, delta: RequestDelta) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence) of the final delta; ApiError when it failed."""
+        reason = delta.finish_reason
+        if reason == "error":
+            raise ApiError(500, f"generation failed: {delta.error}")
+        if reason not in _STOP_REASONS:  # "abort"
+            # Not the client's doing (it would not be listening): drain or engine trouble.
+            raise ApiError(529, "the server cancelled this request (shutting down or overloaded)")
+        if reason == "stop" and isinstance(delta.stop_reason, str):
+            return "stop_sequence", delta.stop_reason
+        return _STOP_REASONS[reason], None
+
+    def _message(self) -> dict[str, Any]:
+        return {
+            "id": "msg_" + self.rid.removeprefix("req_"),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+        }
+
+    def _usage(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.num_prompt - self.cached,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cached,
+            "output_tokens": self.output_tokens,
+        }
+
+
+def chat_turns(request: CountTokensRequest) -> tuple[list[dict[str, str]], str | None]:
+    """Chat-template messages (system first, same-role turns merged) and the prefill, if any."""
+    if not request.messages:
+        raise ApiError(400, "messages: at least one message is required", param="messages")
+    turns: list[dict[str, str]] = []
+    last = len(request.messages) - 1
+    for i, message in enumerate(request.messages):
+        text = _text(message.content)
+        if not text and not (i == last and message.role == "assistant"):
+            raise ApiError(
+                400,
+                f"messages.{i}: all messages must have non-empty content except for the"
+                " optional final assistant message",
+            )
+        if turns and turns[-1]["role"] == message.role:
+            turns[-1]["content"] += "\n\n" + text
+        else:
+            turns.append({"role": message.role, "content": text})
+    prefill = None
+    if turns[-1]["role"] == "assistant":
+        prefill = turns.pop()["content"]
+        if prefill != prefill.rstrip():
+            raise ApiError(
+                400, "messages: final assistant content cannot end with trailing whitespace"
+            )
+    system = _text(request.system) if request.system is not None else ""
+    if system:
+        turns.insert(0, {"role": "system", "content": system})
+    return turns, prefill
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(b.text for b in content)
+
+
+def _sampling_params(request: MessagesRequest) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=request.top_k or 0,
+            max_tokens=request.max_tokens,
+            stop=request.stop_sequences,
+        )
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
+def _check_content_type(value: bytes | None) -> None:
+    """JSON only (a missing header is read as JSON); a charset, if given, must be UTF-8."""
+    if value is None:
+        return
+    mime, *params = value.split(b";")
+    if mime.strip().lower() != b"application/json":
+        shown = value.decode("latin-1")
+        raise ApiError(415, f"content-type must be application/json, got '{shown}'")
+    for param in params:
+        key, _, charset = param.partition(b"=")
+        if key.strip().lower() == b"charset" and charset.strip(b' "').lower() not in (
+            b"utf-8",
+            b"utf8",
+        ):
+            raise ApiError(415, "content-type charset must be utf-8")
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (
+        name.encode(),
+        orjson.dumps({"type": name, **data}),
+    )
+
+
+def _ids(rid: str) -> Headers:
+    ids = rid.encode()
+    return [(b"request-id", ids), (b"x-request-id", ids)]

@@ -1,0 +1,123 @@
+"""Anthropic Messages API request bodies as msgspec Structs, and their validation errors.
+
+Unknown top-level fields are rejected as the API does ("<field>: Extra inputs are not
+permitted"); fields the API knows but this server does not implement (tools, thinking, ...)
+are rejected with a message that says so, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from zerohop.api.errors import ApiError
+
+# Fields of the real API this server does not implement: a request using them is refused.
+UNSUPPORTED_FIELDS = frozenset(
+    {
+        "tools",
+        "tool_choice",
+        "thinking",
+        "mcp_servers",
+        "container",
+        "context_management",
+        "output_config",
+        "output_format",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
+
+
+class TextBlock(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    text: str
+    cache_control: Any = None  # accepted and ignored: prefix caching is automatic
+    citations: Any = None
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    role: Literal["user", "assistant"]
+    content: str | list[TextBlock]
+
+
+class Metadata(msgspec.Struct, forbid_unknown_fields=True):
+    user_id: str | None = None
+
+
+class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    messages: list[Message]
+    system: str | list[TextBlock] | None = None
+    cache_control: Any = None  # accepted and ignored, as in TextBlock
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    metadata: Metadata | None = None
+    stream: bool = False
+    # Accepted and ignored: they choose among a provider's fleets, and this is one server.
+    service_tier: Literal["auto", "standard_only"] | None = None
+    speed: Literal["standard", "fast"] | None = None
+    inference_geo: str | None = None
+
+
+_MESSAGES = msgspec.json.Decoder(MessagesRequest)
+_COUNT_TOKENS = msgspec.json.Decoder(CountTokensRequest)
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_FIELD = re.compile(r"`(?P<name>[^`]+)`")
+_INVALID_TAG = re.compile(r"^Invalid value '(?P<value>[^']*)'$")
+
+
+def decode_messages(body: bytes) -> MessagesRequest:
+    return _decode(_MESSAGES, body)
+
+
+def decode_count_tokens(body: bytes) -> CountTokensRequest:
+    return _decode(_COUNT_TOKENS, body)
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, validation_message(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        if "UTF-8" in str(exc):
+            raise ApiError(400, f"the request body is not valid UTF-8: {exc}") from None
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def validation_message(raw: str) -> str:
+    """msgspec's message, rewritten in the API's '<dotted.path>: <problem>' form."""
+    match = _AT.search(raw)
+    path = _dotted(match["path"]) if match else ""
+    problem = raw[: match.start()] if match else raw
+    if problem.startswith(("Object missing required field", "Object contains unknown field")):
+        name = _FIELD.search(problem)["name"]
+        full = f"{path}.{name}" if path else name
+        if problem.startswith("Object missing"):
+            return f"{full}: Field required"
+        if not path and name in UNSUPPORTED_FIELDS:
+            return f"{name}: not supported by this server"
+        return f"{full}: Extra inputs are not permitted"
+    if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type"):
+        return (
+            f"{path}: '{tag['value']}' content blocks are not supported by this server"
+            " (only 'text')"
+        )
+    if not path:
+        return f"the request body is invalid: {problem}"
+    return f"{path}: {problem}"
+
+
+def _dotted(path: str) -> str:
+    """`.messages[0].content` -> `messages.0.content`."""
+    return path.replace("[", ".").replace("]", "").lstrip(".")
