@@ -7,7 +7,7 @@ STAMP := $(VENV)/.zerohop-installed
 .PHONY: run test lint format install bench clean
 
 run: $(STAMP)
-	$(VENV)/bin/zerohop generate "Hello from zerohop" --chat --max-tokens 16
+	$(VENV)/bin/zerohop serve
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -376,3 +376,13 @@ def test_bad_model_folder_raises_model_load_error(
     with pytest.raises(ModelLoadError) as caught:
         LLM(str(folder), num_kv_blocks=8)
     assert named in str(caught.value), f"the error should name {named!r}: {caught.value}"
+
+
+def test_tiny_temperature_is_greedy(llama_dir) -> None:
+    from zerohop import LLM, SamplingParams
+
+    llm = LLM(llama_dir, num_kv_blocks=32)
+    prompt = list(range(5, 25))
+    greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    tiny = llm.generate([prompt], SamplingParams(temperature=1e-300, max_tokens=8, ignore_eos=True))
+    assert tiny[0].error is None and tiny[0].token_ids == greedy[0].token_ids

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from zerohop.engine.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW = 1e-5  # as vLLM: smaller temperatures overflow softmax; treat them as greedy
 
 
 @dataclass(slots=True)
@@ -47,4 +48,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW

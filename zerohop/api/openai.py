@@ -1,0 +1,511 @@
+"""The OpenAI API surface: chat completions, legacy completions and models, as vLLM serves them.
+
+Streams send one SSE chunk per engine step (one token, normally) the moment it arrives; each
+content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The first
+delta is awaited before the response starts, so engine-side rejections still get a real 400.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+
+from zerohop.api.asgi import (
+    ClientDisconnected,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    end_stream,
+    header,
+    on_disconnect,
+    read_body,
+    send_chunk,
+    send_json,
+    start_stream,
+)
+from zerohop.api.errors import ApiError, openai_body
+from zerohop.api.openai_schema import (
+    ChatRequest,
+    CompletionRequest,
+    chat_max_tokens,
+    chat_messages,
+    check_chat,
+    check_completion,
+    completion_prompt,
+    decode,
+    sampling_params,
+)
+from zerohop.api.service import ServingContext
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0  # what OpenAI and vLLM report instead of -inf
+Handler = Callable[[Scope, Receive, Send, str], Any]
+T = TypeVar("T")
+
+
+def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
+    api = OpenAIApi(ctx)
+    return {
+        ("POST", "/v1/chat/completions"): api.chat,
+        ("POST", "/v1/completions"): api.completions,
+        ("GET", "/v1/models"): api.models,
+        ("GET", f"/v1/models/{ctx.model_name}"): api.model,
+    }
+
+
+def _id_headers(request_id: str) -> Headers:
+    ids = request_id.encode()
+    return [(b"request-id", ids), (b"x-request-id", ids)]
+
+
+def _check_content_type(scope: Scope) -> None:
+    value = header(scope, b"content-type")
+    if value is None:
+        return  # lenient, as vLLM: a body without a content type is read as JSON
+    kind = value.split(b";", 1)[0].strip().lower()
+    if kind != b"application/json" and not kind.endswith(b"+json"):
+        raise ApiError(
+            415, f"unsupported Content-Type '{value.decode('latin-1')}': send application/json"
+        )
+
+
+class TokenTexts:
+    """Each token id's text and raw bytes, for logprobs (cached: the vocabulary is bounded)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        self._byte_level = type(tokenizer.backend.decoder).__name__ == "ByteLevel"
+        self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
+
+    def get(self, token_id: int) -> tuple[str, list[int]]:
+        found = self._cache.get(token_id)
+        if found is None:
+            raw = self._raw(token_id)
+            found = self._cache[token_id] = (raw.decode("utf-8", "replace"), list(raw))
+        return found
+
+    def _raw(self, token_id: int) -> bytes:
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and all(c in self._unbyte for c in piece):
+            return bytes(self._unbyte[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])  # SentencePiece byte fallback
+        if "▁" in piece:
+            return piece.replace("▁", " ").encode()
+        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable character table, used by byte-level BPE vocabularies."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    table, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@dataclass(slots=True)
+class Totals:
+    """What a request produced, accumulated over its deltas."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        self.completion_tokens += len(delta.new_token_ids)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
+        if delta.new_text:
+            self.text.append(delta.new_text)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def _failure(delta: RequestDelta) -> None:
+    """Raise for a request that ended in the engine without a result to send."""
+    if delta.finish_reason == "abort":
+        raise ClientDisconnected
+    if delta.finish_reason == "error":
+        raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
+
+
+class OpenAIApi:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.tokens = TokenTexts(ctx.tokenizer)
+        self.created = int(time.time())
+        self._model_card = {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "zerohop",
+            "root": ctx.model_name,
+            "parent": None,
+            "max_model_len": ctx.max_model_len,
+        }
+
+    # -- models ----------------------------------------------------------------------------
+
+    async def models(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        body = {"object": "list", "data": [self._model_card]}
+        await send_json(send, 200, body, _id_headers(request_id))
+
+    async def model(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        await send_json(send, 200, self._model_card, _id_headers(request_id))
+
+    # -- shared request path ---------------------------------------------------------------
+
+    def _check_model(self, name: str) -> None:
+        try:
+            self.ctx.check_model(name)
+        except ApiError as exc:
+            exc.code = exc.code or "model_not_found"
+            raise
+
+    async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
+        _check_content_type(scope)
+        return decode(await read_body(receive, self.ctx.max_body_bytes), kind)
+
+    async def _deltas(
+        self, request_id: str, prompt: list[int], params: SamplingParams, receive: Receive
+    ) -> AsyncIterator[RequestDelta]:
+        """The engine's deltas; a client that goes away aborts the request in the engine."""
+        watcher = on_disconnect(receive, lambda: self.ctx.engine.abort(request_id))
+        try:
+            async for delta in self.ctx.generate(request_id, prompt, params):
+                yield delta
+        finally:
+            watcher.cancel()
+
+    # -- chat completions ------------------------------------------------------------------
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        request = await self._read(scope, receive, ChatRequest)
+        check_chat(request)
+        self._check_model(request.model)
+        prompt = self.ctx.encode_chat(chat_messages(request))
+        max_tokens = chat_max_tokens(request)
+        self.ctx.check_lengths(len(prompt), max_tokens)
+        top = (request.top_logprobs or 0) if request.logprobs else None
+        params = sampling_params(request, max_tokens, top)
+        rid = "chatcmpl-" + request_id.removeprefix("req_")
+        deltas = self._deltas(request_id, prompt, params, receive)
+        async with contextlib.aclosing(deltas):
+            if request.stream:
+                options = request.stream_options
+                usage = bool(options and options.include_usage)
+                stream = ChatStream(rid, request.model, usage, len(prompt), top)
+                await self._stream(stream, deltas, send, request_id)
+            else:
+                await self._chat_once(
+                    rid, request.model, len(prompt), top, deltas, send, request_id
+                )
+
+    async def _chat_once(
+        self,
+        rid: str,
+        model: str,
+        prompt_tokens: int,
+        top: int | None,
+        deltas: AsyncIterator[RequestDelta],
+        send: Send,
+        request_id: str,
+    ) -> None:
+        totals = Totals(prompt_tokens)
+        logprobs: list[dict[str, Any]] | None = None if top is None else []
+        async for delta in deltas:
+            totals.add(delta)
+            if logprobs is not None and delta.new_logprobs is not None:
+                logprobs.extend(self.chat_logprobs(delta, top))
+            if delta.finished:
+                _failure(delta)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(totals.text)},
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": totals.finish_reason,
+            "stop_reason": totals.stop_reason,
+        }
+        body = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": totals.usage(),
+        }
+        await send_json(send, 200, body, _id_headers(request_id))
+
+    def chat_logprobs(self, delta: RequestDelta, top: int) -> list[dict[str, Any]]:
+        """OpenAI's `logprobs.content` entries for a delta's tokens."""
+        entries = []
+        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
+            token, raw = self.tokens.get(token_id)
+            chosen = max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB)
+            ranked = sorted(candidates.items(), key=lambda kv: -kv[1])[:top]
+            entries.append(
+                {
+                    "token": token,
+                    "logprob": chosen,
+                    "bytes": raw,
+                    "top_logprobs": [self._top_entry(i, lp) for i, lp in ranked],
+                }
+            )
+        return entries
+
+    def _top_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        token, raw = self.tokens.get(token_id)
+        return {"token": token, "logprob": max(logprob, MIN_LOGPROB), "bytes": raw}
+
+    # -- completions -----------------------------------------------------------------------
+
+    async def completions(
+        self, scope: Scope, receive: Receive, send: Send, request_id: str
+    ) -> None:
+        request = await self._read(scope, receive, CompletionRequest)
+        check_completion(request)
+        self._check_model(request.model)
+        given = completion_prompt(request, self.ctx.tokenizer.vocab_size)
+        prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
+        self.ctx.check_lengths(len(prompt), request.max_tokens)
+        params = sampling_params(request, request.max_tokens, request.logprobs)
+        echo = ""
+        if request.echo:
+            echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
+        rid = "cmpl-" + request_id.removeprefix("req_")
+        deltas = self._deltas(request_id, prompt, params, receive)
+        async with contextlib.aclosing(deltas):
+            if request.stream:
+                options = request.stream_options
+                usage = bool(options and options.include_usage)
+                stream = CompletionStream(rid, request.model, usage, len(prompt), echo)
+                await self._stream(stream, deltas, send, request_id)
+            else:
+                await self._complete_once(
+                    rid, request.model, len(prompt), echo, deltas, send, request_id
+                )
+
+    async def _complete_once(
+        self,
+        rid: str,
+        model: str,
+        prompt_tokens: int,
+        echo: str,
+        deltas: AsyncIterator[RequestDelta],
+        send: Send,
+        request_id: str,
+    ) -> None:
+        totals, logprobs, offset = Totals(prompt_tokens), None, 0
+        async for delta in deltas:
+            totals.add(delta)
+            if delta.new_logprobs is not None:
+                logprobs = logprobs or _legacy_columns()
+                offset = self.legacy_logprobs(delta, logprobs, offset)
+            if delta.finished:
+                _failure(delta)
+        choice = {
+            "index": 0,
+            "text": echo + "".join(totals.text),
+            "logprobs": logprobs,
+            "finish_reason": totals.finish_reason,
+            "stop_reason": totals.stop_reason,
+        }
+        body = {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": totals.usage(),
+        }
+        await send_json(send, 200, body, _id_headers(request_id))
+
+    def legacy_logprobs(self, delta: RequestDelta, out: dict[str, list], offset: int) -> int:
+        """Extend the completions API's column-wise logprobs by a delta's tokens; the
+        returned offset is where the next token's text starts."""
+        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
+            token, _ = self.tokens.get(token_id)
+            out["tokens"].append(token)
+            out["token_logprobs"].append(max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB))
+            top: dict[str, float] = {}  # distinct ids can share a text ("\ufffd"): keep the best
+            for i, lp in sorted(candidates.items(), key=lambda kv: -kv[1]):
+                top.setdefault(self.tokens.get(i)[0], max(lp, MIN_LOGPROB))
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(offset)
+            offset += len(token)
+        return offset
+
+    # -- streaming -------------------------------------------------------------------------
+
+    async def _stream(
+        self, stream: Stream, deltas: AsyncIterator[RequestDelta], send: Send, request_id: str
+    ) -> None:
+        first = await anext(deltas)  # engine rejections still get a proper status
+        if first.finished:
+            _failure(first)
+        await start_stream(send, _id_headers(request_id))
+        data = stream.opening()  # goes out with the first token: one write, not two
+        try:
+            delta = first
+            while True:
+                if delta.finished and delta.finish_reason in ("abort", "error"):
+                    _failure(delta)
+                data += stream.step(self, delta)
+                if delta.finished:
+                    return await end_stream(send, data + stream.closing() + DONE)
+                if data:
+                    await send_chunk(send, data)
+                    data = b""
+                delta = await anext(deltas)
+        except StopAsyncIteration:
+            await end_stream(send, data + DONE)
+        except ClientDisconnected:
+            await end_stream(send)
+        except ApiError as exc:
+            await end_stream(send, data + _sse(openai_body(exc, request_id)) + DONE)
+        except Exception:
+            log.exception("stream %s failed", request_id)
+            error = ApiError(500, "internal server error")
+            await end_stream(send, data + _sse(openai_body(error, request_id)) + DONE)
+
+
+def _legacy_columns() -> dict[str, list]:
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+
+def _sse(body: Any) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+class Stream:
+    """Pre-encoded SSE framing for one streamed request; subclasses fill in the choice."""
+
+    object_name = b""
+
+    def __init__(self, rid: str, model: str, include_usage: bool, prompt_tokens: int) -> None:
+        self.head = (
+            b'data: {"id":"' + rid.encode() + b'","object":"' + self.object_name
+            + b'","created":' + str(int(time.time())).encode()
+            + b',"model":' + orjson.dumps(model) + b',"choices":['
+        )  # fmt: skip
+        self.tail = (b',"usage":null' if include_usage else b"") + b"}\n\n"
+        self.include_usage = include_usage
+        self.totals = Totals(prompt_tokens)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        raise NotImplementedError
+
+    def closing(self) -> bytes:
+        totals = self.totals
+        finish = self.finish_choice(totals.finish_reason, orjson.dumps(totals.stop_reason))
+        data = self.head + finish + b"]" + self.tail
+        if self.include_usage:
+            data += self.head + b'],"usage":' + orjson.dumps(totals.usage()) + b"}\n\n"
+        return data
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        raise NotImplementedError
+
+
+class ChatStream(Stream):
+    object_name = b"chat.completion.chunk"
+
+    def __init__(
+        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, top: int | None
+    ) -> None:
+        super().__init__(rid, model, include_usage, prompt_tokens)
+        self.top = top
+        self.prefix = self.head + b'{"index":0,"delta":{"content":'
+        self.suffix = b'},"logprobs":null,"finish_reason":null}]' + self.tail
+
+    def opening(self) -> bytes:
+        delta = b'{"index":0,"delta":{"role":"assistant","content":""},'
+        return self.head + delta + b'"logprobs":null,"finish_reason":null}]' + self.tail
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        self.totals.add(delta)
+        if self.top is not None and delta.new_logprobs is not None and delta.new_token_ids:
+            logprobs = orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
+            return (
+                self.prefix + orjson.dumps(delta.new_text) + b'},"logprobs":' + logprobs
+                + b',"finish_reason":null}]' + self.tail
+            )  # fmt: skip
+        if not delta.new_text:
+            return b""
+        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        return (
+            b'{"index":0,"delta":{},"logprobs":null,"finish_reason":' + orjson.dumps(reason)
+            + b',"stop_reason":' + stop_reason + b"}"
+        )  # fmt: skip
+
+
+class CompletionStream(Stream):
+    object_name = b"text_completion"
+
+    def __init__(
+        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, echo: str
+    ) -> None:
+        super().__init__(rid, model, include_usage, prompt_tokens)
+        self.echo = echo
+        self.prefix = self.head + b'{"index":0,"text":'
+        self.suffix = b',"logprobs":null,"finish_reason":null}]' + self.tail
+        self.offset = 0
+
+    def opening(self) -> bytes:
+        if not self.echo:
+            return b""
+        return self.prefix + orjson.dumps(self.echo) + self.suffix
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        self.totals.add(delta)
+        if delta.new_logprobs is not None and delta.new_token_ids:
+            # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
+            chunk = _legacy_columns()
+            self.offset = api.legacy_logprobs(delta, chunk, self.offset)
+            return (
+                self.prefix + orjson.dumps(delta.new_text) + b',"logprobs":'
+                + orjson.dumps(chunk) + b',"finish_reason":null}]' + self.tail
+            )  # fmt: skip
+        if not delta.new_text:
+            return b""
+        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        return (
+            b'{"index":0,"text":"","logprobs":null,"finish_reason":' + orjson.dumps(reason)
+            + b',"stop_reason":' + stop_reason + b"}"
+        )  # fmt: skip
