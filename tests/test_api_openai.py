@@ -264,8 +264,10 @@ def test_models(live_server: LiveServer) -> None:
     listed = sdk.models.list().data
     assert [(m.id, m.object, m.owned_by) for m in listed] == [(MODEL_NAME, "model", "zerohop")]
     assert sdk.models.retrieve(MODEL_NAME).id == MODEL_NAME
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         sdk.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
+    assert "no-such-model" in missing.value.message
 
 
 def test_http2_h2c(live_server: LiveServer, llm: LLM) -> None:

@@ -48,18 +48,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         request_id = new_request_id()
         route = routes.get((scope["method"], path))
         if route is None:
-            status = 405 if path in paths else 404
-            message = (
-                f"{scope['method']} {path} is not supported"
-                if status == 405
-                else f"no such endpoint: {path}"
-            )
-            shape = (
-                openai_body
-                if path.startswith(("/v1/chat", "/v1/completions", "/v1/models"))
-                else anthropic_body
-            )
-            return await _send_error(send, ApiError(status, message), shape, request_id)
+            error, shape = _route_miss(scope["method"], path, path in paths)
+            return await _send_error(send, error, shape, request_id)
         handler, shape = route
         started = False
 
@@ -81,6 +71,17 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
                 await _send_error(send, ApiError(500, "internal server error"), shape, request_id)
 
     return app
+
+
+def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, ErrorShape]:
+    openai_path = path.startswith(("/v1/chat", "/v1/completions", "/v1/models"))
+    shape = openai_body if openai_path else anthropic_body
+    if known_path:
+        return ApiError(405, f"{method} {path} is not supported"), shape
+    if path.startswith("/v1/models/"):
+        model = path.removeprefix("/v1/models/")
+        return ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"), shape
+    return ApiError(404, f"no such endpoint: {path}"), shape
 
 
 async def _send_error(send: Send, error: ApiError, shape: ErrorShape, request_id: str) -> None:
