@@ -1,0 +1,100 @@
+"""Health never waits on the engine; SIGTERM drains in-flight streams and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.live_server import MODEL_NAME, LiveServer
+
+
+@pytest.fixture(scope="module")
+def slow_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("lifecycle") / "server.log"
+    server = LiveServer(llama_dir, ["--grpc-port", "0", "--debug-step-delay", "0.05"])
+    server.start(log)
+    yield server
+    server.stop()
+
+
+def _engine_pid(server: LiveServer) -> int:
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def _stream_request(max_tokens: int) -> dict:
+    return {
+        "model": MODEL_NAME,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+    }
+
+
+def test_health_answers_while_the_engine_is_frozen(slow_server: LiveServer) -> None:
+    engine_pid = _engine_pid(slow_server)
+    # Freeze the engine process outright: only a probe that never touches it can answer.
+    os.kill(engine_pid, signal.SIGSTOP)
+    try:
+        with httpx.Client(base_url=slow_server.url, timeout=2.0) as client:
+            for _ in range(20):
+                assert client.get("/health").status_code == 200
+                assert client.get("/ready").status_code == 200
+    finally:
+        os.kill(engine_pid, signal.SIGCONT)
+
+
+def test_health_answers_while_the_engine_is_saturated(slow_server: LiveServer) -> None:
+    url = slow_server.url + "/v1/messages"
+    done: list[int] = []
+
+    def one() -> None:
+        body = _stream_request(40)
+        with httpx.stream("POST", url, json=body, timeout=60) as r:
+            done.append(sum(1 for line in r.iter_lines() if line.startswith("event: content")))
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    with httpx.Client(base_url=slow_server.url, timeout=2.0) as client:
+        for _ in range(20):
+            assert client.get("/health").status_code == 200
+            assert client.get("/ready").status_code == 200
+        stats = client.get("/engine/stats").json()
+    for t in threads:
+        t.join()
+    assert stats["num_running"] + stats["num_waiting"] > 0, "the engine was not busy"
+    assert len(done) == 12
+
+
+def test_sigterm_drains_streams_then_exits_zero(slow_server: LiveServer) -> None:
+    url = slow_server.url + "/v1/messages"
+    events: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", url, json=_stream_request(30), timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line.removeprefix("event: "))
+                    started.set()
+                if line.startswith("data: ") and '"message_delta"' in line:
+                    events.append(json.loads(line[6:])["delta"]["stop_reason"])
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    assert started.wait(30)
+    slow_server.process.send_signal(signal.SIGTERM)
+    thread.join(60)
+    assert slow_server.process.wait(60) == 0
+    assert events[-1] == "message_stop" and "max_tokens" in events, events
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(slow_server.url + "/health", timeout=2.0)
