@@ -33,7 +33,8 @@ class LiveServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--tls-cert" in self.extra_args else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, log_path: Path, timeout: float = 120.0) -> LiveServer:
         self.log_path = log_path
@@ -56,7 +57,8 @@ class LiveServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/ready", timeout=1.0).status_code == 200:
+                ready = httpx.get(self.url + "/ready", timeout=1.0, verify=False)
+                if ready.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
