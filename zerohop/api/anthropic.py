@@ -31,14 +31,13 @@ from zerohop.api.anthropic_schema import (
     decode_messages,
 )
 from zerohop.api.asgi import (
-    Headers,
     Receive,
     Scope,
     Send,
     end_stream,
-    header,
     on_disconnect,
-    read_body,
+    read_json_body,
+    request_id_headers,
     send_chunk,
     send_json,
     start_stream,
@@ -83,7 +82,7 @@ class AnthropicSurface:
         request = decode_count_tokens(await self._body(scope, receive))
         self.ctx.check_model(request.model)
         prompt = self.prompt(request)
-        await send_json(send, 200, {"input_tokens": len(prompt)}, _ids(rid))
+        await send_json(send, 200, {"input_tokens": len(prompt)}, request_id_headers(rid))
 
     async def messages(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
         request = decode_messages(await self._body(scope, receive))
@@ -104,8 +103,7 @@ class AnthropicSurface:
             await deltas.aclose()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        _check_content_type(header(scope, b"content-type"))
-        return await read_body(receive, self.ctx.max_body_bytes)
+        return await read_json_body(scope, receive, self.ctx.max_body_bytes)
 
     def prompt(self, request: CountTokensRequest) -> list[int]:
         turns, prefill = chat_turns(request)
@@ -148,13 +146,13 @@ class _Run:
             "stop_sequence": stop_sequence,
             "usage": self._usage(),
         }
-        await send_json(send, 200, body, _ids(self.rid))
+        await send_json(send, 200, body, request_id_headers(self.rid))
 
     async def stream(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         # Errors before the first delta become the HTTP status (the app sends them).
         delta = await anext(deltas)
         self._count(delta)
-        await start_stream(send, _ids(self.rid))
+        await start_stream(send, request_id_headers(self.rid))
         start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = self._usage()
         await send_chunk(send, _event("message_start", {"message": start}) + _BLOCK_START)
@@ -260,30 +258,8 @@ def _sampling_params(request: MessagesRequest) -> SamplingParams:
         raise ApiError(400, str(exc)) from exc
 
 
-def _check_content_type(value: bytes | None) -> None:
-    """JSON only (a missing header is read as JSON); a charset, if given, must be UTF-8."""
-    if value is None:
-        return
-    mime, *params = value.split(b";")
-    if mime.strip().lower() != b"application/json":
-        shown = value.decode("latin-1")
-        raise ApiError(415, f"content-type must be application/json, got '{shown}'")
-    for param in params:
-        key, _, charset = param.partition(b"=")
-        if key.strip().lower() == b"charset" and charset.strip(b' "').lower() not in (
-            b"utf-8",
-            b"utf8",
-        ):
-            raise ApiError(415, "content-type charset must be utf-8")
-
-
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (
         name.encode(),
         orjson.dumps({"type": name, **data}),
     )
-
-
-def _ids(rid: str) -> Headers:
-    ids = rid.encode()
-    return [(b"request-id", ids), (b"x-request-id", ids)]

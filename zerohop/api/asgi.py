@@ -53,6 +53,33 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+def request_id_headers(request_id: str) -> Headers:
+    ids = request_id.encode()
+    return [(b"request-id", ids), (b"x-request-id", ids)]
+
+
+def check_json_content_type(value: bytes | None) -> None:
+    """JSON only (a missing header is read as JSON, as vLLM does); charset must be UTF-8."""
+    if value is None:
+        return
+    mime, *params = value.split(b";")
+    mime = mime.strip().lower()
+    if mime != b"application/json" and not mime.endswith(b"+json"):
+        shown = value.decode("latin-1")
+        raise ApiError(415, f"content-type must be application/json, got '{shown}'")
+    for param in params:
+        key, _, value = param.partition(b"=")
+        charset = value.strip(b' "').lower()
+        if key.strip().lower() == b"charset" and charset not in (b"utf-8", b"utf8"):
+            raise ApiError(415, "content-type charset must be utf-8")
+
+
+async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The body of a JSON request: content type checked, size bounded (413)."""
+    check_json_content_type(header(scope, b"content-type"))
+    return await read_body(receive, limit)
+
+
 async def send_json(
     send: Send, status: int, body: Any, headers: Headers = (), raw: bytes | None = None
 ) -> None:

@@ -18,14 +18,13 @@ import orjson
 
 from zerohop.api.asgi import (
     ClientDisconnected,
-    Headers,
     Receive,
     Scope,
     Send,
     end_stream,
-    header,
     on_disconnect,
-    read_body,
+    read_json_body,
+    request_id_headers,
     send_chunk,
     send_json,
     start_stream,
@@ -63,22 +62,6 @@ def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
         ("GET", "/v1/models"): api.models,
         ("GET", f"/v1/models/{ctx.model_name}"): api.model,
     }
-
-
-def _id_headers(request_id: str) -> Headers:
-    ids = request_id.encode()
-    return [(b"request-id", ids), (b"x-request-id", ids)]
-
-
-def _check_content_type(scope: Scope) -> None:
-    value = header(scope, b"content-type")
-    if value is None:
-        return  # lenient, as vLLM: a body without a content type is read as JSON
-    kind = value.split(b";", 1)[0].strip().lower()
-    if kind != b"application/json" and not kind.endswith(b"+json"):
-        raise ApiError(
-            415, f"unsupported Content-Type '{value.decode('latin-1')}': send application/json"
-        )
 
 
 class TokenTexts:
@@ -177,10 +160,10 @@ class OpenAIApi:
 
     async def models(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         body = {"object": "list", "data": [self._model_card]}
-        await send_json(send, 200, body, _id_headers(request_id))
+        await send_json(send, 200, body, request_id_headers(request_id))
 
     async def model(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
-        await send_json(send, 200, self._model_card, _id_headers(request_id))
+        await send_json(send, 200, self._model_card, request_id_headers(request_id))
 
     # -- shared request path ---------------------------------------------------------------
 
@@ -192,8 +175,7 @@ class OpenAIApi:
             raise
 
     async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
-        _check_content_type(scope)
-        return decode(await read_body(receive, self.ctx.max_body_bytes), kind)
+        return decode(await read_json_body(scope, receive, self.ctx.max_body_bytes), kind)
 
     async def _deltas(
         self, request_id: str, prompt: list[int], params: SamplingParams, receive: Receive
@@ -263,7 +245,7 @@ class OpenAIApi:
             "choices": [choice],
             "usage": totals.usage(),
         }
-        await send_json(send, 200, body, _id_headers(request_id))
+        await send_json(send, 200, body, request_id_headers(request_id))
 
     def chat_logprobs(self, delta: RequestDelta, top: int) -> list[dict[str, Any]]:
         """OpenAI's `logprobs.content` entries for a delta's tokens."""
@@ -347,7 +329,7 @@ class OpenAIApi:
             "choices": [choice],
             "usage": totals.usage(),
         }
-        await send_json(send, 200, body, _id_headers(request_id))
+        await send_json(send, 200, body, request_id_headers(request_id))
 
     def legacy_logprobs(self, delta: RequestDelta, out: dict[str, list], offset: int) -> int:
         """Extend the completions API's column-wise logprobs by a delta's tokens; the
@@ -372,7 +354,7 @@ class OpenAIApi:
         first = await anext(deltas)  # engine rejections still get a proper status
         if first.finished:
             _failure(first)
-        await start_stream(send, _id_headers(request_id))
+        await start_stream(send, request_id_headers(request_id))
         data = stream.opening()  # goes out with the first token: one write, not two
         try:
             delta = first
