@@ -65,8 +65,8 @@ def _decode(
     kv_heads = k_cache.shape[1]
     # Query heads sharing a KV head become that head's "query rows": no KV repeat needed.
     grouped_q = q.view(batch, kv_heads, num_heads // kv_heads, head_dim)
-    keys = k_cache[group.key_slots].transpose(1, 2)
-    values = v_cache[group.key_slots].transpose(1, 2)
+    keys = _gather(k_cache, group.key_slots).transpose(1, 2)
+    values = _gather(v_cache, group.key_slots).transpose(1, 2)
     out = F.scaled_dot_product_attention(
         grouped_q, keys, values, attn_mask=group.key_mask, scale=scale
     )
@@ -85,7 +85,7 @@ def _prefill(
     if chunk.key_slots is None:
         keys, values, mask, causal = k, v, None, True
     else:
-        keys, values = k_cache[chunk.key_slots], v_cache[chunk.key_slots]
+        keys, values = _gather(k_cache, chunk.key_slots), _gather(v_cache, chunk.key_slots)
         mask, causal = chunk.mask, False
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
@@ -97,3 +97,9 @@ def _prefill(
         enable_gqa=True,
     )
     return out.squeeze(0).transpose(0, 1)
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache[slots] for a [..., L] slot tensor; index_select is the fast path on CPU."""
+    flat = cache.index_select(0, slots.reshape(-1))
+    return flat.view(*slots.shape, *cache.shape[1:])
