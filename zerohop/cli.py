@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerohop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
+    __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", help="Hugging Face model folder (default: embedded model)")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import logging
+import os
 import socket
 import subprocess
 import sys
