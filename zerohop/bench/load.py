@@ -1,0 +1,473 @@
+"""A closed-loop streaming load client and vLLM's serving metrics (`vllm bench serve`).
+
+`concurrency` workers each send one request at a time until `num_requests` are done. Per
+request (times from sending the request):
+  TTFT  arrival of the first token event (a chunk with choices / a `content_block_delta`);
+  E2E   arrival of the last token event;
+  ITL   every gap between consecutive token events of the request;
+  TPOT  (E2E - TTFT) / (output_tokens - 1), for requests with more than one output token.
+A chunk that carries only a finish reason is not a token event (unless no token had one).
+Servers that send no chunk for tokens without visible text make fewer events than tokens: the
+report's check `one_event_per_token` says so, and TTFT/ITL then describe text events.
+Output tokens come from the usage the server reports (`stream_options.include_usage`, or
+Anthropic's `message_delta`), else from the number of token events. Throughputs divide by the
+benchmark's duration (first request sent to last request done, warm-up excluded).
+
+Per event the client only finds `data:` lines and looks for a few byte patterns; JSON is
+parsed (orjson) only for the usage and error chunks, so the client stays cheaper than the
+server it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from zerohop.bench import ENDPOINTS
+
+if TYPE_CHECKING:  # aiohttp is imported only when a benchmark runs
+    from aiohttp import ClientSession, StreamReader
+
+FIRST_ID = 4  # random prompt ids skip the special ids 0-3 of the toy tokenizers
+PERCENTILES = (50, 90, 99)
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    url: str
+    concurrency: int = 1
+    input_tokens: int = 128
+    output_tokens: int = 64
+    num_requests: int = 32
+    endpoint: str = "openai-completions"
+    model: str | None = None  # None: the first model of GET /v1/models
+    seed: int = 0
+    vocab_size: int = 512  # prompt ids are drawn from [4, vocab_size)
+    shared_prefix_tokens: int = 0  # the same first tokens in every prompt (prefix cache hits)
+    ignore_eos: bool = True  # send `ignore_eos` (vLLM's extra) so outputs are exactly O tokens
+    temperature: float = 0.0
+    # Completions `logprobs` (vllm bench's --logprobs). zerohop sends a chunk for every token
+    # that carries logprobs, even one whose text is still empty.
+    logprobs: int | None = None
+    warmup_requests: int = 1
+    api_key: str | None = None
+    timeout_s: float = 600.0
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool = False
+    error: str | None = None
+    prompt_tokens: int = 0  # as the server reported (0: not reported)
+    output_tokens: int = 0  # as the server reported, else the number of token events
+    events: int = 0  # token events received
+    ttft: float = 0.0  # seconds
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    sent_at: float = 0.0  # seconds after the benchmark started
+
+
+@dataclass(slots=True)
+class _Request:
+    body: bytes
+    prompt_tokens: int  # what the client asked for (anthropic: approximate)
+
+
+# -- prompts --------------------------------------------------------------------------------
+
+
+def random_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
+    """`n` prompts of exactly `input_tokens` ids, the first `shared_prefix_tokens` in common."""
+    if cfg.vocab_size <= FIRST_ID:
+        raise ValueError(f"vocab_size must be above {FIRST_ID}")
+    shared = min(cfg.shared_prefix_tokens, cfg.input_tokens)
+    rng = random.Random(f"{cfg.seed}-{salt}")
+    prefix = [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(shared)]
+    rest = cfg.input_tokens - shared
+    return [
+        prefix + [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(rest)] for _ in range(n)
+    ]
+
+
+def random_words(rng: random.Random, n: int) -> list[str]:
+    letters = string.ascii_lowercase
+    return ["".join(rng.choices(letters, k=rng.randint(2, 6))) for _ in range(n)]
+
+
+def completions_body(cfg: BenchConfig, model: str, prompt: list[int]) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": cfg.output_tokens,
+        "temperature": cfg.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    if cfg.logprobs is not None:
+        body["logprobs"] = cfg.logprobs
+    return orjson.dumps(body)
+
+
+def messages_body(cfg: BenchConfig, model: str, text: str) -> bytes:
+    return orjson.dumps(
+        {
+            "model": model,
+            "max_tokens": cfg.output_tokens,
+            "temperature": cfg.temperature,
+            "stream": True,
+            "messages": [{"role": "user", "content": text}],
+        }
+    )
+
+
+# -- SSE streams ------------------------------------------------------------------------------
+
+
+class _Stream:
+    """Timestamps of one response's token events, and its usage."""
+
+    __slots__ = (
+        "error",
+        "events",
+        "itl",
+        "last",
+        "output_tokens",
+        "prompt_tokens",
+        "start",
+        "ttft",
+    )
+
+    def __init__(self, start: float) -> None:
+        self.start = self.last = start
+        self.ttft = 0.0
+        self.events = 0
+        self.itl: list[float] = []
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.error: str | None = None
+
+    def token_event(self) -> None:
+        now = time.perf_counter()
+        if self.events:
+            self.itl.append(now - self.last)
+        else:
+            self.ttft = now - self.start
+        self.last = now
+        self.events += 1
+
+
+def _data(line: bytes) -> bytes | None:
+    if not line.startswith(b"data:"):
+        return None
+    return line[5:].strip()
+
+
+async def _read_openai(content: StreamReader, s: _Stream) -> None:
+    async for line in content:
+        payload = _data(line)
+        if payload is None or not payload:
+            continue
+        if payload == b"[DONE]":
+            return
+        # Compact JSON (orjson, pydantic) lets a token chunk be told apart without parsing;
+        # escaped text can never contain these patterns.
+        if b'"choices":[{' in payload and b'"finish_reason":null' in payload:
+            s.token_event()
+            if b'"usage":{' in payload:
+                _openai_usage(s, orjson.loads(payload))
+        elif b'"usage":{' in payload and b'"choices":[]' in payload:
+            _openai_usage(s, orjson.loads(payload))
+        else:
+            _openai_other(s, orjson.loads(payload))
+
+
+def _openai_usage(s: _Stream, data: dict) -> None:
+    usage = data.get("usage") or {}
+    s.prompt_tokens = usage.get("prompt_tokens") or 0
+    s.output_tokens = usage.get("completion_tokens") or 0
+
+
+def _openai_other(s: _Stream, data: dict) -> None:
+    if choices := data.get("choices"):
+        choice = choices[0]
+        # A finish reason without text marks the end (zerohop sends it right after the last
+        # token's chunk), not a token; it stands for one only if no token had a chunk.
+        marker = choice.get("finish_reason") and not (choice.get("text") or choice.get("delta"))
+        if not marker or not s.events:
+            s.token_event()
+    if data.get("usage"):
+        _openai_usage(s, data)
+    if error := data.get("error"):
+        s.error = f"stream error: {error.get('message', error)}"
+
+
+async def _read_anthropic(content: StreamReader, s: _Stream) -> None:
+    event = b""
+    async for line in content:
+        if line.startswith(b"event:"):
+            event = line[6:].strip()
+            continue
+        payload = _data(line)
+        if not payload:
+            continue
+        if event == b"content_block_delta":
+            s.token_event()
+        elif event == b"message_start":
+            usage = orjson.loads(payload)["message"].get("usage") or {}
+            s.prompt_tokens = sum(
+                usage.get(k) or 0
+                for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            )
+        elif event == b"message_delta":
+            s.output_tokens = (orjson.loads(payload).get("usage") or {}).get("output_tokens") or 0
+        elif event == b"error":
+            error = orjson.loads(payload).get("error") or {}
+            s.error = f"stream error: {error.get('message', error)}"
+        elif event == b"message_stop":
+            return
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+class LoadClient:
+    def __init__(self, cfg: BenchConfig, session: ClientSession) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.base = base_url(cfg.url)
+        self.headers = {"content-type": "application/json"}
+        if cfg.api_key:
+            self.headers["authorization"] = f"Bearer {cfg.api_key}"
+            self.headers["x-api-key"] = cfg.api_key
+        if cfg.endpoint == "anthropic-messages":
+            self.headers["anthropic-version"] = ANTHROPIC_VERSION
+            self.path, self.reader = "/v1/messages", _read_anthropic
+        elif cfg.endpoint == "openai-completions":
+            self.path, self.reader = "/v1/completions", _read_openai
+        else:
+            raise ValueError(f"unknown endpoint {cfg.endpoint!r}; one of {ENDPOINTS}")
+
+    async def model_name(self) -> str:
+        if self.cfg.model:
+            return self.cfg.model
+        async with self.session.get(self.base + "/v1/models", headers=self.headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"GET /v1/models: HTTP {resp.status}; pass --model")
+            return (await resp.json(loads=orjson.loads))["data"][0]["id"]
+
+    async def requests(self, n: int, salt: str) -> list[_Request]:
+        model = await self.model_name()
+        if self.cfg.endpoint == "openai-completions":
+            prompts = random_prompts(self.cfg, n, salt)
+            return [_Request(completions_body(self.cfg, model, p), len(p)) for p in prompts]
+        texts = await self._anthropic_texts(model, n, salt)
+        return [_Request(messages_body(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
+
+    async def _anthropic_texts(self, model: str, n: int, salt: str) -> list[str]:
+        """Texts of about `input_tokens` tokens once templated: the number of words is fitted
+        with count_tokens on a sample (1 token per word if the server lacks the endpoint)."""
+        words = await self._fit_words(model)
+        rng = random.Random(f"{self.cfg.seed}-{salt}")
+        shared = round(words * min(1.0, self.cfg.shared_prefix_tokens / self.cfg.input_tokens))
+        prefix = random_words(rng, shared)
+        return [" ".join(prefix + random_words(rng, words - shared)) for _ in range(n)]
+
+    async def _fit_words(self, model: str, tries: int = 4) -> int:
+        target = self.cfg.input_tokens
+        sample = random_words(random.Random(f"{self.cfg.seed}-calibrate"), 4 * target + 100)
+        words, per_word = target, 1.0
+        small, large = await self._count(model, sample[:10]), await self._count(model, sample)
+        if small is None or large is None or large <= small:
+            return words
+        per_word = (large - small) / (len(sample) - 10)
+        words = max(1, round(10 + (target - small) / per_word))
+        for _ in range(tries):  # the fit is rough for short prompts: correct on the real count
+            count = await self._count(model, sample[:words])
+            step = round((target - (count or target)) / per_word)
+            if not step:
+                break
+            words = max(1, min(len(sample), words + step))
+        return words
+
+    async def _count(self, model: str, words: list[str]) -> int | None:
+        body = {"model": model, "messages": [{"role": "user", "content": " ".join(words)}]}
+        url = self.base + "/v1/messages/count_tokens"
+        async with self.session.post(url, data=orjson.dumps(body), headers=self.headers) as r:
+            if r.status != 200:
+                return None
+            return (await r.json(loads=orjson.loads)).get("input_tokens")
+
+    async def send(self, request: _Request, bench_start: float) -> RequestResult:
+        import aiohttp
+
+        start = time.perf_counter()
+        s = _Stream(start)
+        result = RequestResult(sent_at=start - bench_start)
+        try:
+            async with self.session.post(
+                self.base + self.path, data=request.body, headers=self.headers
+            ) as resp:
+                if resp.status != 200:
+                    text = (await resp.read()).decode(errors="replace")
+                    s.error = f"HTTP {resp.status}: {text[:300]}"
+                else:
+                    await self.reader(resp.content, s)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            s.error = f"{type(exc).__name__}: {exc}"
+        if s.error is None and not s.events:
+            s.error = "no token events in the response"
+        result.ok = s.error is None
+        result.error = s.error
+        result.events, result.ttft, result.itl = s.events, s.ttft, s.itl
+        result.e2e = s.last - start
+        result.prompt_tokens = s.prompt_tokens
+        result.output_tokens = s.output_tokens or s.events
+        return result
+
+
+def base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+async def bench(cfg: BenchConfig) -> dict:
+    """Run the benchmark; return the report (config, summary, per-request rows)."""
+    import aiohttp
+
+    if cfg.concurrency < 1 or cfg.num_requests < 1:
+        raise ValueError("concurrency and num_requests must be at least 1")
+    connector = aiohttp.TCPConnector(limit=cfg.concurrency, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        client = LoadClient(cfg, session)
+        warmup = await client.requests(cfg.warmup_requests, "warmup")
+        work = await client.requests(cfg.num_requests, "bench")
+        for request in warmup:
+            done = await client.send(request, time.perf_counter())
+            if not done.ok:
+                raise RuntimeError(f"warm-up request failed: {done.error}")
+        results: list[RequestResult] = [RequestResult()] * len(work)
+        pending = iter(range(len(work)))
+        start = time.perf_counter()
+
+        async def worker() -> None:
+            for i in pending:
+                results[i] = await client.send(work[i], start)
+
+        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(work)))))
+        duration = time.perf_counter() - start
+    return {
+        "config": asdict(cfg) | {"api_key": None},
+        "summary": summarize(results, duration, cfg),
+        "requests": [_row(r) for r in results],
+    }
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    """`bench` on a fresh event loop (uvloop when installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(bench(cfg))
+    return uvloop.run(bench(cfg))
+
+
+def _row(r: RequestResult) -> dict:
+    row = asdict(r)
+    row["itl"] = [round(x, 6) for x in r.itl]
+    return row
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def distribution_ms(values_s: Sequence[float]) -> dict | None:
+    """mean, std, median and percentiles (numpy's linear interpolation, as vLLM) in ms."""
+    if not values_s:
+        return None
+    import numpy as np
+
+    ms = np.asarray(values_s, dtype=np.float64) * 1000.0
+    out = {"mean": float(ms.mean()), "std": float(ms.std())}
+    out |= {f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES}
+    return out | {"min": float(ms.min()), "max": float(ms.max()), "count": int(ms.size)}
+
+
+def summarize(results: Sequence[RequestResult], duration: float, cfg: BenchConfig) -> dict:
+    done = [r for r in results if r.ok]
+    total_in = sum(r.prompt_tokens for r in done)
+    total_out = sum(r.output_tokens for r in done)
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    errors = sorted({r.error for r in results if r.error})
+    return {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "max_concurrency": cfg.concurrency,
+        "duration_s": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "total_token_events": sum(r.events for r in done),
+        "request_throughput": len(done) / duration,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "ttft_ms": distribution_ms([r.ttft for r in done]),
+        "tpot_ms": distribution_ms(tpot),
+        "itl_ms": distribution_ms([x for r in done for x in r.itl]),
+        "e2el_ms": distribution_ms([r.e2e for r in done]),
+        "checks": {
+            "all_completed": len(done) == len(results),
+            "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done),
+            "prompt_tokens_as_requested": all(r.prompt_tokens == cfg.input_tokens for r in done),
+            "one_event_per_token": all(r.events == r.output_tokens for r in done),
+        },
+        "errors": errors[:5],
+    }
+
+
+def format_report(report: dict) -> str:
+    """vLLM-style text summary."""
+    s, c = report["summary"], report["config"]
+    lines = [
+        f"{' Serving Benchmark Result ':=^56}",
+        f"{'Endpoint:':<40}{c['endpoint']:>16}",
+        f"{'Maximum request concurrency:':<40}{s['max_concurrency']:>16}",
+        f"{'Successful requests:':<40}{s['completed']:>16}",
+        f"{'Failed requests:':<40}{s['failed']:>16}",
+        f"{'Benchmark duration (s):':<40}{s['duration_s']:>16.2f}",
+        f"{'Total input tokens:':<40}{s['total_input_tokens']:>16}",
+        f"{'Total generated tokens:':<40}{s['total_output_tokens']:>16}",
+        f"{'Request throughput (req/s):':<40}{s['request_throughput']:>16.2f}",
+        f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>16.2f}",
+        f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:>16.2f}",
+    ]
+    titles = {
+        "ttft_ms": "Time to First Token",
+        "tpot_ms": "Time per Output Token (excl. 1st token)",
+        "itl_ms": "Inter-token Latency",
+        "e2el_ms": "End-to-end Latency",
+    }
+    for key, title in titles.items():
+        lines.append(f"{' ' + title + ' ':-^56}")
+        d = s[key]
+        if d is None:
+            lines.append(f"{'(no samples)':<40}")
+            continue
+        name = key.removesuffix("_ms").upper()
+        for stat in ("mean", "p50", "p90", "p99"):
+            lines.append(f"{f'{stat.capitalize()} {name} (ms):':<40}{d[stat]:>16.2f}")
+    failed_checks = [k for k, ok in s["checks"].items() if not ok]
+    if failed_checks:
+        lines.append(f"{'Checks not met:':<40}{', '.join(failed_checks)}")
+    lines.extend(f"error: {e}" for e in s["errors"])
+    lines.append("=" * 56)
+    return "\n".join(lines)
