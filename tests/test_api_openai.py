@@ -96,7 +96,8 @@ def test_chat_stream_with_usage(live_server: LiveServer, llm: LLM) -> None:
     assert chunks[-1].choices == []
     assert all(c.usage is None for c in chunks[:-1])
     check_usage(chunks[-1].usage, len(ids), want)
-    assert len(chunks) >= 3 + len(want.token_ids) // 2, "tokens arrive as separate chunks"
+    # role chunk + one chunk per token + finish chunk + usage chunk
+    assert len(chunks) == 3 + len(want.token_ids), "each token arrives as its own chunk"
 
 
 def test_chat_async_stream_and_not_concurrently(live_server: LiveServer, llm: LLM) -> None:
@@ -228,6 +229,7 @@ def test_completions_async_stream_with_usage(live_server: LiveServer, llm: LLM) 
             await sdk.close()
 
     chunks = asyncio.run(run())
+    assert len(chunks) == 2 + len(want.token_ids), "each token arrives as its own chunk"
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
     assert chunks[-2].choices[0].finish_reason == want.finish_reason
     assert chunks[-1].choices == []

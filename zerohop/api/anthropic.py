@@ -158,7 +158,7 @@ class _Run:
         await send_chunk(send, _event("message_start", {"message": start}) + _BLOCK_START)
         try:
             while True:
-                if delta.new_text:
+                if delta.new_token_ids:  # one event per token, even one with no text yet
                     await send_chunk(
                         send, _DELTA_PREFIX + orjson.dumps(delta.new_text) + _DELTA_SUFFIX
                     )

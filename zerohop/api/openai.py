@@ -276,7 +276,7 @@ class OpenAIApi:
         request = await self._read(scope, receive, CompletionRequest)
         check_completion(request)
         self._check_model(request.model)
-        given = completion_prompt(request, self.ctx.tokenizer.vocab_size)
+        given = completion_prompt(request, self.ctx.vocab_size)
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         params = sampling_params(request, request.max_tokens, request.logprobs)
@@ -444,8 +444,8 @@ class ChatStream(Stream):
                 self.prefix + orjson.dumps(delta.new_text) + b'},"logprobs":' + logprobs
                 + b',"finish_reason":null}]' + self.tail
             )  # fmt: skip
-        if not delta.new_text:
-            return b""
+        if not delta.new_token_ids:
+            return b""  # one chunk per token, even one whose text is still held back
         return self.prefix + orjson.dumps(delta.new_text) + self.suffix
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
@@ -482,8 +482,8 @@ class CompletionStream(Stream):
                 self.prefix + orjson.dumps(delta.new_text) + b',"logprobs":'
                 + orjson.dumps(chunk) + b',"finish_reason":null}]' + self.tail
             )  # fmt: skip
-        if not delta.new_text:
-            return b""
+        if not delta.new_token_ids:
+            return b""  # one chunk per token, even one whose text is still held back
         return self.prefix + orjson.dumps(delta.new_text) + self.suffix
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:

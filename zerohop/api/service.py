@@ -35,6 +35,11 @@ class ServingContext:
     draining: bool = False
 
     @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary (token ids a prompt may hold), not the tokenizer's."""
+        return self.engine.info["vocab_size"]
+
+    @property
     def ready(self) -> bool:
         return not self.draining and self.engine.dead is None
 
