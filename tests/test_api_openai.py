@@ -20,7 +20,8 @@ import pytest
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
 from zerohop.api.errors import ApiError
-from zerohop.api.openai import ChatStream, OpenAIApi
+from zerohop.api.openai import OpenAIApi
+from zerohop.api.openai_stream import ChatStream
 from zerohop.api.service import ServingContext
 from zerohop.engine.llm import RequestOutput
 from zerohop.engine.outputs import RequestDelta

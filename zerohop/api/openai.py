@@ -11,10 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import orjson
 
 from zerohop.api.asgi import (
     ClientDisconnected,
@@ -41,6 +38,16 @@ from zerohop.api.openai_schema import (
     decode,
     sampling_params,
 )
+from zerohop.api.openai_stream import (
+    DONE,
+    ChatStream,
+    CompletionStream,
+    Stream,
+    Totals,
+    legacy_columns,
+    raise_failure,
+    sse,
+)
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
@@ -48,7 +55,6 @@ from zerohop.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-DONE = b"data: [DONE]\n\n"
 MIN_LOGPROB = -9999.0  # what OpenAI and vLLM report instead of -inf
 Handler = Callable[[Scope, Receive, Send, str], Any]
 T = TypeVar("T")
@@ -102,43 +108,6 @@ def _bytes_to_unicode() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
-
-
-@dataclass(slots=True)
-class Totals:
-    """What a request produced, accumulated over its deltas."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-    def add(self, delta: RequestDelta) -> None:
-        self.completion_tokens += len(delta.new_token_ids)
-        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
-        if delta.new_text:
-            self.text.append(delta.new_text)
-        if delta.finished:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-
-    def usage(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
-
-def _failure(delta: RequestDelta) -> None:
-    """Raise for a request that ended in the engine without a result to send."""
-    if delta.finish_reason == "abort":
-        raise ClientDisconnected
-    if delta.finish_reason == "error":
-        raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
 
 
 class OpenAIApi:
@@ -229,7 +198,7 @@ class OpenAIApi:
             if logprobs is not None and delta.new_logprobs is not None:
                 logprobs.extend(self.chat_logprobs(delta, top))
             if delta.finished:
-                _failure(delta)
+                raise_failure(delta)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": "".join(totals.text)},
@@ -310,10 +279,10 @@ class OpenAIApi:
         async for delta in deltas:
             totals.add(delta)
             if delta.new_logprobs is not None:
-                logprobs = logprobs or _legacy_columns()
+                logprobs = logprobs or legacy_columns()
                 offset = self.legacy_logprobs(delta, logprobs, offset)
             if delta.finished:
-                _failure(delta)
+                raise_failure(delta)
         choice = {
             "index": 0,
             "text": echo + "".join(totals.text),
@@ -353,14 +322,14 @@ class OpenAIApi:
     ) -> None:
         first = await anext(deltas)  # engine rejections still get a proper status
         if first.finished:
-            _failure(first)
+            raise_failure(first)
         await start_stream(send, request_id_headers(request_id))
         data = stream.opening()  # goes out with the first token: one write, not two
         try:
             delta = first
             while True:
                 if delta.finished and delta.finish_reason in ("abort", "error"):
-                    _failure(delta)
+                    raise_failure(delta)
                 data += stream.step(self, delta)
                 if delta.finished:
                     return await end_stream(send, data + stream.closing() + DONE)
@@ -373,121 +342,8 @@ class OpenAIApi:
         except ClientDisconnected:
             await end_stream(send)
         except ApiError as exc:
-            await end_stream(send, data + _sse(openai_body(exc, request_id)) + DONE)
+            await end_stream(send, data + sse(openai_body(exc, request_id)) + DONE)
         except Exception:
             log.exception("stream %s failed", request_id)
             error = ApiError(500, "internal server error")
-            await end_stream(send, data + _sse(openai_body(error, request_id)) + DONE)
-
-
-def _legacy_columns() -> dict[str, list]:
-    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-
-
-def _sse(body: Any) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
-
-
-class Stream:
-    """Pre-encoded SSE framing for one streamed request; subclasses fill in the choice."""
-
-    object_name = b""
-
-    def __init__(self, rid: str, model: str, include_usage: bool, prompt_tokens: int) -> None:
-        self.head = (
-            b'data: {"id":"' + rid.encode() + b'","object":"' + self.object_name
-            + b'","created":' + str(int(time.time())).encode()
-            + b',"model":' + orjson.dumps(model) + b',"choices":['
-        )  # fmt: skip
-        self.tail = (b',"usage":null' if include_usage else b"") + b"}\n\n"
-        self.include_usage = include_usage
-        self.totals = Totals(prompt_tokens)
-
-    def opening(self) -> bytes:
-        return b""
-
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
-        raise NotImplementedError
-
-    def closing(self) -> bytes:
-        totals = self.totals
-        finish = self.finish_choice(totals.finish_reason, orjson.dumps(totals.stop_reason))
-        data = self.head + finish + b"]" + self.tail
-        if self.include_usage:
-            data += self.head + b'],"usage":' + orjson.dumps(totals.usage()) + b"}\n\n"
-        return data
-
-    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
-        raise NotImplementedError
-
-
-class ChatStream(Stream):
-    object_name = b"chat.completion.chunk"
-
-    def __init__(
-        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, top: int | None
-    ) -> None:
-        super().__init__(rid, model, include_usage, prompt_tokens)
-        self.top = top
-        self.prefix = self.head + b'{"index":0,"delta":{"content":'
-        self.suffix = b'},"logprobs":null,"finish_reason":null}]' + self.tail
-
-    def opening(self) -> bytes:
-        delta = b'{"index":0,"delta":{"role":"assistant","content":""},'
-        return self.head + delta + b'"logprobs":null,"finish_reason":null}]' + self.tail
-
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
-        self.totals.add(delta)
-        if self.top is not None and delta.new_logprobs is not None and delta.new_token_ids:
-            logprobs = orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
-            return (
-                self.prefix + orjson.dumps(delta.new_text) + b'},"logprobs":' + logprobs
-                + b',"finish_reason":null}]' + self.tail
-            )  # fmt: skip
-        if not delta.new_token_ids:
-            return b""  # one chunk per token, even one whose text is still held back
-        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
-
-    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
-        return (
-            b'{"index":0,"delta":{},"logprobs":null,"finish_reason":' + orjson.dumps(reason)
-            + b',"stop_reason":' + stop_reason + b"}"
-        )  # fmt: skip
-
-
-class CompletionStream(Stream):
-    object_name = b"text_completion"
-
-    def __init__(
-        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, echo: str
-    ) -> None:
-        super().__init__(rid, model, include_usage, prompt_tokens)
-        self.echo = echo
-        self.prefix = self.head + b'{"index":0,"text":'
-        self.suffix = b',"logprobs":null,"finish_reason":null}]' + self.tail
-        self.offset = 0
-
-    def opening(self) -> bytes:
-        if not self.echo:
-            return b""
-        return self.prefix + orjson.dumps(self.echo) + self.suffix
-
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
-        self.totals.add(delta)
-        if delta.new_logprobs is not None and delta.new_token_ids:
-            # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
-            chunk = _legacy_columns()
-            self.offset = api.legacy_logprobs(delta, chunk, self.offset)
-            return (
-                self.prefix + orjson.dumps(delta.new_text) + b',"logprobs":'
-                + orjson.dumps(chunk) + b',"finish_reason":null}]' + self.tail
-            )  # fmt: skip
-        if not delta.new_token_ids:
-            return b""  # one chunk per token, even one whose text is still held back
-        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
-
-    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
-        return (
-            b'{"index":0,"text":"","logprobs":null,"finish_reason":' + orjson.dumps(reason)
-            + b',"stop_reason":' + stop_reason + b"}"
-        )  # fmt: skip
+            await end_stream(send, data + sse(openai_body(error, request_id)) + DONE)

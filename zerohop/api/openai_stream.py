@@ -1,0 +1,172 @@
+"""SSE framing of OpenAI streams, and what a request produced (usage, finish).
+
+Each content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix: one
+chunk per engine step (one token, normally), written the moment it arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from zerohop.api.asgi import ClientDisconnected
+from zerohop.api.errors import ApiError
+from zerohop.engine.outputs import RequestDelta
+
+if TYPE_CHECKING:
+    from zerohop.api.openai import OpenAIApi
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Totals:
+    """What a request produced, accumulated over its deltas."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        self.completion_tokens += len(delta.new_token_ids)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
+        if delta.new_text:
+            self.text.append(delta.new_text)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def raise_failure(delta: RequestDelta) -> None:
+    """Raise for a request that ended in the engine without a result to send."""
+    if delta.finish_reason == "abort":
+        raise ClientDisconnected
+    if delta.finish_reason == "error":
+        raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
+
+
+def legacy_columns() -> dict[str, list]:
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+
+def sse(body: Any) -> bytes:
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+class Stream:
+    """Pre-encoded SSE framing for one streamed request; subclasses fill in the choice."""
+
+    object_name = b""
+
+    def __init__(self, rid: str, model: str, include_usage: bool, prompt_tokens: int) -> None:
+        self.head = (
+            b'data: {"id":"' + rid.encode() + b'","object":"' + self.object_name
+            + b'","created":' + str(int(time.time())).encode()
+            + b',"model":' + orjson.dumps(model) + b',"choices":['
+        )  # fmt: skip
+        self.tail = (b',"usage":null' if include_usage else b"") + b"}\n\n"
+        self.include_usage = include_usage
+        self.totals = Totals(prompt_tokens)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        raise NotImplementedError
+
+    def closing(self) -> bytes:
+        totals = self.totals
+        finish = self.finish_choice(totals.finish_reason, orjson.dumps(totals.stop_reason))
+        data = self.head + finish + b"]" + self.tail
+        if self.include_usage:
+            data += self.head + b'],"usage":' + orjson.dumps(totals.usage()) + b"}\n\n"
+        return data
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        raise NotImplementedError
+
+
+class ChatStream(Stream):
+    object_name = b"chat.completion.chunk"
+
+    def __init__(
+        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, top: int | None
+    ) -> None:
+        super().__init__(rid, model, include_usage, prompt_tokens)
+        self.top = top
+        self.prefix = self.head + b'{"index":0,"delta":{"content":'
+        self.suffix = b'},"logprobs":null,"finish_reason":null}]' + self.tail
+
+    def opening(self) -> bytes:
+        delta = b'{"index":0,"delta":{"role":"assistant","content":""},'
+        return self.head + delta + b'"logprobs":null,"finish_reason":null}]' + self.tail
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        self.totals.add(delta)
+        if self.top is not None and delta.new_logprobs is not None and delta.new_token_ids:
+            logprobs = orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
+            return (
+                self.prefix + orjson.dumps(delta.new_text) + b'},"logprobs":' + logprobs
+                + b',"finish_reason":null}]' + self.tail
+            )  # fmt: skip
+        if not delta.new_token_ids:
+            return b""  # one chunk per token, even one whose text is still held back
+        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        return (
+            b'{"index":0,"delta":{},"logprobs":null,"finish_reason":' + orjson.dumps(reason)
+            + b',"stop_reason":' + stop_reason + b"}"
+        )  # fmt: skip
+
+
+class CompletionStream(Stream):
+    object_name = b"text_completion"
+
+    def __init__(
+        self, rid: str, model: str, include_usage: bool, prompt_tokens: int, echo: str
+    ) -> None:
+        super().__init__(rid, model, include_usage, prompt_tokens)
+        self.echo = echo
+        self.prefix = self.head + b'{"index":0,"text":'
+        self.suffix = b',"logprobs":null,"finish_reason":null}]' + self.tail
+        self.offset = 0
+
+    def opening(self) -> bytes:
+        if not self.echo:
+            return b""
+        return self.prefix + orjson.dumps(self.echo) + self.suffix
+
+    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        self.totals.add(delta)
+        if delta.new_logprobs is not None and delta.new_token_ids:
+            # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
+            chunk = legacy_columns()
+            self.offset = api.legacy_logprobs(delta, chunk, self.offset)
+            return (
+                self.prefix + orjson.dumps(delta.new_text) + b',"logprobs":'
+                + orjson.dumps(chunk) + b',"finish_reason":null}]' + self.tail
+            )  # fmt: skip
+        if not delta.new_token_ids:
+            return b""  # one chunk per token, even one whose text is still held back
+        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+
+    def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
+        return (
+            b'{"index":0,"text":"","logprobs":null,"finish_reason":' + orjson.dumps(reason)
+            + b',"stop_reason":' + stop_reason + b"}"
+        )  # fmt: skip
