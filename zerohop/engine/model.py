@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from zerohop.engine.attention import AttentionBatch, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.linear import Linear, make_onednn_linear, make_plain_linear, onednn_available
 from zerohop.engine.rope import RotaryEmbedding
 from zerohop.engine.weights import load_state_dict
 
@@ -22,19 +23,16 @@ from zerohop.engine.weights import load_state_dict
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    q_proj: torch.Tensor
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
-    o_proj: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_proj: torch.Tensor
-    up_proj: torch.Tensor
-    down_proj: torch.Tensor
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,14 +49,17 @@ class CausalLM:
         self.dtype = dtype
         self.device = torch.device(device)
         weights = _WeightSource(load_state_dict(model_dir), dtype, self.device, model_dir)
+        self.linear = (
+            make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
+        )
         vocab, hidden = config.vocab_size, config.hidden_size
         self.embed_tokens = weights.take("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights.take("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
-            self.lm_head = self.embed_tokens
+            self.lm_head = self.linear(self.embed_tokens, None)
         else:
-            self.lm_head = weights.take("lm_head.weight", (vocab, hidden))
+            self.lm_head = self.linear(weights.take("lm_head.weight", (vocab, hidden)), None)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
         )
@@ -70,21 +71,23 @@ class CausalLM:
         hidden, inter, head = c.hidden_size, c.intermediate_size, c.head_dim
         q_dim, kv_dim = c.num_heads * head, c.num_kv_heads * head
         bias, qk_norm = c.attention_bias, c.qk_norm
+
+        def proj(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> Linear:
+            weight = w.take(f"{p}{name}.weight", (out_dim, in_dim))
+            return self.linear(weight, w.take(f"{p}{name}.bias", (out_dim,)) if has_bias else None)
+
         return LayerWeights(
             input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
-            q_proj=w.take(p + "self_attn.q_proj.weight", (q_dim, hidden)),
-            k_proj=w.take(p + "self_attn.k_proj.weight", (kv_dim, hidden)),
-            v_proj=w.take(p + "self_attn.v_proj.weight", (kv_dim, hidden)),
-            o_proj=w.take(p + "self_attn.o_proj.weight", (hidden, q_dim)),
-            q_bias=w.take(p + "self_attn.q_proj.bias", (q_dim,)) if bias else None,
-            k_bias=w.take(p + "self_attn.k_proj.bias", (kv_dim,)) if bias else None,
-            v_bias=w.take(p + "self_attn.v_proj.bias", (kv_dim,)) if bias else None,
+            q_proj=proj("self_attn.q_proj", q_dim, hidden, bias),
+            k_proj=proj("self_attn.k_proj", kv_dim, hidden, bias),
+            v_proj=proj("self_attn.v_proj", kv_dim, hidden, bias),
+            o_proj=proj("self_attn.o_proj", hidden, q_dim),
             q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
             k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
             post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
-            gate_proj=w.take(p + "mlp.gate_proj.weight", (inter, hidden)),
-            up_proj=w.take(p + "mlp.up_proj.weight", (inter, hidden)),
-            down_proj=w.take(p + "mlp.down_proj.weight", (hidden, inter)),
+            gate_proj=proj("mlp.gate_proj", inter, hidden),
+            up_proj=proj("mlp.up_proj", inter, hidden),
+            down_proj=proj("mlp.down_proj", hidden, inter),
         )
 
     @torch.inference_mode()
@@ -103,10 +106,10 @@ class CausalLM:
             normed = rms_norm(hidden, layer.input_norm, eps)
             hidden = hidden + self._attention(layer, normed, positions, attn, k_cache, v_cache)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            gate = F.silu(F.linear(normed, layer.gate_proj)) * F.linear(normed, layer.up_proj)
-            hidden = hidden + F.linear(gate, layer.down_proj)
+            gate = F.silu(layer.gate_proj(normed)) * layer.up_proj(normed)
+            hidden = hidden + layer.down_proj(gate)
         last = rms_norm(hidden[logits_rows], self.norm, eps)
-        return F.linear(last, self.lm_head).float()
+        return self.lm_head(last).float()
 
     def _attention(
         self,
@@ -119,15 +122,15 @@ class CausalLM:
     ) -> torch.Tensor:
         cfg = self.config
         n = x.shape[0]
-        q = F.linear(x, layer.q_proj, layer.q_bias).view(n, cfg.num_heads, cfg.head_dim)
-        k = F.linear(x, layer.k_proj, layer.k_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(x, layer.v_proj, layer.v_bias).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q = layer.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
+        k = layer.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = layer.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = self.rotary(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale)
-        return F.linear(out, layer.o_proj)
+        return layer.o_proj(out)
 
 
 class _WeightSource:
