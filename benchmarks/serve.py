@@ -10,9 +10,9 @@ For each engine thread count in --threads (default 1,2):
              latency         the same at concurrency N with logprobs=0 (see below);
              ttft            concurrency 1, 128 in / 8 out, logprobs=0;
              ttft_one_token  concurrency 1, 128 in / 1 out: the offline prefill's request.
-           The bench model's toy tokenizer covers 512 of its 32,000 ids, so most tokens decode
-           to no text and the server sends them no chunk of their own unless they carry
-           logprobs; the throughput figures do not need those events, the latency ones do.
+           The server sends one chunk per token even when its text is empty (the bench
+           model's toy tokenizer covers 512 of its 32,000 ids); logprobs=0 is kept on the
+           latency runs as a check that every token's chunk carries its own entry.
 --repeats rounds (default 2) alternate the thread counts; each figure counts at its best round
 (highest throughput, lowest prefill and TTFT), as a shared machine only ever slows runs down.
 Targets: served / offline throughput >= 0.90; TTFT at c=1 - offline prefill <= 5 ms.
