@@ -86,6 +86,21 @@ class Stream:
         return b""
 
     def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+        """One chunk per token, even one whose text is still held back."""
+        self.totals.add(delta)
+        if not delta.new_token_ids:
+            return b""
+        text = orjson.dumps(delta.new_text)
+        logprobs = self.logprobs(api, delta) if delta.new_logprobs is not None else None
+        if logprobs is None:
+            return self.prefix + text + self.suffix
+        return (
+            self.prefix + text + self.text_close + b',"logprobs":' + logprobs
+            + b',"finish_reason":null}]' + self.tail
+        )  # fmt: skip
+
+    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+        """The chunk's encoded logprobs, or None when the request asked for none."""
         raise NotImplementedError
 
     def closing(self) -> bytes:
@@ -109,23 +124,17 @@ class ChatStream(Stream):
         super().__init__(rid, model, include_usage, prompt_tokens)
         self.top = top
         self.prefix = self.head + b'{"index":0,"delta":{"content":'
+        self.text_close = b"}"
         self.suffix = b'},"logprobs":null,"finish_reason":null}]' + self.tail
 
     def opening(self) -> bytes:
         delta = b'{"index":0,"delta":{"role":"assistant","content":""},'
         return self.head + delta + b'"logprobs":null,"finish_reason":null}]' + self.tail
 
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
-        self.totals.add(delta)
-        if self.top is not None and delta.new_logprobs is not None and delta.new_token_ids:
-            logprobs = orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
-            return (
-                self.prefix + orjson.dumps(delta.new_text) + b'},"logprobs":' + logprobs
-                + b',"finish_reason":null}]' + self.tail
-            )  # fmt: skip
-        if not delta.new_token_ids:
-            return b""  # one chunk per token, even one whose text is still held back
-        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+        if self.top is None:
+            return None
+        return orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
         return (
@@ -143,6 +152,7 @@ class CompletionStream(Stream):
         super().__init__(rid, model, include_usage, prompt_tokens)
         self.echo = echo
         self.prefix = self.head + b'{"index":0,"text":'
+        self.text_close = b""
         self.suffix = b',"logprobs":null,"finish_reason":null}]' + self.tail
         self.offset = 0
 
@@ -151,19 +161,11 @@ class CompletionStream(Stream):
             return b""
         return self.prefix + orjson.dumps(self.echo) + self.suffix
 
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
-        self.totals.add(delta)
-        if delta.new_logprobs is not None and delta.new_token_ids:
-            # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
-            chunk = legacy_columns()
-            self.offset = api.legacy_logprobs(delta, chunk, self.offset)
-            return (
-                self.prefix + orjson.dumps(delta.new_text) + b',"logprobs":'
-                + orjson.dumps(chunk) + b',"finish_reason":null}]' + self.tail
-            )  # fmt: skip
-        if not delta.new_token_ids:
-            return b""  # one chunk per token, even one whose text is still held back
-        return self.prefix + orjson.dumps(delta.new_text) + self.suffix
+    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+        # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
+        chunk = legacy_columns()
+        self.offset = api.legacy_logprobs(delta, chunk, self.offset)
+        return orjson.dumps(chunk)
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
         return (
