@@ -48,3 +48,12 @@ def test_max_tokens_is_capped_by_the_context(llama_dir: Path) -> None:
     params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
     out = llm.generate([[5] * 30], params)[0]
     assert len(out.token_ids) == 10 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"temperature": float("nan")}, {"top_p": float("nan")}, {"temperature": float("inf")}],
+)
+def test_non_finite_sampling_values_are_rejected(fields: dict) -> None:
+    with pytest.raises(InvalidRequestError, match="finite"):
+        SamplingParams(**fields)

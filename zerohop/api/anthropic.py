@@ -43,7 +43,7 @@ from zerohop.api.asgi import (
     start_stream,
 )
 from zerohop.api.errors import ApiError, anthropic_body
-from zerohop.api.service import ServingContext
+from zerohop.api.service import ServingContext, sampling_params
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
@@ -246,16 +246,13 @@ def _text(content: str | list[TextBlock]) -> str:
 
 
 def _sampling_params(request: MessagesRequest) -> SamplingParams:
-    try:
-        return SamplingParams(
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=request.top_k or 0,
-            max_tokens=request.max_tokens,
-            stop=request.stop_sequences,
-        )
-    except InvalidRequestError as exc:
-        raise ApiError(400, str(exc)) from exc
+    return sampling_params(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        max_tokens=request.max_tokens,
+        stop=request.stop_sequences,
+    )
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

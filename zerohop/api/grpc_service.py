@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -21,8 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.api.service import ServingContext, new_request_id
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.api.service import ServingContext, new_request_id, sampling_params
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
 
@@ -135,26 +133,20 @@ async def _start(context: grpc.aio.ServicerContext) -> str:
 
 
 def _sampling_params(request: pb.GenerateRequest) -> SamplingParams:
-    def given(name: str, default: float | None) -> float | None:
-        return getattr(request, name) if request.HasField(name) else default
+    def given(name: str) -> float | None:
+        return getattr(request, name) if request.HasField(name) else None
 
-    temperature = given("temperature", 1.0)
-    if not math.isfinite(temperature):  # NaN passes a `< 0` check
-        raise ApiError(400, f"temperature must be a finite number, got {temperature}")
-    try:
-        return SamplingParams(
-            temperature=temperature,
-            top_p=given("top_p", 1.0),
-            top_k=request.top_k,
-            seed=given("seed", None),
-            max_tokens=given("max_tokens", None),
-            stop=list(request.stop),
-            stop_token_ids=list(request.stop_token_ids),
-            ignore_eos=request.ignore_eos,
-            logprobs=given("logprobs", None),
-        )
-    except InvalidRequestError as exc:
-        raise ApiError(400, str(exc)) from exc
+    return sampling_params(
+        temperature=given("temperature"),
+        top_p=given("top_p"),
+        top_k=request.top_k,
+        seed=given("seed"),
+        max_tokens=given("max_tokens"),
+        stop=list(request.stop),
+        stop_token_ids=list(request.stop_token_ids),
+        ignore_eos=request.ignore_eos,
+        logprobs=given("logprobs"),
+    )
 
 
 def _response(

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from zerohop.api.errors import ApiError
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.api.service import sampling_params as build_sampling_params
 from zerohop.engine.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # chat `top_logprobs`
@@ -272,18 +272,15 @@ def completion_prompt(request: CompletionRequest, vocab_size: int) -> str | list
 def sampling_params(
     request: _Common, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
-    try:
-        return SamplingParams(
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=request.top_k or 0,
-            seed=request.seed,
-            max_tokens=max_tokens,
-            stop=request.stop,
-            stop_token_ids=request.stop_token_ids or [],
-            ignore_eos=request.ignore_eos,
-            logprobs=logprobs,
-            skip_special_tokens=request.skip_special_tokens,
-        )
-    except InvalidRequestError as exc:
-        raise ApiError(400, str(exc)) from exc
+    return build_sampling_params(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        seed=request.seed,
+        max_tokens=max_tokens,
+        stop=request.stop,
+        stop_token_ids=request.stop_token_ids or [],
+        ignore_eos=request.ignore_eos,
+        logprobs=logprobs,
+        skip_special_tokens=request.skip_special_tokens,
+    )

@@ -25,6 +25,26 @@ def new_request_id(prefix: str = "req_") -> str:
     return prefix + os.urandom(12).hex()
 
 
+def sampling_params(
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    **fields: Any,
+) -> SamplingParams:
+    """SamplingParams from an API request: unset knobs take the APIs' defaults (temperature
+    1, top_p 1, no top-k); a bad value is a 400."""
+    try:
+        return SamplingParams(
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            top_k=top_k or 0,
+            **fields,
+        )
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc)) from exc
+
+
 @dataclass(slots=True)
 class ServingContext:
     engine: AsyncEngine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from zerohop.engine.errors import InvalidRequestError
@@ -33,6 +34,8 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
+        if not (math.isfinite(self.temperature) and math.isfinite(self.top_p)):
+            raise InvalidRequestError("temperature and top_p must be finite numbers")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
