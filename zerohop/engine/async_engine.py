@@ -44,7 +44,6 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
-        self._request_ids = itertools.count()
         self._process: subprocess.Popen | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
@@ -71,9 +70,6 @@ class AsyncEngine:
         self.info = first[1]
         self._reader_task = asyncio.create_task(self._read_loop(reader))
         return self
-
-    def new_request_id(self) -> str:
-        return f"req-{next(self._request_ids)}"
 
     async def generate(
         self,
@@ -120,10 +116,6 @@ class AsyncEngine:
 
     async def stats(self) -> dict[str, Any]:
         return await self.call("stats")
-
-    @property
-    def num_active(self) -> int:
-        return len(self._streams)
 
     def _send(self, message: list) -> None:
         assert self._writer is not None
