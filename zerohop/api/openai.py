@@ -136,13 +136,6 @@ class OpenAIApi:
 
     # -- shared request path ---------------------------------------------------------------
 
-    def _check_model(self, name: str) -> None:
-        try:
-            self.ctx.check_model(name)
-        except ApiError as exc:
-            exc.code = exc.code or "model_not_found"
-            raise
-
     async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
         return decode(await read_json_body(scope, receive, self.ctx.max_body_bytes), kind)
 
@@ -162,7 +155,7 @@ class OpenAIApi:
     async def chat(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         request = await self._read(scope, receive, ChatRequest)
         check_chat(request)
-        self._check_model(request.model)
+        self.ctx.check_model(request.model)
         prompt = self.ctx.encode_chat(chat_messages(request))
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
@@ -244,7 +237,7 @@ class OpenAIApi:
     ) -> None:
         request = await self._read(scope, receive, CompletionRequest)
         check_completion(request)
-        self._check_model(request.model)
+        self.ctx.check_model(request.model)
         given = completion_prompt(request, self.ctx.vocab_size)
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
         self.ctx.check_lengths(len(prompt), request.max_tokens)

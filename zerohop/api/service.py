@@ -65,9 +65,8 @@ class ServingContext:
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
-            raise ApiError(
-                404, f"model: {name} (this server serves '{self.model_name}')", param="model"
-            )
+            message = f"model: {name} (this server serves '{self.model_name}')"
+            raise ApiError(404, message, param="model", code="model_not_found")
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         try:
