@@ -88,19 +88,14 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         prompt = self._prompt(request)
         params = _sampling_params(request)
         ctx.check_lengths(len(prompt), params.max_tokens)
-        finished = False
         completion_tokens = 0
-        try:
-            # A cancelled or timed-out call raises CancelledError at one of these awaits.
-            async with contextlib.aclosing(ctx.generate(request_id, prompt, params)) as deltas:
-                async for delta in deltas:
-                    completion_tokens += len(delta.new_token_ids)
-                    finished = delta.finished
-                    if delta.new_token_ids or delta.new_text or finished:
-                        await context.write(_response(delta, len(prompt), completion_tokens))
-        finally:
-            if not finished:
-                ctx.engine.abort(request_id)  # leaving the iterator also does; be certain
+        # A cancelled or timed-out call raises CancelledError at one of these awaits;
+        # closing the iterator then aborts the request in the engine.
+        async with contextlib.aclosing(ctx.generate(request_id, prompt, params)) as deltas:
+            async for delta in deltas:
+                completion_tokens += len(delta.new_token_ids)
+                if delta.new_token_ids or delta.new_text or delta.finished:
+                    await context.write(_response(delta, len(prompt), completion_tokens))
 
     def _prompt(self, request: PromptRequest) -> list[int]:
         kind = request.WhichOneof("input")

@@ -6,6 +6,7 @@ request and handing it to the engine: `admit` is that place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -104,9 +105,13 @@ class ServingContext:
     ) -> AsyncIterator[RequestDelta]:
         """The engine's deltas for one request; engine-side rejections become ApiErrors."""
         await self.admit(request_id, len(prompt))
+        # aclosing: closing this generator closes the engine's at once, which aborts the
+        # request, instead of whenever the garbage collector finalizes it.
+        deltas = self.engine.generate(request_id, prompt, params, **options)
         try:
-            async for delta in self.engine.generate(request_id, prompt, params, **options):
-                yield delta
+            async with contextlib.aclosing(deltas):
+                async for delta in deltas:
+                    yield delta
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc)) from exc
         except EngineDeadError as exc:
