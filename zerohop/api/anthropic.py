@@ -17,6 +17,7 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,7 +36,6 @@ from zerohop.api.asgi import (
     Scope,
     Send,
     end_stream,
-    on_disconnect,
     read_json_body,
     request_id_headers,
     send_chunk,
@@ -90,17 +90,12 @@ class AnthropicSurface:
         prompt = self.prompt(request)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         params = _sampling_params(request)
-        state = _Run(self.ctx, rid, prompt, request.model)
-        watcher = on_disconnect(receive, state.client_gone)
-        deltas = self.ctx.generate(rid, prompt, params)
-        try:
+        state = _Run(rid, prompt, request.model)
+        async with contextlib.aclosing(self.ctx.generate(rid, prompt, params, receive)) as deltas:
             if request.stream:
                 await state.stream(deltas, send)
             else:
                 await state.complete(deltas, send)
-        finally:
-            watcher.cancel()
-            await deltas.aclose()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes)
@@ -120,16 +115,11 @@ class AnthropicSurface:
 class _Run:
     """One generation request's response, streamed as SSE events or sent whole."""
 
-    def __init__(self, ctx: ServingContext, rid: str, prompt: list[int], model: str) -> None:
-        self.ctx, self.rid, self.model = ctx, rid, model
+    def __init__(self, rid: str, prompt: list[int], model: str) -> None:
+        self.rid, self.model = rid, model
         self.num_prompt = len(prompt)
         self.cached = 0
         self.output_tokens = 0
-        self.gone = False
-
-    def client_gone(self) -> None:
-        self.gone = True
-        self.ctx.engine.abort(self.rid)
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []

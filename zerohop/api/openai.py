@@ -19,7 +19,6 @@ from zerohop.api.asgi import (
     Scope,
     Send,
     end_stream,
-    on_disconnect,
     read_json_body,
     request_id_headers,
     send_chunk,
@@ -50,7 +49,6 @@ from zerohop.api.openai_stream import (
 )
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -139,17 +137,6 @@ class OpenAIApi:
     async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
         return decode(await read_json_body(scope, receive, self.ctx.max_body_bytes), kind)
 
-    async def _deltas(
-        self, request_id: str, prompt: list[int], params: SamplingParams, receive: Receive
-    ) -> AsyncIterator[RequestDelta]:
-        """The engine's deltas; a client that goes away aborts the request in the engine."""
-        watcher = on_disconnect(receive, lambda: self.ctx.engine.abort(request_id))
-        try:
-            async for delta in self.ctx.generate(request_id, prompt, params):
-                yield delta
-        finally:
-            watcher.cancel()
-
     # -- chat completions ------------------------------------------------------------------
 
     async def chat(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
@@ -162,7 +149,7 @@ class OpenAIApi:
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens, top)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
-        deltas = self._deltas(request_id, prompt, params, receive)
+        deltas = self.ctx.generate(request_id, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
@@ -246,7 +233,7 @@ class OpenAIApi:
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
         rid = "cmpl-" + request_id.removeprefix("req_")
-        deltas = self._deltas(request_id, prompt, params, receive)
+        deltas = self.ctx.generate(request_id, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from zerohop.api.asgi import Receive, on_disconnect
 from zerohop.api.errors import ApiError
 from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
 from zerohop.engine.errors import InvalidRequestError
@@ -101,10 +102,21 @@ class ServingContext:
             raise ApiError(529, "the server is shutting down or its engine is unavailable")
 
     async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams, **options: Any
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        receive: Receive | None = None,
+        **options: Any,
     ) -> AsyncIterator[RequestDelta]:
-        """The engine's deltas for one request; engine-side rejections become ApiErrors."""
+        """The engine's deltas for one request; engine-side rejections become ApiErrors.
+
+        With an ASGI `receive`, a client that goes away aborts the request in the engine.
+        """
         await self.admit(request_id, len(prompt))
+        watcher = None
+        if receive is not None:
+            watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
         deltas = self.engine.generate(request_id, prompt, params, **options)
@@ -116,3 +128,6 @@ class ServingContext:
             raise ApiError(400, str(exc)) from exc
         except EngineDeadError as exc:
             raise ApiError(500, f"the engine failed: {exc}") from exc
+        finally:
+            if watcher is not None:
+                watcher.cancel()
