@@ -16,7 +16,7 @@ from zerohop.engine.attention import AttentionBatch, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.linear import Linear, make_onednn_linear, make_plain_linear, onednn_available
-from zerohop.engine.rope import RotaryEmbedding
+from zerohop.engine.rope import RotaryEmbedding, apply_rotary
 from zerohop.engine.weights import load_state_dict
 
 
@@ -102,9 +102,10 @@ class CausalLM:
         """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
         eps = self.config.rms_norm_eps
         hidden = F.embedding(input_ids, self.embed_tokens)
+        rotary = self.rotary.lookup(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             normed = rms_norm(hidden, layer.input_norm, eps)
-            hidden = hidden + self._attention(layer, normed, positions, attn, k_cache, v_cache)
+            hidden = hidden + self._attention(layer, normed, rotary, attn, k_cache, v_cache)
             normed = rms_norm(hidden, layer.post_norm, eps)
             gate = F.silu(layer.gate_proj(normed)) * layer.up_proj(normed)
             hidden = hidden + layer.down_proj(gate)
@@ -115,7 +116,7 @@ class CausalLM:
         self,
         layer: LayerWeights,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
         attn: AttentionBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
@@ -128,7 +129,7 @@ class CausalLM:
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rotary)
         out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale)
         return layer.o_proj(out)
 
