@@ -105,7 +105,7 @@ class AsyncEngine:
             self._send(["abort", request_id])
 
     async def call(self, name: str) -> Any:
-        """Ask the engine process for something (`stats`, `info`)."""
+        """Ask the engine process for something (`stats`)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         call_id = next(self._call_ids)

@@ -101,8 +101,6 @@ def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:
 def _call(engine: LLMEngine, name: str) -> Any:
     if name == "stats":
         return dataclasses.asdict(engine.stats())
-    if name == "info":
-        return engine_info(engine)
     return None
 
 
