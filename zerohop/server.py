@@ -17,14 +17,14 @@ import uvicorn
 from zerohop.api.app import create_app
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.checkpoint import open_checkpoint
 
 log = logging.getLogger("zerohop")
 
 
 @dataclass(slots=True)
 class ServeOptions:
-    model_dir: Path
+    model_path: Path  # a Hugging Face folder or a GGUF file
     host: str = "127.0.0.1"
     port: int = 8000
     grpc_port: int | None = 50051
@@ -66,12 +66,20 @@ class DrainingServer(uvicorn.Server):
 
 async def serve(options: ServeOptions) -> int:
     engine_options = options.engine_options or {}
-    tokenizer = Tokenizer.from_dir(options.model_dir)
-    engine = await AsyncEngine.start(str(options.model_dir), **engine_options)
+    # The engine process loads the weights while this one builds the tokenizer.
+    starting = asyncio.create_task(AsyncEngine.start(str(options.model_path), **engine_options))
+    try:
+        checkpoint = await asyncio.to_thread(open_checkpoint, options.model_path)
+        tokenizer = await asyncio.to_thread(checkpoint.tokenizer)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await (await starting).shutdown()
+        raise
+    engine = await starting
     ctx = ServingContext(
         engine=engine,
         tokenizer=tokenizer,
-        model_name=options.served_model_name or options.model_dir.name,
+        model_name=options.served_model_name or checkpoint.name,
         max_model_len=engine.info["max_model_len"],
         max_body_bytes=options.max_body_bytes,
     )
@@ -117,6 +125,6 @@ def _announce(options: ServeOptions, ctx: ServingContext) -> None:
     print(
         f"  try: curl {base}/v1/messages -H 'content-type: application/json' "
         f"""-d '{{"model": "{ctx.model_name}", "max_tokens": 32, """
-        """"messages": [{"role": "user", "content": "Hello"}]}'""",
+        """"messages": [{"role": "user", "content": "What is the capital of France?"}]}'""",
         flush=True,
     )

@@ -29,6 +29,7 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs`: divisors per frequency
 
 
 @dataclass(slots=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from zerohop.engine.block_pool import BlockPool
-from zerohop.engine.config import EngineConfig, ModelConfig
+from zerohop.engine.checkpoint import open_checkpoint
+from zerohop.engine.config import EngineConfig
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.model import CausalLM
@@ -19,7 +20,6 @@ from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
-from zerohop.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,13 @@ class LLMEngine:
         self.config = config or EngineConfig()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        model_dir = Path(model_path)
-        self.model_config = ModelConfig.from_dir(model_dir)
-        self.tokenizer = Tokenizer.from_dir(model_dir)
+        checkpoint = open_checkpoint(model_path)
+        self.model_config = checkpoint.config()
+        self.tokenizer = checkpoint.tokenizer()
         device = self.config.resolve_device()
+        dtype = self.config.resolve_dtype(device)
         self.model = CausalLM(
-            self.model_config, model_dir, self.config.resolve_dtype(device), device
+            self.model_config, checkpoint.weights(), dtype, device, str(checkpoint.path)
         )
         self.max_model_len = min(
             self.config.max_model_len or self.model_config.max_position_embeddings,

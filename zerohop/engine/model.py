@@ -1,13 +1,13 @@
 """The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache.
 
 Plain tensors and functional ops rather than nn.Modules: the weights are views into the
-memory-mapped safetensors files, and a forward pass is a short, flat sequence of kernels.
+memory-mapped safetensors files (or dequantized GGUF tensors), and a forward pass is a short,
+flat sequence of kernels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,6 @@ from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.linear import Linear, make_onednn_linear, make_plain_linear, onednn_available
 from zerohop.engine.rope import RotaryEmbedding, apply_rotary
-from zerohop.engine.weights import load_state_dict
 
 
 @dataclass(slots=True)
@@ -44,11 +43,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class CausalLM:
-    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device,
+        source: str = "the checkpoint",
+    ) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        weights = _WeightSource(load_state_dict(model_dir), dtype, self.device, model_dir)
+        weights = _WeightSource(tensors, dtype, self.device, source)
         self.linear = (
             make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
         )
@@ -137,17 +143,17 @@ class CausalLM:
 class _WeightSource:
     """Hands out named tensors in the model's dtype and device, with clear errors."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype, device, model_dir: Path) -> None:
-        self.tensors, self.dtype, self.device, self.model_dir = tensors, dtype, device, model_dir
+    def __init__(self, tensors: dict[str, torch.Tensor], dtype, device, source: str) -> None:
+        self.tensors, self.dtype, self.device, self.source = tensors, dtype, device, source
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
         if tensor is None:
-            raise ModelLoadError(f"{self.model_dir}: weight '{name}' not found in *.safetensors")
+            raise ModelLoadError(f"{self.source}: weight '{name}' not found")
         if tuple(tensor.shape) != shape:
             raise ModelLoadError(
-                f"{self.model_dir}: weight '{name}' has shape {tuple(tensor.shape)}, but"
-                f" config.json implies {shape}"
+                f"{self.source}: weight '{name}' has shape {tuple(tensor.shape)}, but"
+                f" the model config implies {shape}"
             )
         # No copy when dtype and device already match: the tensor stays a view of the file.
         return tensor.to(dtype=self.dtype, device=self.device)

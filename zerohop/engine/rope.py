@@ -16,6 +16,9 @@ from zerohop.engine.config import RopeConfig
 def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.freq_factors is not None:
+        assert len(rope.freq_factors) == len(inv_freq), "one rope_freqs factor per frequency"
+        inv_freq = inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
     if rope.type == "linear":
         return inv_freq / rope.factor
     if rope.type == "llama3":

