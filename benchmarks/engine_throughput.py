@@ -1,6 +1,10 @@
-"""Offline throughput of the zerohop engine against Hugging Face transformers, side by side.
+"""Offline throughput of the zerohop engine against Hugging Face transformers, side by side,
+each on the same weights, for two models (--models, default both, one child process each):
+  standard  the standard benchmark Llama (~125M parameters, random weights, toy tokenizer)
+  default   zerohop's default model, SmolLM2-135M-Instruct (GGUF, dequantized to float32)
 
-Workloads (token-id prompts, greedy, eos ignored, exact output lengths):
+Workloads (prompts cut from an English passage in the model's own tokens, greedy, eos ignored,
+exact output lengths):
   uniform  N requests, 128 prompt tokens and 32 output tokens each
   mixed    N requests, prompt lengths uniform in 16..256, output lengths uniform in 8..128
   prefix   time to first token of a 1,024-token prefix + 16-token suffix, cold vs warm
@@ -11,26 +15,31 @@ longest prompt, `max_new_tokens` = the largest request; only the tokens each req
 count, for both engines. The engine runs alone first, so the peak RSS then is the engine side's;
 with --repeats > 1 (default 2) later runs alternate the engines and the fastest run counts.
 
-    .venv/bin/python benchmarks/engine_throughput.py [--num-requests 32] [--skip-hf]
+    .venv/bin/python benchmarks/engine_throughput.py [--models standard,default] [--skip-hf]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from _common import (
-    STANDARD,
     ModelShape,
+    TextPrompts,
     cpu_count,
     ensure_model,
     measure_matmul,
+    model_path,
+    open_model,
     peak_rss_mib,
     print_table,
     set_threads,
@@ -38,11 +47,11 @@ from _common import (
 )
 
 SEED = 1234
+MODELS = ("standard", "default")
 THROUGHPUT_WORKLOADS = ("uniform", "mixed")
 PREFIX_TOKENS = 1024
 SUFFIX_TOKENS = 16
-FIRST_ID = 4  # skip the toy tokenizer's special tokens in random prompts
-PAD_ID = 1
+PAD_ID = 1  # transformers' left padding; any id does, the attention mask hides it
 
 
 @dataclass(slots=True)
@@ -97,11 +106,7 @@ def best_of(runs: list[Run], threads: int) -> Run:
     return best
 
 
-def random_ids(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(FIRST_ID, vocab) for _ in range(n)]
-
-
-def make_workload(name: str, n: int, vocab: int, rep: int = 0) -> Workload:
+def make_workload(name: str, n: int, prompts: TextPrompts, rep: int = 0) -> Workload:
     """Lengths depend on the workload only; token ids also on the repeat."""
     rng = random.Random(f"{SEED}-{name}")
     if name == "uniform":
@@ -112,22 +117,22 @@ def make_workload(name: str, n: int, vocab: int, rep: int = 0) -> Workload:
     else:
         raise ValueError(f"unknown workload {name!r}")
     ids = random.Random(f"{SEED}-{name}-{rep}")
-    return Workload(name, [random_ids(ids, length, vocab) for length in lengths], outputs)
+    return Workload(name, [prompts.prompt(ids, length) for length in lengths], outputs)
 
 
 def request_flops(shape: ModelShape, prompt: int, output: int, cached: int = 0) -> float:
     """Approximate FLOPs an ideal engine spends on one request.
 
     Every position fed through the layers costs 2 * layer params (matmuls) plus attention
-    4 * hidden * context per layer (QK^T and AV). Fed positions are the uncached prompt and
-    all outputs but the last. The lm_head runs only where a token is sampled (`output` rows).
-    Norms, rotary, softmax and sampling are left out.
+    4 * heads * head_dim * context per layer (QK^T and AV). Fed positions are the uncached
+    prompt and all outputs but the last. The lm_head runs only where a token is sampled
+    (`output` rows). Norms, rotary, softmax and sampling are left out.
     """
     start, end = cached, prompt + output - 1
     fed = end - start
     contexts = (end * (end + 1) - start * (start + 1)) // 2  # sum of p + 1 for p in [start, end)
     linear = 2 * shape.layers * shape.layer_params() * fed + 2 * shape.lm_head_params() * output
-    attention = 4 * shape.hidden * shape.layers * contexts
+    attention = 4 * shape.q_dim * shape.layers * contexts
     return float(linear + attention)
 
 
@@ -142,11 +147,11 @@ def workload_flops(shape: ModelShape, w: Workload, cached: Sequence[int] | None 
 # -- the zerohop engine ------------------------------------------------------------------------
 
 
-def load_engine(model_dir: Path, args: argparse.Namespace):
+def load_engine(model: Path, args: argparse.Namespace):
     from zerohop import LLM
 
     return LLM(
-        str(model_dir),
+        str(model),
         max_num_seqs=64,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=2.0,
@@ -206,19 +211,17 @@ class PrefixResult:
         }
 
 
-def run_prefix(llm, reps: int, vocab: int) -> PrefixResult:
+def run_prefix(llm, reps: int, prompts: TextPrompts) -> PrefixResult:
     """Each rep: a fresh prefix, cold with one suffix, then warm with another (max_tokens=1)."""
     rng = random.Random(f"{SEED}-prefix")
     result = PrefixResult()
     for _ in range(reps):
-        prefix = random_ids(rng, PREFIX_TOKENS, vocab)
+        prefix = prompts.prompt(rng, PREFIX_TOKENS)
         for times, cached in (
             (result.cold_ttft_s, result.cold_cached_tokens),
             (result.warm_ttft_s, result.warm_cached_tokens),
         ):
-            seconds, outs = engine_generate(
-                llm, [prefix + random_ids(rng, SUFFIX_TOKENS, vocab)], [1]
-            )
+            seconds, outs = engine_generate(llm, [prefix + prompts.prompt(rng, SUFFIX_TOKENS)], [1])
             times.append(seconds)
             cached.append(outs[0].cached_tokens or 0)
     return result
@@ -227,14 +230,20 @@ def run_prefix(llm, reps: int, vocab: int) -> PrefixResult:
 # -- Hugging Face transformers -----------------------------------------------------------------
 
 
-def load_hf(model_dir: Path):
+def load_hf(path: Path):
+    """transformers' model on the same weights: a folder, or a GGUF file dequantized to float32
+    (transformers needs the `gguf` and `accelerate` packages for that)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    if path.suffix.lower() == ".gguf":
+        where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    else:
+        where = {"pretrained_model_name_or_path": str(path)}
+    model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # run every row to max_new_tokens
     model.generation_config.pad_token_id = PAD_ID
     return model
@@ -274,9 +283,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
+    parser.add_argument("--models", default=",".join(MODELS), help="standard, default or both")
     parser.add_argument("--workloads", default="uniform,mixed,prefix")
     parser.add_argument("--num-requests", type=int, default=32)
-    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--model-dir", type=Path, default=None, help="the standard model's folder")
+    parser.add_argument(
+        "--default-model",
+        type=Path,
+        default=None,
+        help="the default model's .gguf file or folder (default: zerohop's default model)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results/engine_throughput.json"))
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--skip-engine", action="store_true", help="transformers only")
@@ -286,14 +302,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=2, help="runs per workload and engine (best counts)"
     )
     parser.add_argument("--prefix-reps", type=int, default=3, help="cold/warm pairs (median)")
+    # Set on the child process that measures one model of a multi-model run.
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = set(args.workloads) - {*THROUGHPUT_WORKLOADS, "prefix"}
-    if unknown:
-        parser.error(f"unknown workloads: {', '.join(sorted(unknown))}")
+    args.models = _names(parser, "models", args.models, MODELS)
+    args.workloads = _names(parser, "workloads", args.workloads, (*THROUGHPUT_WORKLOADS, "prefix"))
     if min(args.num_requests, args.repeats, args.prefix_reps, args.threads) < 1:
         parser.error("--num-requests, --repeats, --prefix-reps and --threads must be >= 1")
     return args
+
+
+def _names(
+    parser: argparse.ArgumentParser, option: str, value: str, known: Sequence[str]
+) -> list[str]:
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if unknown := set(names) - set(known):
+        parser.error(f"unknown {option}: {', '.join(sorted(unknown))}")
+    if not names:
+        parser.error(f"--{option}: name at least one of {', '.join(known)}")
+    return names
 
 
 def dense_flops_per_s() -> tuple[float, list[dict]]:
@@ -303,12 +330,42 @@ def dense_flops_per_s() -> tuple[float, list[dict]]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
-    shape = STANDARD
-    model_dir = ensure_model(args.model_dir)
+    if len(args.models) == 1:
+        models = {args.models[0]: measure(args, args.models[0])}
+    else:
+        models = {name: measure_in_child(argv, name, args.out) for name in args.models}
+    report = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models": models}
+    write_json(args.out, report)
+    if not args.child:
+        print_report(report)
+        print(f"\nwrote {args.out}")
+    return report
+
+
+def measure_in_child(argv: Sequence[str] | None, name: str, out: Path) -> dict:
+    """One model's figures, measured in a process of its own: ru_maxrss only ever grows, so
+    in one process the second model's peak RSS would be the first one's."""
+    part = out.with_name(f"{out.stem}.{name}.part{out.suffix}")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    print(f"\n== model {name}", flush=True)
+    # argparse keeps the last value of an option given twice.
+    cmd = [sys.executable, __file__, *argv, "--models", name, "--out", str(part), "--child"]
+    done = subprocess.run(cmd, check=False)
+    if done.returncode != 0 or not part.exists():
+        print(f"model {name}: the measuring process failed (exit status {done.returncode})")
+        return {"error": f"measuring process exit status {done.returncode}"}
+    report = json.loads(part.read_text())["models"][name]
+    part.unlink()
+    return report
+
+
+def measure(args: argparse.Namespace, name: str) -> dict:
+    """Both engines on one model, in this process."""
+    path = ensure_model(args.model_dir) if name == "standard" else model_path(args.default_model)
     set_threads(args.threads)
     dense_before, matmul_before = dense_flops_per_s()
     print(
-        f"model {model_dir}, {args.threads} threads, dense fp32 matmul "
+        f"model {name}: {path}, {args.threads} threads, dense fp32 matmul "
         f"{dense_before / 1e9:.1f} GFLOP/s",
         flush=True,
     )
@@ -319,12 +376,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "compete for the cores and the figures will be noisy",
             flush=True,
         )
-    bench = Bench(args, model_dir, shape)
+    bench = Bench(args, path)
     bench.run()
     dense_after, matmul_after = dense_flops_per_s()
     dense = max(dense_before, dense_after)
+    shape = bench.shape
     report = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
             "threads": args.threads,
             "cpus": cpu_count(),
@@ -336,9 +393,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "load_average_after": os.getloadavg(),
         },
         "model": {
-            "dir": str(model_dir),
-            **asdict(shape),
-            "non_embedding_params": shape.non_embedding_params(),
+            "name": name,
+            "path": str(path),
+            **(asdict(shape) if shape else {}),
+            "non_embedding_params": shape.non_embedding_params() if shape else None,
+            "prompts": "an English passage cut to length, in the model's own tokens",
         },
         "engine_options": {
             "max_num_seqs": 64,
@@ -347,11 +406,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         },
         "repeats": args.repeats,
         "flops_note": "approximate: 2*params per fed token (lm_head only at sampled positions) "
-        "+ 4*hidden*context per layer for attention; norms/softmax left out",
+        "+ 4*heads*head_dim*context per layer for attention; norms/softmax left out",
         "workloads": {},
         "peak_rss_mib": bench.rss,
     }
-    for w in bench.workloads[0]:
+    for w in bench.workloads[0] if bench.workloads else []:
         e = best_of(bench.engine_runs[w.name], args.threads) if bench.engine_runs[w.name] else None
         h = best_of(bench.hf_runs[w.name], args.threads) if bench.hf_runs[w.name] else None
         report["workloads"][w.name] = {
@@ -364,61 +423,71 @@ def main(argv: Sequence[str] | None = None) -> dict:
         }
     if bench.prefix:
         report["prefix"] = bench.prefix.as_dict()
-    print_report(report)
-    write_json(args.out, report)
-    print(f"\nwrote {args.out}")
     return report
 
 
 class Bench:
-    """Runs both engines; repeats after the first alternate engine and transformers runs.
+    """Runs both engines on one model; repeats after the first alternate engine and
+    transformers runs.
 
     The engine runs alone first (its first pass and the prefix section), so the peak RSS then
-    is the engine side's; each repeat uses fresh prompt ids of the same lengths, so a repeat
-    never hits the prefix cache of an earlier one.
+    is the engine side's; each repeat uses fresh prompts of the same lengths, so a repeat
+    never hits the prefix cache of an earlier one. The model's shape (for FLOPs) and tokenizer
+    (for prompts) come from the engine once loaded, else from the model's files.
     """
 
-    def __init__(self, args: argparse.Namespace, model_dir: Path, shape: ModelShape) -> None:
-        self.args, self.model_dir, self.shape = args, model_dir, shape
-        names = [n for n in args.workloads if n in THROUGHPUT_WORKLOADS]
-        self.workloads = [
-            [make_workload(n, args.num_requests, shape.vocab, rep) for n in names]
-            for rep in range(args.repeats)
-        ]
-        self.engine_runs: dict[str, list[Run]] = {n: [] for n in names}
-        self.hf_runs: dict[str, list[Run]] = {n: [] for n in names}
+    def __init__(self, args: argparse.Namespace, path: Path) -> None:
+        self.args, self.path = args, path
+        self.names = [n for n in args.workloads if n in THROUGHPUT_WORKLOADS]
+        self.shape: ModelShape | None = None
+        self.prompts: TextPrompts | None = None
+        self.workloads: list[list[Workload]] = []
+        self.engine_runs: dict[str, list[Run]] = {n: [] for n in self.names}
+        self.hf_runs: dict[str, list[Run]] = {n: [] for n in self.names}
         self.prefix: PrefixResult | None = None
         self.rss: dict[str, float] = {}
         self.llm = None
 
     def run(self) -> None:
-        with_hf = not self.args.skip_hf and bool(self.workloads[0])
+        with_hf = not self.args.skip_hf and bool(self.names)
         if not self.args.skip_engine:
-            self._engine_alone(self.workloads if not with_hf else self.workloads[:1])
+            self._engine_alone(self.args.repeats if not with_hf else 1)
         if with_hf:
             self._with_hf()
         self.rss["at_end"] = peak_rss_mib()
         self.llm = None
 
-    def _engine_alone(self, reps: list[list[Workload]]) -> None:
+    def _prepare(self, config, tokenizer) -> None:
+        self.shape = ModelShape.from_config(config)
+        self.prompts = TextPrompts.for_tokenizer(tokenizer)
+        self.workloads = [
+            [make_workload(n, self.args.num_requests, self.prompts, rep) for n in self.names]
+            for rep in range(self.args.repeats)
+        ]
+
+    def _engine_alone(self, passes: int) -> None:
         start = time.perf_counter()
-        self.llm = load_engine(self.model_dir, self.args)
+        self.llm = load_engine(self.path, self.args)
         self.rss["engine_loaded"] = peak_rss_mib()
         print(f"engine loaded in {time.perf_counter() - start:.1f}s", flush=True)
-        engine_generate(self.llm, [random_ids(random.Random(0), 8, self.shape.vocab)], [4])
-        for rep in reps:
+        self._prepare(self.llm.engine.model_config, self.llm.tokenizer)
+        engine_generate(self.llm, [self.prompts.prompt(random.Random(0), 8)], [4])
+        for rep in self.workloads[:passes]:
             for w in rep:
                 self._engine(w)
         if "prefix" in self.args.workloads:
-            self.prefix = run_prefix(self.llm, self.args.prefix_reps, self.shape.vocab)
+            self.prefix = run_prefix(self.llm, self.args.prefix_reps, self.prompts)
             print(f"engine prefix: cold {self.prefix.cold:.3f}s warm {self.prefix.warm:.3f}s")
         self.rss["engine_side"] = peak_rss_mib()
 
     def _with_hf(self) -> None:
-        model = load_hf(self.model_dir)
+        if self.prompts is None:
+            self._prepare(*open_model(self.path))
+        start = time.perf_counter()
+        model = load_hf(self.path)
+        print(f"transformers loaded in {time.perf_counter() - start:.1f}s", flush=True)
         rng = random.Random(0)
-        vocab = self.shape.vocab
-        hf_generate(model, [random_ids(rng, 8, vocab), random_ids(rng, 6, vocab)], 4)
+        hf_generate(model, [self.prompts.prompt(rng, 8), self.prompts.prompt(rng, 6)], 4)
         for i, rep in enumerate(self.workloads):
             for w in rep:
                 self.hf_runs[w.name].append(_measured("transformers", w, run_hf, model, self.shape))
@@ -442,20 +511,41 @@ def _measured(label: str, w: Workload, fn, model, shape: ModelShape) -> Run:
     return run
 
 
+# -- the report --------------------------------------------------------------------------------
+
+
 def print_report(report: dict) -> None:
+    for name, model in report["models"].items():
+        if "error" in model:
+            print(f"\n== model {name}: no figures ({model['error']})")
+        else:
+            print_model(name, model)
+    if len(report["models"]) > 1:
+        print_side_by_side(report["models"])
+
+
+def print_model(name: str, report: dict) -> None:
+    m = report["model"]
+    print(f"\n== model {name}: {m['path']}")
+    if "hidden" in m:
+        print(
+            f"hidden {m['hidden']}, {m['layers']} layers, {m['heads']} heads / {m['kv_heads']} "
+            f"KV heads of {m['head_dim']}, intermediate {m['intermediate']}, vocab {m['vocab']}"
+            f"{', tied embeddings' if m['tied_embeddings'] else ''}"
+        )
     print(
-        f"\ndense fp32 matmul: {report['machine']['dense_flops_per_s'] / 1e9:.1f} GFLOP/s "
+        f"dense fp32 matmul: {report['machine']['dense_flops_per_s'] / 1e9:.1f} GFLOP/s "
         f"({report['machine']['threads']} threads); FLOPs approximate ({report['flops_note']})\n"
     )
     rows = []
-    for name, w in report["workloads"].items():
+    for workload, w in report["workloads"].items():
         for engine in ("engine", "hf"):
             r = w[engine]
             if r is None:
                 continue
             rows.append(
                 [
-                    name,
+                    workload,
                     "zerohop" if engine == "engine" else "transformers",
                     w["requests"],
                     w["prompt_tokens"],
@@ -483,10 +573,10 @@ def print_report(report: dict) -> None:
             ],
             rows,
         )
-    for name, w in report["workloads"].items():
+    for workload, w in report["workloads"].items():
         for engine in ("engine", "hf"):
             for note in (w[engine] or {}).get("notes", []):
-                print(f"  ! {name} {engine}: {note}")
+                print(f"  ! {workload} {engine}: {note}")
     if p := report.get("prefix"):
         print(
             f"\nprefix caching: {p['prefix_tokens']}-token prefix + {p['suffix_tokens']}-token "
@@ -508,6 +598,32 @@ def print_report(report: dict) -> None:
         "at_end": "at the end",
     }
     print("\npeak RSS: " + ", ".join(f"{v:.0f} MiB {labels[k]}" for k, v in rss.items()))
+
+
+def print_side_by_side(models: dict[str, dict]) -> None:
+    print("\n== side by side (best runs)")
+    rows = []
+    for name, m in models.items():
+        for workload, w in m.get("workloads", {}).items():
+            e, h = w["engine"], w["hf"]
+            rows.append(
+                [
+                    name,
+                    workload,
+                    e["output_tok_s"] if e else None,
+                    h["output_tok_s"] if h else None,
+                    w["engine_over_hf"],
+                    100 * e["flop_fraction"] if e else None,
+                ]
+            )
+    if rows:
+        print_table(
+            ["model", "workload", "zerohop tok/s", "hf tok/s", "zerohop/hf", "zerohop % matmul"],
+            rows,
+        )
+    if prefix := {n: m["prefix"] for n, m in models.items() if m.get("prefix")}:
+        ratios = ", ".join(f"{n} {p['cold_over_warm']:.1f}x" for n, p in prefix.items())
+        print(f"prefix caching, cold/warm TTFT: {ratios}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
-"""Served vs offline, side by side in one run, on the standard benchmark model.
+"""Served vs offline, side by side in one run, on zerohop's default model.
 
+The model is SmolLM2-135M-Instruct (GGUF) unless --model-dir names another: a .gguf file, a
+Hugging Face folder, `standard` (engine_throughput.py's standard model) or `tiny`.
+
+Prompts, offline and served alike, are cut from an English passage in the model's own tokens
+(`_common.TextPrompts`; the load client is made to send them instead of random ids).
 For each engine thread count in --threads (default 1,2):
   offline  `LLM.generate` of N requests x 128 prompt tokens x 64 output tokens (greedy, eos
            ignored) -> output tokens/s; and the prefill time of one 128-token request
@@ -10,9 +15,10 @@ For each engine thread count in --threads (default 1,2):
              latency         the same at concurrency N with logprobs=0 (see below);
              ttft            concurrency 1, 128 in / 8 out, logprobs=0;
              ttft_one_token  concurrency 1, 128 in / 1 out: the offline prefill's request.
-           The server sends one chunk per token even when its text is empty (the bench
-           model's toy tokenizer covers 512 of its 32,000 ids); logprobs=0 is kept on the
-           latency runs as a check that every token's chunk carries its own entry.
+           The server sends one chunk per token even when its text is empty (a token in the
+           middle of a UTF-8 character; most tokens of the standard model, whose toy tokenizer
+           covers 512 of its 32,000 ids); logprobs=0 is kept on the latency runs as a check
+           that every token's chunk carries its own entry.
 --repeats rounds (default 2) alternate the thread counts; each figure counts at its best round
 (highest throughput, lowest prefill and TTFT), as a shared machine only ever slows runs down.
 Targets: served / offline throughput >= 0.90; TTFT at c=1 - offline prefill <= 5 ms.
@@ -24,21 +30,23 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
+import random
 import signal
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from _common import ROOT, cpu_count, ensure_model, print_table, write_json
+from _common import ROOT, TextPrompts, cpu_count, model_path, open_model, print_table, write_json
 from engine_throughput import engine_generate, load_engine
 
-from zerohop.bench.load import BenchConfig, format_report, random_prompts, run_benchmark
+from zerohop.bench import load
+from zerohop.bench.load import BenchConfig, format_report, run_benchmark
 
 SERVED_MODEL_NAME = "bench"
 THROUGHPUT_TARGET = 0.90
@@ -48,7 +56,12 @@ RUNS = ("throughput", "latency", "ttft", "ttft_one_token")
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="a .gguf file or a Hugging Face folder, or `standard` (the standard benchmark "
+        "model) or `tiny` (default: zerohop's default model, SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--threads", default="1,2", help="engine torch threads to try, comma-separated")
     p.add_argument("--num-requests", type=int, default=32, help="requests = concurrency")
     p.add_argument("--input-tokens", type=int, default=128)
@@ -69,13 +82,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prompt_vocab(model_dir: Path) -> int:
-    """Ids valid for both the model and its tokenizer (the server checks the tokenizer's)."""
-    from tokenizers import Tokenizer
+PromptMaker = Callable[[BenchConfig, int, str], list[list[int]]]
 
-    model = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size()
-    return min(model, tokenizer)
+
+def prompt_maker(model: Path) -> tuple[PromptMaker, int]:
+    """`load.random_prompts`' stand-in, text through the model's own tokenizer, and the
+    model's vocabulary size (for the record: BenchConfig.vocab_size then goes unused)."""
+    config, tokenizer = open_model(model)
+    text = TextPrompts.for_tokenizer(tokenizer)
+
+    def make(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
+        rng = random.Random(f"{cfg.seed}-{salt}")
+        shared = min(cfg.shared_prefix_tokens, cfg.input_tokens)
+        prefix = text.prompt(rng, shared) if shared else []
+        return [prefix + text.prompt(rng, cfg.input_tokens - shared) for _ in range(n)]
+
+    return make, config.vocab_size
+
+
+@contextmanager
+def client_prompts(make: PromptMaker) -> Iterator[None]:
+    """The load client draws prompts from `load.random_prompts` (random ids); while this lasts
+    it gets `make`'s, and the offline runs (which call it there too) the same."""
+    original = load.random_prompts
+    load.random_prompts = make
+    try:
+        yield
+    finally:
+        load.random_prompts = original
 
 
 def workload(
@@ -113,20 +147,20 @@ def ttft_workload(
 # -- offline ------------------------------------------------------------------------------------
 
 
-def run_offline(args: argparse.Namespace, model_dir: Path, threads: int, vocab: int) -> dict:
+def run_offline(args: argparse.Namespace, model: Path, threads: int, vocab: int) -> dict:
     engine_args = argparse.Namespace(
         max_num_batched_tokens=args.max_num_batched_tokens, threads=threads
     )
-    llm = load_engine(model_dir, engine_args)
+    llm = load_engine(model, engine_args)
     cfg = workload(args, "", vocab)
-    warm = random_prompts(cfg, 2, "offline-warmup")
+    warm = load.random_prompts(cfg, 2, "offline-warmup")
     engine_generate(llm, warm, [8, 8])
-    prompts = random_prompts(cfg, args.num_requests, "bench")
+    prompts = load.random_prompts(cfg, args.num_requests, "bench")
     seconds, outs = engine_generate(llm, prompts, [args.output_tokens] * len(prompts))
     produced = sum(len(o.token_ids) for o in outs)
     prefill = []
     for rep in range(args.prefill_reps):
-        prompt = random_prompts(cfg, 1, f"prefill-{rep}")
+        prompt = load.random_prompts(cfg, 1, f"prefill-{rep}")
         prefill.append(engine_generate(llm, prompt, [1])[0])
     del llm, outs
     gc.collect()
@@ -145,11 +179,11 @@ def run_offline(args: argparse.Namespace, model_dir: Path, threads: int, vocab: 
 class Server:
     """`zerohop serve` on a free port, with the offline engine's options."""
 
-    def __init__(self, args: argparse.Namespace, model_dir: Path, threads: int, log: Path):
+    def __init__(self, args: argparse.Namespace, model: Path, threads: int, log: Path):
         self.port = free_port()
         self.log = log
         cmd = [
-            sys.executable, "-m", "zerohop", "serve", str(model_dir),
+            sys.executable, "-m", "zerohop", "serve", str(model),
             "--port", str(self.port), "--grpc-port", "0",
             "--served-model-name", SERVED_MODEL_NAME, "--num-threads", str(threads),
             # engine_throughput.load_engine's options:
@@ -196,9 +230,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_served(args: argparse.Namespace, model_dir: Path, threads: int, vocab: int) -> dict:
+def run_served(args: argparse.Namespace, model: Path, threads: int, vocab: int) -> dict:
     log = args.out.parent / f"serve-server-t{threads}.log"
-    server = Server(args, model_dir, threads, log)
+    server = Server(args, model, threads, log)
     try:
         start = time.perf_counter()
         server.wait_ready()
@@ -208,9 +242,9 @@ def run_served(args: argparse.Namespace, model_dir: Path, threads: int, vocab: i
         runs = {"throughput": run_benchmark(workload(args, server.url, vocab))}
         cpu_used = cpu.stop()
         profile = profiler.stop() if profiler else None
-        # The bench model's tokenizer covers 512 of its 32,000 ids, so most tokens have no
-        # text and get no chunk of their own unless they carry logprobs: the latency runs
-        # ask for logprobs=0; the throughput run does not (its figures need no events).
+        # A token without text (most of the standard model's, whose tokenizer covers 512 of
+        # its 32,000 ids) gets no chunk of its own unless it carries logprobs: the latency
+        # runs ask for logprobs=0; the throughput run does not (its figures need no events).
         runs["latency"] = run_benchmark(workload(args, server.url, vocab, seed=1, logprobs=0))
         ttft = ttft_workload(args, server.url, vocab, args.ttft_output_tokens, logprobs=0)
         runs["ttft"] = run_benchmark(ttft)
@@ -344,27 +378,37 @@ def compare(offline: dict, served: dict) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
-    model_dir = ensure_model(args.model_dir)
-    vocab = prompt_vocab(model_dir)
+    model = model_path(args.model_dir)
+    make, vocab = prompt_maker(model)
+    with client_prompts(make):
+        report = measure(args, model, vocab)
+    print_summary(report)
+    write_json(args.out, report)
+    print(f"\nwrote {args.out}")
+    return report
+
+
+def measure(args: argparse.Namespace, model: Path, vocab: int) -> dict:
     threads = [int(t) for t in args.threads.split(",")]
     runs: dict[str, dict] = {str(t): {"repeats": []} for t in threads}
     for rep in range(args.repeats):  # alternate thread counts; the best repeat counts
         for t in threads:
             print(f"\n== engine threads {t}, repeat {rep + 1}: offline", flush=True)
-            offline = run_offline(args, model_dir, t, vocab)
+            offline = run_offline(args, model, t, vocab)
             print(
                 f"  {offline['output_throughput']:.1f} output tok/s ({offline['seconds']:.2f}s), "
                 f"prefill {offline['prefill_median_ms']:.1f} ms",
                 flush=True,
             )
             print(f"== engine threads {t}, repeat {rep + 1}: served", flush=True)
-            served = run_served(args, model_dir, t, vocab)
+            served = run_served(args, model, t, vocab)
             repeat = {"offline": offline, "served": served, "compare": compare(offline, served)}
             runs[str(t)]["repeats"].append(repeat)
     for run in runs.values():
         run["compare"] = best_of([r["compare"] for r in run["repeats"]])
-    report = {
-        "model_dir": str(model_dir),
+    return {
+        "model": str(model),
+        "prompts": "an English passage cut to length, in the model's own tokens",
         "cpus": cpu_count(),
         "workload": {
             "requests": args.num_requests,
@@ -379,10 +423,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": runs,
         "best": best(runs),
     }
-    print_summary(report)
-    write_json(args.out, report)
-    print(f"\nwrote {args.out}")
-    return report
 
 
 def best_of(compares: list[dict]) -> dict:
@@ -466,7 +506,7 @@ def print_summary(report: dict) -> None:
     )
     for t, run in report["runs"].items():
         for name, checks in run["compare"]["served_checks"].items():
-            # Without logprobs, tokens without text have no event on the bench model.
+            # Without logprobs, tokens without text (most of the standard model's) have no event.
             expected = {"one_event_per_token"} if name in ("throughput", "ttft_one_token") else ()
             if failed := [k for k, ok in checks.items() if not ok and k not in expected]:
                 print(f"  ! threads {t}, {name} run: checks not met: {', '.join(failed)}")

@@ -124,7 +124,7 @@ def _announce(options: ServeOptions, ctx: ServingContext) -> None:
     print(f"zerohop: serving '{ctx.model_name}' on {base} (HTTP/1.1 and HTTP/2){grpc}", flush=True)
     print(
         f"  try: curl {base}/v1/messages -H 'content-type: application/json' "
-        f"""-d '{{"model": "{ctx.model_name}", "max_tokens": 32, """
+        f"""-d '{{"model": "{ctx.model_name}", "max_tokens": 32, "temperature": 0, """
         """"messages": [{"role": "user", "content": "What is the capital of France?"}]}'""",
         flush=True,
     )
