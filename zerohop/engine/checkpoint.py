@@ -34,6 +34,10 @@ class Checkpoint(Protocol):
 
     def weights(self) -> dict[str, torch.Tensor]: ...
 
+    def name_in_file(self, name: str) -> str:
+        """How the file names the weight the model calls `name` (for error messages)."""
+        ...
+
 
 class HFCheckpoint:
     """config.json, tokenizer.json (+ config files) and *.safetensors in one folder."""
@@ -55,6 +59,9 @@ class HFCheckpoint:
         from zerohop.engine.weights import load_state_dict
 
         return load_state_dict(self.path)
+
+    def name_in_file(self, name: str) -> str:
+        return name
 
 
 class GGUFCheckpoint:
@@ -80,6 +87,11 @@ class GGUFCheckpoint:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self.file.tensors()
+
+    def name_in_file(self, name: str) -> str:
+        from zerohop.engine.gguf_file import gguf_tensor_name
+
+        return gguf_tensor_name(name)
 
 
 def open_checkpoint(path: Path | str) -> Checkpoint:

@@ -42,7 +42,12 @@ class LLMEngine:
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
         self.model = CausalLM(
-            self.model_config, checkpoint.weights(), dtype, device, str(checkpoint.path)
+            self.model_config,
+            checkpoint.weights(),
+            dtype,
+            device,
+            str(checkpoint.path),
+            checkpoint.name_in_file,
         )
         self.max_model_len = min(
             self.config.max_model_len or self.model_config.max_position_embeddings,

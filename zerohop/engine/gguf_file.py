@@ -199,6 +199,19 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
 
 
+def gguf_tensor_name(hf_name: str) -> str:
+    """The GGUF name of a Hugging Face tensor name (itself when there is none)."""
+    for gguf_name, name in _GLOBAL_TENSORS.items():
+        if name == hf_name:
+            return gguf_name
+    match = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
+    parts = {hf_part: part for part, hf_part in _LAYER_TENSORS.items()}
+    if match is None or match.group(2) not in parts:
+        return hf_name
+    layer, hf_part, kind = match.groups()
+    return f"blk.{layer}.{parts[hf_part]}.{kind}"
+
+
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's `permute` of q/k rows (interleaved rotary halves per head)."""
     rows = weight.shape[0]

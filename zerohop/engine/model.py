@@ -7,6 +7,7 @@ flat sequence of kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,11 +51,12 @@ class CausalLM:
         dtype: torch.dtype,
         device,
         source: str = "the checkpoint",
+        name_in_file: Callable[[str], str] = str,
     ) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        weights = _WeightSource(tensors, dtype, self.device, source)
+        weights = _WeightSource(tensors, dtype, self.device, source, name_in_file)
         self.linear = (
             make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
         )
@@ -143,16 +145,25 @@ class CausalLM:
 class _WeightSource:
     """Hands out named tensors in the model's dtype and device, with clear errors."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype, device, source: str) -> None:
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        dtype,
+        device,
+        source: str,
+        name_in_file: Callable[[str], str],
+    ) -> None:
         self.tensors, self.dtype, self.device, self.source = tensors, dtype, device, source
+        self.name_in_file = name_in_file
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         tensor = self.tensors.get(name)
         if tensor is None:
-            raise ModelLoadError(f"{self.source}: weight '{name}' not found")
+            raise ModelLoadError(f"{self.source}: weight '{self.name_in_file(name)}' not found")
         if tuple(tensor.shape) != shape:
             raise ModelLoadError(
-                f"{self.source}: weight '{name}' has shape {tuple(tensor.shape)}, but"
+                f"{self.source}: weight '{self.name_in_file(name)}' has shape"
+                f" {tuple(tensor.shape)}, but"
                 f" the model config implies {shape}"
             )
         # No copy when dtype and device already match: the tensor stays a view of the file.
