@@ -27,6 +27,7 @@ class LiveServer:
     model_dir: Path | None  # None: no MODEL argument, the default model (as `make run`)
     extra_args: list[str] = field(default_factory=list)
     served_model_name: str | None = MODEL_NAME
+    extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
@@ -51,7 +52,7 @@ class LiveServer:
             "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256",
             *self.extra_args,
         ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **self.extra_env}
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(timeout)

@@ -35,11 +35,12 @@ README_REQUEST = {
 }
 
 
-def _offline_pip_env(cache: Path, **pip: str) -> dict[str, str]:
-    """Variables for a pip that reads no config and finds no index, and an empty cache."""
+def _offline_pip_env(cache: Path | None, **pip: str) -> dict[str, str]:
+    """Variables for a pip that reads no config and finds no index, and a cache folder."""
     closed_port = free_port()
+    cache_var = {} if cache is None else {"XDG_CACHE_HOME": str(cache)}
     return {
-        "XDG_CACHE_HOME": str(cache),
+        **cache_var,
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_INDEX_URL": f"http://127.0.0.1:{closed_port}/simple",
         "PIP_FIND_LINKS": "",
@@ -105,9 +106,11 @@ def test_tiny_is_the_built_in_test_model(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.fixture(scope="module")
 def default_server(tmp_path_factory: pytest.TempPathFactory):
-    default_model_path()  # fetched here (once per machine) so the server start is not timed
+    default_model_path()  # fetched here if this machine's cache does not have it yet
     log = tmp_path_factory.mktemp("default-server") / "server.log"
-    server = LiveServer(None, served_model_name=None).start(log, timeout=300)
+    # Then the server starts with no network at all: the cache is enough.
+    offline = _offline_pip_env(None)
+    server = LiveServer(None, served_model_name=None, extra_env=offline).start(log, timeout=300)
     yield server
     server.stop()
 

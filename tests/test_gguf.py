@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer, pre_tokenizers
 
 from tests.fixtures.tiny_gguf import (
     K_QUANT_OVERRIDES,
@@ -320,6 +321,31 @@ def test_encode_decode_match_transformers(vocab_file: Factory, kind: str) -> Non
         round_trip = text[1:] if lost else text
         assert ours.decode(plain, skip_special_tokens=False) == round_trip, f"{kind}: {text!r}"
     assert ours.encode("x")[0] == reference.bos_token_id == ours.bos_token_id  # add_bos_token
+
+
+def test_smollm_pre_tokenizer_splits_digits_as_smollm2s_tokenizer_json(
+    hf_folder: Factory, gguf_dir: Path
+) -> None:
+    """transformers ignores `tokenizer.ggml.pre = "smollm"` (the default model's), so the
+    reference is the pipeline SmolLM2's own tokenizer.json declares: digits one by one, then
+    GPT-2's byte-level split."""
+    folder = hf_folder("llama")
+    path = write_gguf(
+        folder, gguf_dir / "vocab-smollm.gguf", "Q8_0", vocab=bpe_vocab(folder, "smollm")
+    )
+    reference = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    reference.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    ours = zerohop(path).tokenizer
+    for text in TEXTS:
+        want = reference.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_special_tokens=False) == want, text
+    digits = ours.encode("2026", add_special_tokens=False)
+    assert [ours.decode([i]) for i in digits] == ["2", "0", "2", "6"]
 
 
 @pytest.mark.parametrize("kind", ["bpe-gpt-2", "spm"])
