@@ -16,8 +16,9 @@ from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.tokenizer import Tokenizer
 
-# A quantization suffix in a GGUF file name ("SmolLM2-135M-Instruct.Q4_1.gguf").
-_QUANT_SUFFIX = re.compile(r"[.-](?:[QqIi][A-Za-z0-9_]+|[Ff](?:16|32)|[Bb][Ff]16)$")
+# A type suffix in a GGUF file name: "SmolLM2-135M-Instruct.Q4_1", "Llama-3.2-1B-Q4_K_M",
+# "qwen2-0.5b-instruct-iq4_xs", "model-bf16".
+_QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d\w*|TQ\d\w*|B?F16|F32)$", re.IGNORECASE)
 
 
 class Checkpoint(Protocol):
@@ -75,7 +76,7 @@ class GGUFCheckpoint:
 
     @property
     def name(self) -> str:
-        return _QUANT_SUFFIX.sub("", self.path.stem)
+        return model_name_from_file(self.path)
 
     def config(self) -> ModelConfig:
         return self.file.config()
@@ -92,6 +93,10 @@ class GGUFCheckpoint:
         from zerohop.engine.gguf_file import gguf_tensor_name
 
         return gguf_tensor_name(name)
+
+
+def model_name_from_file(path: Path) -> str:
+    return _QUANT_SUFFIX.sub("", path.stem)
 
 
 def open_checkpoint(path: Path | str) -> Checkpoint:
