@@ -408,6 +408,7 @@ def measure(args: argparse.Namespace, name: str) -> dict:
         "flops_note": "approximate: 2*params per fed token (lm_head only at sampled positions) "
         "+ 4*heads*head_dim*context per layer for attention; norms/softmax left out",
         "workloads": {},
+        "hf_error": bench.hf_error,
         "peak_rss_mib": bench.rss,
     }
     for w in bench.workloads[0] if bench.workloads else []:
@@ -447,6 +448,7 @@ class Bench:
         self.prefix: PrefixResult | None = None
         self.rss: dict[str, float] = {}
         self.llm = None
+        self.hf_error: str | None = None
 
     def run(self) -> None:
         with_hf = not self.args.skip_hf and bool(self.names)
@@ -483,16 +485,30 @@ class Bench:
     def _with_hf(self) -> None:
         if self.prompts is None:
             self._prepare(*open_model(self.path))
-        start = time.perf_counter()
-        model = load_hf(self.path)
-        print(f"transformers loaded in {time.perf_counter() - start:.1f}s", flush=True)
-        rng = random.Random(0)
-        hf_generate(model, [self.prompts.prompt(rng, 8), self.prompts.prompt(rng, 6)], 4)
+        model = self._load_hf()
+        if model is not None:
+            rng = random.Random(0)
+            hf_generate(model, [self.prompts.prompt(rng, 8), self.prompts.prompt(rng, 6)], 4)
         for i, rep in enumerate(self.workloads):
             for w in rep:
-                self.hf_runs[w.name].append(_measured("transformers", w, run_hf, model, self.shape))
+                if model is not None:
+                    run = _measured("transformers", w, run_hf, model, self.shape)
+                    self.hf_runs[w.name].append(run)
                 if i > 0 and self.llm is not None:
                     self._engine(w)
+
+    def _load_hf(self):
+        """transformers' model, or None (and the reason kept) when it cannot load this one:
+        the engine's figures still count."""
+        start = time.perf_counter()
+        try:
+            model = load_hf(self.path)
+        except (ImportError, OSError, ValueError) as exc:  # e.g. a package GGUF loading needs
+            self.hf_error = f"{type(exc).__name__}: {exc}"
+            print(f"transformers cannot load the model: {self.hf_error}", flush=True)
+            return None
+        print(f"transformers loaded in {time.perf_counter() - start:.1f}s", flush=True)
+        return model
 
     def _engine(self, w: Workload) -> None:
         self.engine_runs[w.name].append(_measured("engine", w, run_engine, self.llm, self.shape))
@@ -577,6 +593,8 @@ def print_model(name: str, report: dict) -> None:
         for engine in ("engine", "hf"):
             for note in (w[engine] or {}).get("notes", []):
                 print(f"  ! {workload} {engine}: {note}")
+    if report["hf_error"]:
+        print(f"  ! transformers could not load the model: {report['hf_error']}")
     if p := report.get("prefix"):
         print(
             f"\nprefix caching: {p['prefix_tokens']}-token prefix + {p['suffix_tokens']}-token "
@@ -627,4 +645,6 @@ def print_side_by_side(models: dict[str, dict]) -> None:
 
 
 if __name__ == "__main__":
+    # Read when tqdm is imported: quiets transformers' progress bar over the GGUF's tensors.
+    os.environ.setdefault("TQDM_DISABLE", "1")
     main()

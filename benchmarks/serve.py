@@ -4,7 +4,7 @@ The model is SmolLM2-135M-Instruct (GGUF) unless --model-dir names another: a .g
 Hugging Face folder, `standard` (engine_throughput.py's standard model) or `tiny`.
 
 Prompts, offline and served alike, are cut from an English passage in the model's own tokens
-(`_common.TextPrompts`; the load client is made to send them instead of random ids).
+(`_common.TextPrompts`, handed to the load client as `BenchConfig.prompt_source`).
 For each engine thread count in --threads (default 1,2):
   offline  `LLM.generate` of N requests x 128 prompt tokens x 64 output tokens (greedy, eos
            ignored) -> output tokens/s; and the prefill time of one 128-token request
@@ -38,8 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from _common import ROOT, TextPrompts, cpu_count, model_path, open_model, print_table, write_json
@@ -86,30 +85,19 @@ PromptMaker = Callable[[BenchConfig, int, str], list[list[int]]]
 
 
 def prompt_maker(model: Path) -> tuple[PromptMaker, int]:
-    """`load.random_prompts`' stand-in, text through the model's own tokenizer, and the
+    """A `BenchConfig.prompt_source` of text through the model's own tokenizer, and the
     model's vocabulary size (for the record: BenchConfig.vocab_size then goes unused)."""
     config, tokenizer = open_model(model)
     text = TextPrompts.for_tokenizer(tokenizer)
 
     def make(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
+        """an English passage cut to length, in the model's own tokens"""
         rng = random.Random(f"{cfg.seed}-{salt}")
         shared = min(cfg.shared_prefix_tokens, cfg.input_tokens)
         prefix = text.prompt(rng, shared) if shared else []
         return [prefix + text.prompt(rng, cfg.input_tokens - shared) for _ in range(n)]
 
     return make, config.vocab_size
-
-
-@contextmanager
-def client_prompts(make: PromptMaker) -> Iterator[None]:
-    """The load client draws prompts from `load.random_prompts` (random ids); while this lasts
-    it gets `make`'s, and the offline runs (which call it there too) the same."""
-    original = load.random_prompts
-    load.random_prompts = make
-    try:
-        yield
-    finally:
-        load.random_prompts = original
 
 
 def workload(
@@ -125,6 +113,7 @@ def workload(
         model=SERVED_MODEL_NAME,
         seed=seed,
         logprobs=logprobs,
+        prompt_source=args.prompt_source,
     )
 
 
@@ -141,6 +130,7 @@ def ttft_workload(
         model=SERVED_MODEL_NAME,
         seed=100 + output_tokens,  # not the earlier runs' prompts, now in the prefix cache
         logprobs=logprobs,
+        prompt_source=args.prompt_source,
     )
 
 
@@ -153,14 +143,14 @@ def run_offline(args: argparse.Namespace, model: Path, threads: int, vocab: int)
     )
     llm = load_engine(model, engine_args)
     cfg = workload(args, "", vocab)
-    warm = load.random_prompts(cfg, 2, "offline-warmup")
+    warm = load.make_prompts(cfg, 2, "offline-warmup")
     engine_generate(llm, warm, [8, 8])
-    prompts = load.random_prompts(cfg, args.num_requests, "bench")
+    prompts = load.make_prompts(cfg, args.num_requests, "bench")
     seconds, outs = engine_generate(llm, prompts, [args.output_tokens] * len(prompts))
     produced = sum(len(o.token_ids) for o in outs)
     prefill = []
     for rep in range(args.prefill_reps):
-        prompt = load.random_prompts(cfg, 1, f"prefill-{rep}")
+        prompt = load.make_prompts(cfg, 1, f"prefill-{rep}")
         prefill.append(engine_generate(llm, prompt, [1])[0])
     del llm, outs
     gc.collect()
@@ -379,9 +369,8 @@ def compare(offline: dict, served: dict) -> dict:
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     model = model_path(args.model_dir)
-    make, vocab = prompt_maker(model)
-    with client_prompts(make):
-        report = measure(args, model, vocab)
+    args.prompt_source, vocab = prompt_maker(model)
+    report = measure(args, model, vocab)
     print_summary(report)
     write_json(args.out, report)
     print(f"\nwrote {args.out}")

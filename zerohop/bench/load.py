@@ -24,7 +24,7 @@ import asyncio
 import random
 import string
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,8 @@ class BenchConfig:
     warmup_requests: int = 1
     api_key: str | None = None
     timeout_s: float = 600.0
+    # Completions prompts: (cfg, n, salt) -> n token-id lists; None: `random_prompts`.
+    prompt_source: Callable[[BenchConfig, int, str], list[list[int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +84,11 @@ class _Request:
 
 
 # -- prompts --------------------------------------------------------------------------------
+
+
+def make_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
+    """The completions prompts of a run: `cfg.prompt_source`'s, or random ids."""
+    return (cfg.prompt_source or random_prompts)(cfg, n, salt)
 
 
 def random_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
@@ -268,7 +275,7 @@ class LoadClient:
     async def requests(self, n: int, salt: str) -> list[_Request]:
         model = await self.model_name()
         if self.cfg.endpoint == "openai-completions":
-            prompts = random_prompts(self.cfg, n, salt)
+            prompts = make_prompts(self.cfg, n, salt)
             return [_Request(completions_body(self.cfg, model, p), len(p)) for p in prompts]
         texts = await self._anthropic_texts(model, n, salt)
         return [_Request(messages_body(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
@@ -367,7 +374,8 @@ async def bench(cfg: BenchConfig) -> dict:
         await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(work)))))
         duration = time.perf_counter() - start
     return {
-        "config": asdict(cfg) | {"api_key": None},
+        "config": asdict(cfg)
+        | {"api_key": None, "prompt_source": getattr(cfg.prompt_source, "__doc__", None)},
         "summary": summarize(results, duration, cfg),
         "requests": [_row(r) for r in results],
     }
