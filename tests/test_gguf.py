@@ -10,6 +10,7 @@ naming the file and what is wrong with it.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,9 +34,17 @@ from tests.fixtures.tiny_gguf import (
     write_contents,
     write_gguf,
 )
-from tests.fixtures.tiny_models import BOS_ID, build_tiny_model, hf_greedy, load_hf_model
+from tests.fixtures.tiny_models import (
+    BOS_ID,
+    LINEAR_ROPE,
+    LLAMA3_ROPE,
+    build_tiny_model,
+    hf_greedy,
+    load_hf_model,
+)
 from zerohop import LLM, SamplingParams
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.toy_tokenizer import corpus
 
 QT = gguf.GGMLQuantizationType
 MAX_NEW = 8
@@ -84,9 +93,10 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Factory:
 
     def get(arch: str, kquant: bool = False, **extra) -> Path:
         overrides = {**(K_QUANT_OVERRIDES[arch] if kquant else _BASE_OVERRIDES[arch]), **extra}
-        key = (arch, tuple(sorted(overrides.items())))
+        key = (arch, repr(sorted(overrides.items())))
         if key not in built:
-            name = "-".join([arch, *(f"{k}{v}" for k, v in sorted(overrides.items()))])
+            parts = (re.sub(r"[^\w.]", "", f"{k}{v}") for k, v in sorted(overrides.items()))
+            name = "-".join([arch, *parts])
             built[key] = build_tiny_model(root / name, arch, **overrides)
         return built[key]
 
@@ -254,7 +264,11 @@ def test_mixed_types_like_q4_k_m(hf_folder: Factory, gguf_dir: Path) -> None:
         # head_dim 32 != 64 / 4 heads: only `attention.key_length` says so.
         ("qwen3", {"head_dim": 32}),
         ("llama", {"tie_word_embeddings": True}),
+        # Scaled RoPE: `rope.scaling.*` keys, and Llama 3's `rope_freqs` tensor of divisors.
+        ("llama", {"rope_parameters": LINEAR_ROPE}),
+        ("llama", {"rope_parameters": LLAMA3_ROPE}),
     ],
+    ids=["llama", "qwen2", "qwen3-head32", "llama-tied", "llama-linear-rope", "llama3-rope"],
 )
 def test_f32_file_matches_the_original_folder(
     hf_folder: Factory, gguf_dir: Path, arch: str, extra: dict
@@ -363,8 +377,12 @@ def test_vocabularies_are_what_the_file_says(vocab_file: Factory, kind: str) -> 
     assert ids[0] == reference.convert_tokens_to_ids("<|im_start|>")
     assert ids[-1] == reference.bos_token_id
     if kind == "spm":
-        emoji = ours.encode("🙂", add_special_tokens=False)  # not in the vocabulary
-        assert [ours.id_to_token(i) for i in emoji[-4:]] == ["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]
+        # A character the training corpus never had is spelled in byte-fallback tokens.
+        absent = "𝔘"
+        assert absent not in "".join(corpus())
+        ids = ours.encode(absent, add_special_tokens=False)
+        byte_tokens = [f"<0x{b:02X}>" for b in absent.encode()]
+        assert [ours.id_to_token(i) for i in ids[-len(byte_tokens) :]] == byte_tokens
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
