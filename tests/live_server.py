@@ -52,7 +52,9 @@ class LiveServer:
             "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256",
             *self.extra_args,
         ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **self.extra_env}
+        # Its own data folder (key store, ledger, audit log), not the user's.
+        data = str(log_path.parent / "data")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_DATA_HOME": data, **self.extra_env}
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(timeout)

@@ -86,7 +86,7 @@ def default_engine_threads() -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from zerohop.server import ServeOptions, serve
+    from zerohop.server import GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = engine_options(args)
@@ -102,6 +102,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,
         engine_options=options,
+        gateway=GatewayOptions(
+            keys_db=args.keys_db,
+            jwt_public_key=args.jwt_public_key,
+            jwt_audience=args.jwt_audience,
+            revoked=args.revoked,
+            allow_anonymous=args.allow_anonymous,
+            audit_dir=args.audit_dir,
+            audit=not args.no_audit,
+            audit_content=args.audit_content,
+            audit_max_bytes=args.audit_max_bytes,
+            metrics=not args.no_metrics,
+            metrics_key=args.metrics_key or os.environ.get("ZEROHOP_METRICS_KEY"),
+        ),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("zerohop serve: --tls-cert and --tls-key go together")
@@ -139,8 +152,39 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
     )
+    add_gateway_options(srv)
     add_engine_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def add_gateway_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("gateway (keys, limits, budgets, audit, metrics)")
+    g.add_argument(
+        "--keys-db",
+        type=Path,
+        default=None,
+        help="SQLite key store and budget ledger (default: $XDG_DATA_HOME/zerohop/keys.db)",
+    )
+    g.add_argument(
+        "--jwt-public-key", type=Path, help="PEM or JWKS file: accept keys signed by the operator"
+    )
+    g.add_argument("--jwt-audience", default="zerohop", help="the `aud` signed keys must carry")
+    g.add_argument("--revoked", type=Path, help="file of revoked signed-key ids / jti, one a line")
+    g.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve without keys on a non-loopback address (no keys configured)",
+    )
+    g.add_argument("--audit-dir", type=Path, help="audit log folder (default: beside --keys-db)")
+    g.add_argument("--no-audit", action="store_true", help="write no audit log")
+    g.add_argument("--audit-content", action="store_true", help="audit prompts and outputs too")
+    g.add_argument(
+        "--audit-max-bytes", type=int, default=64 * 2**20, help="rotate the audit file at this size"
+    )
+    g.add_argument("--no-metrics", action="store_true", help="no GET /metrics")
+    g.add_argument(
+        "--metrics-key", help="bearer token GET /metrics requires (env ZEROHOP_METRICS_KEY)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)
+    from zerohop.gateway.audit import add_audit_parser
+    from zerohop.gateway.keys_cli import add_keys_parser
+
+    add_keys_parser(sub)
+    add_audit_parser(sub)
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", help=MODEL_HELP)
@@ -163,11 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from zerohop.engine.errors import ModelLoadError
     from zerohop.models.default import ModelUnavailableError
+    from zerohop.server import GatewayStartError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ModelUnavailableError, ModelLoadError) as exc:
+    except (ModelUnavailableError, ModelLoadError, GatewayStartError) as exc:
         print(f"zerohop: {exc}", file=sys.stderr)
         return 1
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from zerohop.api.app import create_app
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
 from zerohop.engine.checkpoint import open_checkpoint
+from zerohop.gateway.gateway import Gateway
 
 log = logging.getLogger("zerohop")
 
@@ -34,6 +36,22 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_seconds: float = 30.0
     engine_options: dict[str, Any] | None = None
+    gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
+
+
+@dataclass(slots=True)
+class GatewayOptions:
+    keys_db: Path | None = None  # None: $XDG_DATA_HOME/zerohop/keys.db
+    jwt_public_key: Path | None = None
+    jwt_audience: str = "zerohop"
+    revoked: Path | None = None
+    allow_anonymous: bool = False
+    audit_dir: Path | None = None  # None: next to the keys database, in audit/
+    audit: bool = True
+    audit_content: bool = False
+    audit_max_bytes: int = 64 * 2**20
+    metrics: bool = True
+    metrics_key: str | None = None
 
 
 class DrainingServer(uvicorn.Server):
@@ -76,12 +94,24 @@ async def serve(options: ServeOptions) -> int:
             await (await starting).shutdown()
         raise
     engine = await starting
+    model_name = options.served_model_name or checkpoint.name
+    gateway = build_gateway(options, model_name, engine.info.get("block_size"))
+    try:
+        check_open_mode(options, gateway)
+    except GatewayStartError:
+        await gateway.close()
+        await engine.shutdown()
+        raise
+    if gateway.audit is not None:
+        gateway.audit.start()
     ctx = ServingContext(
         engine=engine,
         tokenizer=tokenizer,
-        model_name=options.served_model_name or checkpoint.name,
+        model_name=model_name,
         max_model_len=engine.info["max_model_len"],
         max_body_bytes=options.max_body_bytes,
+        gateway=gateway,
+        metrics_token=options.gateway.metrics_key,
     )
     server = DrainingServer(_uvicorn_config(options, ctx), ctx)
     grpc_server = None
@@ -90,6 +120,7 @@ async def serve(options: ServeOptions) -> int:
             from zerohop.api.grpc_service import start_grpc_server
 
             grpc_server = await start_grpc_server(ctx, options.host, options.grpc_port)
+        gateway.start_watching()
         _announce(options, ctx)
         await server.serve()
     finally:
@@ -97,7 +128,60 @@ async def serve(options: ServeOptions) -> int:
         if grpc_server is not None:
             await grpc_server.stop(grace=min(options.drain_seconds, 5.0))
         await engine.shutdown()
+        await gateway.close()  # after the streams: their audit records are flushed too
     return 0
+
+
+class GatewayStartError(Exception):
+    """The gateway's configuration does not allow serving (said in one line)."""
+
+
+def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
+    from zerohop.gateway.audit import AuditLog
+    from zerohop.gateway.metrics import GatewayMetrics
+    from zerohop.gateway.store import default_db_path
+
+    g = options.gateway
+    keys_db = g.keys_db or default_db_path()
+    verifier = None
+    if g.jwt_public_key is not None:
+        from zerohop.gateway.signed_keys import SignedKeyVerifier
+
+        verifier = SignedKeyVerifier(
+            g.jwt_public_key, audience=g.jwt_audience, revoked_file=g.revoked
+        )
+    audit = None
+    if g.audit:
+        audit = AuditLog(
+            g.audit_dir or keys_db.parent / "audit",
+            max_bytes=g.audit_max_bytes,
+            include_content=g.audit_content,
+        )
+    metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
+    gateway = Gateway.from_store(keys_db, verifier, audit=audit, metrics=metrics)
+    gateway.start()
+    return gateway
+
+
+def check_open_mode(options: ServeOptions, gateway: Gateway) -> None:
+    """Without keys the server is open: only on loopback, unless --allow-anonymous."""
+    host = options.host
+    if gateway.auth.keys_configured or options.gateway.allow_anonymous or is_loopback(host):
+        return
+    raise GatewayStartError(
+        f"no API keys configured ({gateway.auth.store_path} has none and no --jwt-public-key)"
+        f" and {host} is not a loopback address: create one with `zerohop keys create"
+        " --tenant NAME`, or pass --allow-anonymous to serve without keys"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _uvicorn_config(options: ServeOptions, ctx: ServingContext) -> uvicorn.Config:
@@ -122,6 +206,13 @@ def _announce(options: ServeOptions, ctx: ServingContext) -> None:
     base = f"{scheme}://{options.host}:{options.port}"
     grpc = f", gRPC on {options.host}:{options.grpc_port}" if options.grpc_port else ""
     print(f"zerohop: serving '{ctx.model_name}' on {base} (HTTP/1.1 and HTTP/2){grpc}", flush=True)
+    gateway = ctx.gateway
+    if gateway is not None and not gateway.auth.keys_configured:
+        print(
+            f"  no API keys configured: open to any client that can reach {options.host}"
+            f" ({gateway.auth.store_path}; `zerohop keys create --tenant NAME` adds one)",
+            flush=True,
+        )
     print(
         f"  try: curl {base}/v1/messages -H 'content-type: application/json' "
         f"""-d '{{"model": "{ctx.model_name}", "max_tokens": 32, "temperature": 0, """

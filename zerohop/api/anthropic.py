@@ -9,8 +9,8 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 - Usage: `input_tokens` excludes prefix-cache hits, which are `cache_read_input_tokens`;
   `cache_creation_input_tokens` is always 0 (caching is automatic and never billed as a write).
 - A response always holds one text block, possibly empty.
-- `metadata.user_id`, `service_tier`, `cache_control`, `x-api-key`/`Authorization` and
-  `anthropic-version` are accepted and ignored until the gateway capability.
+- `metadata.user_id`, `service_tier`, `cache_control` and `anthropic-version` are accepted
+  and ignored; the key (`x-api-key` or `Authorization: Bearer`) is the gateway's (app.py).
 - The stream's headers go out with the engine's first delta, so a request the engine
   rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
 """
@@ -47,6 +47,7 @@ from zerohop.api.service import ServingContext, sampling_params
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
+from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +79,22 @@ class AnthropicSurface:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    async def count_tokens(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
-        self.ctx.check_model(request.model)
+        self.ctx.check_model(request.model, call)
         prompt = self.prompt(request)
-        await send_json(send, 200, {"input_tokens": len(prompt)}, request_id_headers(rid))
+        headers = request_id_headers(call.request_id)
+        await send_json(send, 200, {"input_tokens": len(prompt)}, headers)
 
-    async def messages(self, scope: Scope, receive: Receive, send: Send, rid: str) -> None:
+    async def messages(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_messages(await self._body(scope, receive))
-        self.ctx.check_model(request.model)
+        self.ctx.check_model(request.model, call)
         prompt = self.prompt(request)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         params = _sampling_params(request)
-        state = _Run(rid, prompt, request.model)
-        async with contextlib.aclosing(self.ctx.generate(rid, prompt, params, receive)) as deltas:
+        state = _Run(call.request_id, prompt, request.model)
+        generation = self.ctx.generate(call, prompt, params, receive)
+        async with contextlib.aclosing(generation) as deltas:
             if request.stream:
                 await state.stream(deltas, send)
             else:

@@ -6,15 +6,18 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from zerohop.api import anthropic, openai
-from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, send_json
+from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, header, send_json
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
-from zerohop.api.service import ServingContext, new_request_id
+from zerohop.api.rate_headers import anthropic_rate_headers, openai_rate_headers
+from zerohop.api.service import ServingContext, api_error, new_request_id
+from zerohop.gateway.gateway import Call, GatewayError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 ErrorShape = Callable[[ApiError, str], dict]
 Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
+SURFACES = {anthropic_body: "anthropic", openai_body: "openai"}
 
 _HEALTHY = b'{"status":"ok"}'
 _NOT_READY = b'{"status":"unavailable"}'
@@ -45,30 +48,70 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             )
         if path == "/engine/stats" and scope["method"] == "GET":
             return await send_json(send, 200, await ctx.engine.stats())
+        if path == "/metrics" and scope["method"] == "GET":
+            return await _metrics(scope, send)
         request_id = new_request_id()
         route = routes.get((scope["method"], path))
         if route is None:
             error, shape = _route_miss(scope["method"], path, path in paths)
             return await _send_error(send, error, shape, request_id)
         handler, shape = route
-        started = False
+        call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
+        await _handle(scope, receive, send, handler, shape, call)
+
+    async def _handle(
+        scope: Scope, receive: Receive, send: Send, handler: Handler, shape: ErrorShape, call: Call
+    ) -> None:
+        gateway = ctx.gateway
+        rate_headers = anthropic_rate_headers if shape is anthropic_body else openai_rate_headers
+        status, error_type = 0, None
 
         async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = True
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if gateway is not None:
+                    extra = rate_headers(gateway, call) + _clamp_header(call)
+                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         try:
-            await handler(scope, receive, tracking_send, request_id)
+            if gateway is not None:
+                gateway.authenticate(call, _api_key(scope))
+            await handler(scope, receive, tracking_send, call)
         except ClientDisconnected:
-            return
-        except ApiError as exc:
-            if not started:
-                await _send_error(send, exc, shape, request_id)
+            status, error_type = status or 499, "client_disconnected"
+        except (ApiError, GatewayError) as exc:
+            error = api_error(exc) if isinstance(exc, GatewayError) else exc
+            error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"
+            if not status:
+                await _send_error(tracking_send, error, shape, call.request_id)
         except Exception:
-            log.exception("request %s failed", request_id)
-            if not started:
-                await _send_error(send, ApiError(500, "internal server error"), shape, request_id)
+            log.exception("request %s failed", call.request_id)
+            error_type = "internal"
+            if not status:
+                error = ApiError(500, "internal server error")
+                await _send_error(tracking_send, error, shape, call.request_id)
+        finally:
+            if gateway is not None:
+                gateway.finish(call, status or 499, error_type)
+
+    async def _metrics(scope: Scope, send: Send) -> None:
+        gateway = ctx.gateway
+        if gateway is None or gateway.metrics is None:
+            return await send_json(send, 404, {"error": "metrics are off"})
+        if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
+            return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
+        stats = None if ctx.engine.dead else await ctx.engine.stats()
+        body, content_type = gateway.metrics.render(stats)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
     return app
 
@@ -86,9 +129,31 @@ def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, Err
 
 async def _send_error(send: Send, error: ApiError, shape: ErrorShape, request_id: str) -> None:
     ids = request_id.encode()
-    await send_json(
-        send, error.status, shape(error, request_id), [(b"request-id", ids), (b"x-request-id", ids)]
-    )
+    headers = [(b"request-id", ids), (b"x-request-id", ids), *(error.headers or ())]
+    await send_json(send, error.status, shape(error, request_id), headers)
+
+
+def _api_key(scope: Scope) -> str | None:
+    """The key from `x-api-key` (Anthropic) or `Authorization: Bearer` (OpenAI, anthropic>=2)."""
+    if key := header(scope, b"x-api-key"):
+        return key.decode("latin-1").strip()
+    auth = header(scope, b"authorization")
+    if auth is None:
+        return None
+    scheme, _, token = auth.decode("latin-1").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+def _clamp_header(call: Call) -> list[tuple[bytes, bytes]]:
+    reservation = call.reservation
+    if reservation is None or not reservation.clamped:
+        return []
+    return [(b"x-zerohop-max-tokens-clamped", str(reservation.max_tokens).encode())]
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -40,6 +40,7 @@ class ApiError(Exception):
     message: str
     param: str | None = None  # OpenAI's `param`, when one field is at fault
     code: str | None = None  # OpenAI's `code`
+    headers: list[tuple[bytes, bytes]] | None = None  # retry-after, x-should-retry
 
     def __str__(self) -> str:
         return self.message

@@ -20,9 +20,11 @@ from grpc_reflection.v1alpha import reflection
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.api.service import ServingContext, new_request_id, sampling_params
+from zerohop.api.rate_headers import openai_rate_headers
+from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
+from zerohop.gateway.gateway import Call, Gateway, GatewayError
 
 log = logging.getLogger(__name__)
 
@@ -53,45 +55,61 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        request_id = await _start(context)
-        async with self._status_on_error(context, request_id):
-            await self._generate(request, context, request_id)
+        async with self._call(context) as call:
+            await self._generate(request, context, call)
 
     async def CountTokens(
         self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext
     ) -> pb.CountTokensResponse:
-        request_id = await _start(context)
-        async with self._status_on_error(context, request_id):
-            self.ctx.check_model(request.model)
+        async with self._call(context) as call:
+            self.ctx.check_model(request.model, call)
             return pb.CountTokensResponse(input_tokens=len(self._prompt(request)))
 
     @contextlib.asynccontextmanager
-    async def _status_on_error(
-        self, context: grpc.aio.ServicerContext, request_id: str
-    ) -> AsyncIterator[None]:
-        """End the call with the gRPC status for what went wrong."""
+    async def _call(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
+        """Authenticate the call, end it with the gRPC status for what went wrong, and
+        hand it to the gateway's audit and metrics when it is over."""
+        call = Call(await _start(context), "grpc", client=context.peer(), http_version="2")
+        gateway = self.ctx.gateway
+        status, error_type = 200, None
         try:
-            yield
+            if gateway is not None:
+                gateway.authenticate(call, _metadata_key(context))
+            yield call
+        except GatewayError as exc:
+            status, error_type = exc.status, exc.reason
+            error = api_error(exc)
+            context.set_trailing_metadata(_trailers(error, gateway, call))
+            await context.abort(self._code(error), error.message)
         except ApiError as exc:
+            status, error_type = exc.status, "api_error"
             await context.abort(self._code(exc), exc.message)
         except grpc.aio.AbortError:
             raise
+        except asyncio.CancelledError:
+            status, error_type = 499, "cancelled"
+            raise
         except Exception:
-            log.exception("gRPC request %s failed", request_id)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request {request_id})")
+            status, error_type = 500, "internal"
+            log.exception("gRPC request %s failed", call.request_id)
+            message = f"internal error (request {call.request_id})"
+            await context.abort(grpc.StatusCode.INTERNAL, message)
+        finally:
+            if gateway is not None:
+                gateway.finish(call, status, error_type)
 
     async def _generate(
-        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, request_id: str
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext, call: Call
     ) -> None:
         ctx = self.ctx
-        ctx.check_model(request.model)
+        ctx.check_model(request.model, call)
         prompt = self._prompt(request)
         params = _sampling_params(request)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
         # A cancelled or timed-out call raises CancelledError at one of these awaits;
         # closing the iterator then aborts the request in the engine.
-        async with contextlib.aclosing(ctx.generate(request_id, prompt, params)) as deltas:
+        async with contextlib.aclosing(ctx.generate(call, prompt, params)) as deltas:
             async for delta in deltas:
                 completion_tokens += len(delta.new_token_ids)
                 if delta.new_token_ids or delta.new_text or delta.finished:
@@ -118,6 +136,23 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         if error.status >= 500 and self.ctx.engine.dead:
             return grpc.StatusCode.UNAVAILABLE
         return _STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+def _metadata_key(context: grpc.aio.ServicerContext) -> str | None:
+    """The key from `x-api-key` or `authorization: Bearer ...` metadata."""
+    metadata = dict(context.invocation_metadata() or ())
+    if key := metadata.get("x-api-key"):
+        return key
+    scheme, _, token = (metadata.get("authorization") or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _trailers(error: ApiError, gateway: Gateway | None, call: Call) -> list[tuple[str, str]]:
+    """The refusal's retry facts and the caller's rate-limit state, as trailing metadata."""
+    pairs = [(k.decode(), v.decode()) for k, v in error.headers or ()]
+    if gateway is not None:
+        pairs += [(k.decode(), v.decode()) for k, v in openai_rate_headers(gateway, call)]
+    return pairs
 
 
 async def _start(context: grpc.aio.ServicerContext) -> str:

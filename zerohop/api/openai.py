@@ -50,6 +50,7 @@ from zerohop.api.openai_stream import (
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.tokenizer import Tokenizer
+from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +126,14 @@ class OpenAIApi:
 
     # -- models ----------------------------------------------------------------------------
 
-    async def models(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
-        body = {"object": "list", "data": [self._model_card]}
-        await send_json(send, 200, body, request_id_headers(request_id))
+    async def models(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        allowed = call.identity.allows_model(self.ctx.model_name)
+        body = {"object": "list", "data": [self._model_card] if allowed else []}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
 
-    async def model(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
-        await send_json(send, 200, self._model_card, request_id_headers(request_id))
+    async def model(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        self.ctx.check_model(self.ctx.model_name, call)
+        await send_json(send, 200, self._model_card, request_id_headers(call.request_id))
 
     # -- shared request path ---------------------------------------------------------------
 
@@ -139,17 +142,18 @@ class OpenAIApi:
 
     # -- chat completions ------------------------------------------------------------------
 
-    async def chat(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+    async def chat(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        request_id = call.request_id
         request = await self._read(scope, receive, ChatRequest)
         check_chat(request)
-        self.ctx.check_model(request.model)
+        self.ctx.check_model(request.model, call)
         prompt = self.ctx.encode_chat(chat_messages(request))
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens, top)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
-        deltas = self.ctx.generate(request_id, prompt, params, receive)
+        deltas = self.ctx.generate(call, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
@@ -219,12 +223,11 @@ class OpenAIApi:
 
     # -- completions -----------------------------------------------------------------------
 
-    async def completions(
-        self, scope: Scope, receive: Receive, send: Send, request_id: str
-    ) -> None:
+    async def completions(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        request_id = call.request_id
         request = await self._read(scope, receive, CompletionRequest)
         check_completion(request)
-        self.ctx.check_model(request.model)
+        self.ctx.check_model(request.model, call)
         given = completion_prompt(request, self.ctx.vocab_size)
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
         self.ctx.check_lengths(len(prompt), request.max_tokens)
@@ -233,7 +236,7 @@ class OpenAIApi:
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
         rid = "cmpl-" + request_id.removeprefix("req_")
-        deltas = self.ctx.generate(request_id, prompt, params, receive)
+        deltas = self.ctx.generate(call, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options

@@ -1,13 +1,15 @@
-"""What every API surface shares: the engine, the tokenizer, limits and validation.
+"""What every API surface shares: the engine, the tokenizer, the gateway and validation.
 
-The gateway capability (keys, rate limits, budgets) plugs in here, between parsing a
-request and handing it to the engine: `admit` is that place.
+The gateway (keys, rate limits, budgets) sits between parsing a request and handing it to
+the engine: `admit` is that place, and `generate` charges each step's tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +21,26 @@ from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.tokenizer import Tokenizer
+from zerohop.gateway.gateway import Call, Gateway, GatewayError
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20  # the Anthropic API's request size limit
 
 
 def new_request_id(prefix: str = "req_") -> str:
     return prefix + os.urandom(12).hex()
+
+
+def api_error(error: GatewayError) -> ApiError:
+    """A gateway refusal as an API error, with the headers that tell clients when to retry."""
+    headers: list[tuple[bytes, bytes]] = []
+    if error.retry_after is not None:
+        seconds = max(1, int(error.retry_after + 0.999))
+        headers.append((b"retry-after", str(seconds).encode()))
+        headers.append((b"retry-after-ms", str(int(error.retry_after * 1000) + 1).encode()))
+    if error.should_retry is not None:
+        headers.append((b"x-should-retry", b"true" if error.should_retry else b"false"))
+    code = error.code or {401: "invalid_api_key", 403: "model_not_allowed"}.get(error.status)
+    return ApiError(error.status, error.message, code=code, headers=headers)
 
 
 def sampling_params(
@@ -55,6 +71,8 @@ class ServingContext:
     max_model_len: int
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     draining: bool = False
+    gateway: Gateway | None = None
+    metrics_token: str | None = None  # /metrics needs this bearer token when set
 
     @property
     def vocab_size(self) -> int:
@@ -65,10 +83,12 @@ class ServingContext:
     def ready(self) -> bool:
         return not self.draining and self.engine.dead is None
 
-    def check_model(self, name: str) -> None:
+    def check_model(self, name: str, call: Call | None = None) -> None:
         if name != self.model_name:
             message = f"model: {name} (this server serves '{self.model_name}')"
             raise ApiError(404, message, param="model", code="model_not_found")
+        if call is not None and self.gateway is not None:
+            self.gateway.check_model(call, name)
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         try:
@@ -96,33 +116,49 @@ class ServingContext:
                 param="max_tokens",
             )
 
-    async def admit(self, request_id: str, prompt_tokens: int) -> None:
-        """Where authentication, rate limits and budgets will decide (gateway capability)."""
+    async def admit(self, call: Call, prompt: list[int], params: SamplingParams) -> SamplingParams:
+        """Rate limits and budget: refuse, or admit with max_tokens clamped to the budget."""
         if not self.ready:
             raise ApiError(529, "the server is shutting down or its engine is unavailable")
+        if self.gateway is None:
+            return params
+        wanted = params.max_tokens or max(1, self.max_model_len - len(prompt))
+        granted = await self.gateway.admit(call, len(prompt), wanted)
+        if granted < wanted:
+            return dataclasses.replace(params, max_tokens=granted)
+        return params
 
     async def generate(
         self,
-        request_id: str,
+        call: Call,
         prompt: list[int],
         params: SamplingParams,
         receive: Receive | None = None,
-        **options: Any,
     ) -> AsyncIterator[RequestDelta]:
         """The engine's deltas for one request; engine-side rejections become ApiErrors.
 
         With an ASGI `receive`, a client that goes away aborts the request in the engine.
+        Each step's tokens are charged to the caller's limits and budget as they come.
         """
-        await self.admit(request_id, len(prompt))
+        request_id = call.request_id
+        params = await self.admit(call, prompt, params)
+        identity = call.identity
+        options = {"tenant": identity.tenant.name, "weight": identity.tenant.weight}
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
         deltas = self.engine.generate(request_id, prompt, params, **options)
+        gateway = self.gateway
         try:
             async with contextlib.aclosing(deltas):
                 async for delta in deltas:
+                    if gateway is not None:
+                        now = time.monotonic()
+                        gateway.on_delta(call, len(delta.new_token_ids), delta.cached_tokens, now)
+                    if delta.finished:
+                        call.stop_reason = delta.finish_reason
                     yield delta
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc)) from exc
@@ -131,3 +167,5 @@ class ServingContext:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            if gateway is not None:
+                gateway.release(call)

@@ -1,0 +1,4 @@
+"""The gateway: keys, rate limits, token budgets, audit and metrics, inside the runtime.
+
+Nothing here knows HTTP: the API surfaces translate headers in and errors out.
+"""

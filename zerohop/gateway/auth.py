@@ -1,0 +1,102 @@
+"""Authentication: the key a request carries, looked up in memory, or a signed token.
+
+The store's keys are held in a dict from secret hash to Identity, swapped whole when the
+store changes (polled every half second off the event loop), so a lookup takes no lock and
+touches no disk. With no key in the store and no signing key configured, every caller is
+anonymous (the server only allows that on loopback, or with --allow-anonymous).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from zerohop.gateway.identity import ANONYMOUS, Identity
+from zerohop.gateway.store import KeyStore, hash_secret
+
+log = logging.getLogger(__name__)
+RELOAD_INTERVAL = 0.5  # seconds: store changes are live within a second
+
+
+class AuthenticationError(Exception):
+    """No key, an unknown key, a revoked or an expired one (401)."""
+
+
+class PermissionDenied(Exception):
+    """A valid key that may not use this model (403)."""
+
+
+class Authenticator:
+    def __init__(self, store_path: Path, verifier: Any | None = None) -> None:
+        self.store_path = store_path
+        self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
+        self._index: dict[str, Identity] = {}
+        self._has_keys = False
+        self._version = -1
+        self._store: KeyStore | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def keys_configured(self) -> bool:
+        return self._has_keys or self.verifier is not None
+
+    def load(self) -> None:
+        """Read the store now (blocking): at start-up, before serving."""
+        if self._store is None:
+            self._store = KeyStore(self.store_path)
+        if self._store.version() == self._version:
+            return
+        version, index = self._store.snapshot()
+        has_keys = self._store.conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
+        self._index, self._has_keys, self._version = index, has_keys, version
+        log.info("keys: %d active keys loaded (store version %d)", len(index), version)
+
+    def start_watching(self) -> None:
+        self._task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(RELOAD_INTERVAL)
+            try:
+                await asyncio.to_thread(self.load)
+            except Exception:  # a locked or damaged store: keep serving the last good index
+                log.exception("keys: reloading %s failed", self.store_path)
+
+    def authenticate(self, token: str | None) -> Identity:
+        if not self.keys_configured:
+            return ANONYMOUS
+        if not token:
+            raise AuthenticationError(
+                "missing API key: send it in the x-api-key header or as Authorization: Bearer"
+            )
+        if self.verifier is not None and not token.startswith("zh-"):
+            try:
+                return self.verifier.verify(token)
+            except AuthenticationError:
+                raise
+            except Exception as exc:  # the verifier's own error type: same meaning
+                raise AuthenticationError(str(exc)) from exc
+        identity = self._index.get(hash_secret(token))
+        if identity is None:
+            raise AuthenticationError("invalid API key (unknown or revoked)")
+        if identity.expires_at is not None and time.time() >= identity.expires_at:
+            raise AuthenticationError(f"API key {identity.key_id} has expired")
+        return identity
+
+
+def check_model(identity: Identity, model: str) -> None:
+    if not identity.allows_model(model):
+        raise PermissionDenied(f"API key {identity.key_id} may not use model '{model}'")

@@ -1,0 +1,241 @@
+"""The gateway as the API surfaces use it: authenticate, admit, charge per step, finish.
+
+One `Call` per request carries who it is from and what it was charged; the surfaces know
+nothing of buckets or ledgers, only of the errors raised here (each with its HTTP status,
+headers and whether a client should retry) and the rate-limit facts for their headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerohop.gateway.auth import AuthenticationError, Authenticator, PermissionDenied
+from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, Reservation
+from zerohop.gateway.identity import ANONYMOUS, Identity
+from zerohop.gateway.limits import RateLimiter, RateState, Refusal
+
+
+class GatewayError(Exception):
+    """A refusal: `status`, a message, the reason (metrics, audit) and response headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        reason: str,
+        *,
+        retry_after: float | None = None,
+        should_retry: bool | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+        self.retry_after, self.should_retry, self.code = retry_after, should_retry, code
+
+
+@dataclass(slots=True)
+class Call:
+    """One request, from arrival to its audit record."""
+
+    request_id: str
+    surface: str  # "anthropic" | "openai" | "grpc"
+    client: str | None = None
+    http_version: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    identity: Identity = ANONYMOUS
+    model: str | None = None
+    reservation: Reservation | None = None
+    admitted: bool = False
+    decision: str = "none"  # "admitted" | "clamped" | the refusal reason
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    first_token_at: float | None = None
+    first_delta_at: float | None = None
+    admitted_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+    status: int | None = None
+    error_type: str | None = None
+    prompt_text: Any = None  # only kept with --audit-content
+    output_text: list[str] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+
+class Gateway:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        ledger: BudgetLedger | None,
+        audit: Any | None = None,
+        metrics: Any | None = None,
+    ) -> None:
+        self.auth = authenticator
+        self.limiter = RateLimiter()
+        self.ledger = ledger
+        self.audit = audit
+        self.metrics = metrics
+
+    @classmethod
+    def from_store(cls, store_path: Path, verifier: Any | None = None, **parts: Any) -> Gateway:
+        authenticator = Authenticator(store_path, verifier)
+        return cls(authenticator, BudgetLedger(store_path), **parts)
+
+    def start(self) -> None:
+        self.auth.load()
+        if self.ledger is not None:
+            self.ledger.start()
+
+    def start_watching(self) -> None:
+        self.auth.start_watching()
+
+    async def close(self) -> None:
+        await self.auth.stop()
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.close)
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)  # flushes every record
+
+    # -- steps of a request -------------------------------------------------------------------
+
+    def authenticate(self, call: Call, token: str | None) -> None:
+        try:
+            call.identity = self.auth.authenticate(token)
+        except AuthenticationError as exc:
+            call.decision = "authentication"
+            raise GatewayError(401, str(exc), "authentication") from exc
+
+    def check_model(self, call: Call, model: str) -> None:
+        call.model = model
+        if not call.identity.allows_model(model):
+            call.decision = "permission"
+            message = f"API key {call.identity.key_id} may not use model '{model}'"
+            raise GatewayError(403, message, "permission") from PermissionDenied(message)
+
+    async def admit(self, call: Call, prompt_tokens: int, max_tokens: int) -> int:
+        """Charge the limits and reserve the budget; return the granted max_tokens."""
+        call.prompt_tokens = prompt_tokens
+        refusal = self.limiter.admit(call.identity, prompt_tokens)
+        if refusal is not None:
+            raise self._refused(call, refusal)
+        call.admitted = True
+        granted = max_tokens
+        if self.ledger is not None:
+            try:
+                call.reservation = self.ledger.reserve(
+                    call.identity, call.request_id, prompt_tokens, max_tokens
+                )
+            except BudgetExhausted as exc:
+                call.decision = "budget"
+                raise GatewayError(
+                    429, str(exc), "budget", should_retry=False, code="insufficient_quota"
+                ) from exc
+            if call.reservation is not None:
+                granted = call.reservation.max_tokens
+                await call.reservation.durable  # durable before the engine sees the request
+        call.decision = "clamped" if granted < max_tokens else "admitted"
+        call.admitted_at = time.monotonic()
+        return granted
+
+    def _refused(self, call: Call, refusal: Refusal) -> GatewayError:
+        call.decision = refusal.reason
+        status = 429
+        return GatewayError(
+            status, refusal.message, refusal.reason, retry_after=refusal.retry_after
+        )
+
+    def on_delta(self, call: Call, new_tokens: int, cached_tokens: int, now: float) -> None:
+        """Charge one step's output tokens; refund the prompt tokens the prefix cache served."""
+        if call.first_delta_at is None:
+            call.first_delta_at = now
+        if cached_tokens and not call.cached_tokens:
+            call.cached_tokens = cached_tokens
+            self.limiter.refund_input(call.identity, cached_tokens)
+        if new_tokens:
+            if call.first_token_at is None:
+                call.first_token_at = now
+            call.output_tokens += new_tokens
+            call.token_times.append(now)
+            self.limiter.charge_output(call.identity, new_tokens)
+        if call.reservation is not None:
+            call.reservation.used = call.prompt_tokens - call.cached_tokens + call.output_tokens
+
+    def release(self, call: Call) -> None:
+        """The request left the engine: free its concurrency slot, give back unused budget."""
+        if call.admitted:
+            call.admitted = False
+            self.limiter.release(call.identity)
+        if call.reservation is not None and self.ledger is not None:
+            self.ledger.settle(call.reservation)
+
+    def rate_state(self, call: Call) -> dict[str, RateState]:
+        return self.limiter.state(call.identity)
+
+    def finish(self, call: Call, status: int, error_type: str | None = None) -> None:
+        """The request is over (answered, refused or failed): audit it and count it."""
+        self.release(call)
+        call.status, call.error_type = status, error_type
+        now = time.monotonic()
+        if self.metrics is not None:
+            if call.decision not in ("none", "admitted", "clamped"):
+                self.metrics.refused(call.decision, call.identity.tenant.name)
+            self.metrics.request_finished(
+                surface=call.surface,
+                status=status,
+                tenant=call.identity.tenant.name,
+                model=call.model or "",
+                prompt_tokens=call.prompt_tokens,  # the whole prompt, cache hits included
+                cached_tokens=call.cached_tokens,
+                output_tokens=call.output_tokens,
+                ttft_s=call.ttft,
+                e2e_s=now - call.started,
+                queue_s=_queue_time(call),
+                token_times=call.token_times,
+            )
+        if self.audit is not None:
+            self.audit.record(audit_entry(call, now, self.audit.include_content))
+
+
+def _queue_time(call: Call) -> float | None:
+    # From admission to the engine's first report on the request (its first prefill chunk
+    # done): the wait for a batch slot plus that chunk.
+    if call.admitted_at is None or call.first_delta_at is None:
+        return None
+    return call.first_delta_at - call.admitted_at
+
+
+def audit_entry(call: Call, now: float, include_content: bool) -> dict[str, Any]:
+    identity = call.identity
+    entry: dict[str, Any] = {
+        "time": call.started_wall,
+        "request_id": call.request_id,
+        "key_id": identity.key_id,
+        "tenant": identity.tenant.name,
+        "model": call.model,
+        "surface": call.surface,
+        "http_version": call.http_version,
+        "client": call.client,
+        "status": call.status,
+        "error_type": call.error_type,
+        "stop_reason": call.stop_reason,
+        "input_tokens": call.prompt_tokens - call.cached_tokens,
+        "cached_tokens": call.cached_tokens,
+        "output_tokens": call.output_tokens,
+        "ttft_s": call.ttft,
+        "duration_s": now - call.started,
+        "decision": call.decision,
+    }
+    if call.reservation is not None:
+        entry["budget_reserved"] = call.reservation.reserved
+    if include_content:
+        entry["prompt"] = call.prompt_text
+        entry["output"] = "".join(call.output_text)
+    return entry

@@ -1,0 +1,171 @@
+"""Rate limits with the Anthropic API's semantics: continuously refilled token buckets.
+
+Each key and each tenant has up to three buckets, whose capacity is the per-minute figure
+and which refill at capacity/60 per second: requests, input tokens, output tokens; plus a
+count of requests in flight. A request is admitted only while every bucket that applies has
+room: a request slot, its (uncached) input tokens, and a positive output balance. Input
+tokens are charged at admission and the prefix-cache hits refunded when the engine reports
+them; output tokens are charged as the engine produces them, so the output bucket may go
+into debt, which later admissions wait out. `max_tokens` plays no part.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from zerohop.gateway.identity import Identity, Limits
+
+KINDS = ("requests", "input_tokens", "output_tokens")
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    capacity: float
+    level: float
+    updated: float
+
+    @property
+    def rate(self) -> float:
+        return self.capacity / 60.0
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
+        self.updated = now
+
+    def wait_for(self, amount: float) -> float:
+        """Seconds until the bucket holds `amount` (capped at its capacity); 0 if it does."""
+        missing = min(amount, self.capacity) - self.level
+        return max(0.0, missing / self.rate)
+
+    def seconds_to_full(self) -> float:
+        return max(0.0, (self.capacity - self.level) / self.rate)
+
+
+@dataclass(slots=True)
+class SubjectLimits:
+    """The buckets and in-flight count of one key or tenant."""
+
+    limits: Limits
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+    in_flight: int = 0
+
+    @classmethod
+    def create(cls, limits: Limits, now: float) -> SubjectLimits:
+        state = cls(limits)
+        for kind, capacity in zip(KINDS, (limits.rpm, limits.itpm, limits.otpm), strict=True):
+            if capacity is not None:
+                state.buckets[kind] = TokenBucket(float(capacity), float(capacity), now)
+        return state
+
+
+@dataclass(slots=True, frozen=True)
+class Refusal:
+    reason: str  # rate_limit_requests | rate_limit_input_tokens | rate_limit_output_tokens
+    #              | concurrency
+    retry_after: float  # seconds
+    message: str
+
+
+@dataclass(slots=True, frozen=True)
+class RateState:
+    """The most restrictive figures for one bucket kind, for response headers."""
+
+    limit: int
+    remaining: int
+    reset_after: float  # seconds until full
+
+
+class RateLimiter:
+    def __init__(self) -> None:
+        self._subjects: dict[str, SubjectLimits] = {}
+
+    def _subjects_of(self, identity: Identity, now: float) -> list[tuple[str, SubjectLimits]]:
+        pairs = []
+        for name, limits in (
+            (f"key:{identity.key_id}", identity.limits),
+            (f"tenant:{identity.tenant.name}", identity.tenant.limits),
+        ):
+            if not limits.any():
+                continue
+            state = self._subjects.get(name)
+            if state is None or state.limits != limits:  # new, or its limits were changed
+                state = self._resized(state, limits, now)
+                self._subjects[name] = state
+            pairs.append((name, state))
+        return pairs
+
+    @staticmethod
+    def _resized(old: SubjectLimits | None, limits: Limits, now: float) -> SubjectLimits:
+        state = SubjectLimits.create(limits, now)
+        if old is not None:
+            state.in_flight = old.in_flight
+            for kind, bucket in state.buckets.items():
+                if (previous := old.buckets.get(kind)) is not None:
+                    previous.refill(now)
+                    bucket.level = min(bucket.capacity, previous.level)
+        return state
+
+    def admit(
+        self, identity: Identity, input_tokens: int, now: float | None = None
+    ) -> Refusal | None:
+        """Charge one request and its input tokens, or say which limit refuses and for how long."""
+        now = time.monotonic() if now is None else now
+        subjects = self._subjects_of(identity, now)
+        for name, state in subjects:
+            refusal = self._check(name, state, input_tokens, now)
+            if refusal is not None:
+                return refusal
+        for _, state in subjects:
+            state.in_flight += 1
+            if (bucket := state.buckets.get("requests")) is not None:
+                bucket.level -= 1
+            if (bucket := state.buckets.get("input_tokens")) is not None:
+                bucket.level -= input_tokens
+        return None
+
+    @staticmethod
+    def _check(name: str, state: SubjectLimits, input_tokens: int, now: float) -> Refusal | None:
+        cap = state.limits.max_concurrency
+        if cap is not None and state.in_flight >= cap:
+            return Refusal("concurrency", 1.0, f"{name}: {cap} requests in flight at most")
+        needs = {"requests": 1.0, "input_tokens": float(input_tokens), "output_tokens": 1e-9}
+        for kind, bucket in state.buckets.items():
+            bucket.refill(now)
+            wait = bucket.wait_for(needs[kind])
+            if wait > 0:
+                per_minute = int(bucket.capacity)
+                what = kind.replace("_", " ")
+                message = f"{name}: rate limit of {per_minute} {what} per minute reached"
+                return Refusal(f"rate_limit_{kind}", wait, message)
+        return None
+
+    def refund_input(self, identity: Identity, tokens: int) -> None:
+        """Give back input tokens the prefix cache served (not charged, as cache reads)."""
+        self._add(identity, "input_tokens", tokens)
+
+    def charge_output(self, identity: Identity, tokens: int) -> None:
+        self._add(identity, "output_tokens", -tokens)
+
+    def release(self, identity: Identity) -> None:
+        for _, state in self._subjects_of(identity, time.monotonic()):
+            state.in_flight = max(0, state.in_flight - 1)
+
+    def _add(self, identity: Identity, kind: str, amount: int) -> None:
+        if not amount:
+            return
+        for _, state in self._subjects_of(identity, time.monotonic()):
+            if (bucket := state.buckets.get(kind)) is not None:
+                bucket.level = min(bucket.capacity, bucket.level + amount)
+
+    def state(self, identity: Identity, now: float | None = None) -> dict[str, RateState]:
+        """Per kind, the bucket (of the key's and the tenant's) with the least room."""
+        now = time.monotonic() if now is None else now
+        out: dict[str, RateState] = {}
+        for _, subject in self._subjects_of(identity, now):
+            for kind, bucket in subject.buckets.items():
+                bucket.refill(now)
+                remaining = max(0, int(bucket.level))
+                if kind not in out or remaining < out[kind].remaining:
+                    out[kind] = RateState(int(bucket.capacity), remaining, bucket.seconds_to_full())
+        return out

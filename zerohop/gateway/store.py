@@ -1,0 +1,314 @@
+"""The key store: tenants and API keys in SQLite, and the token-spend ledger beside them.
+
+One file (`--keys-db`, default `$XDG_DATA_HOME/zerohop/keys.db`) shared by the server and
+the `zerohop keys` CLI. Secrets are never stored: a key is `zh-` + 32 random bytes
+(URL-safe base64) and the store keeps its SHA-256. The key id is the key's first 11
+characters, public, shown in logs and the audit trail. Every change to keys or tenants bumps
+`meta.keys_version`, which the server polls to reload its in-memory index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
+
+KEY_PREFIX = "zh-"
+KEY_ID_LENGTH = len(KEY_PREFIX) + 8
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('keys_version', 0);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY, weight REAL NOT NULL DEFAULT 1.0,
+    rpm INTEGER, itpm INTEGER, otpm INTEGER, max_concurrency INTEGER,
+    budget_tokens INTEGER, budget_period TEXT, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS keys (
+    key_id TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL REFERENCES tenants(name), name TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, expires REAL, revoked REAL,
+    models TEXT NOT NULL DEFAULT '[]', priority TEXT NOT NULL DEFAULT 'interactive',
+    rpm INTEGER, itpm INTEGER, otpm INTEGER, max_concurrency INTEGER,
+    budget_tokens INTEGER, budget_period TEXT
+);
+CREATE TABLE IF NOT EXISTS spend (
+    subject TEXT NOT NULL, period TEXT NOT NULL, tokens INTEGER NOT NULL,
+    PRIMARY KEY (subject, period)
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    request_id TEXT PRIMARY KEY, charges TEXT NOT NULL, created REAL NOT NULL
+);
+"""
+LIMIT_COLUMNS = ("rpm", "itpm", "otpm", "max_concurrency")
+NO_LIMITS = Limits()
+
+
+def default_db_path() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "zerohop" / "keys.db"
+
+
+def hash_secret(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    # A killed process loses nothing committed under WAL + NORMAL; only power loss could.
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+@dataclass(slots=True)
+class KeyRecord:
+    """One row of `keys`, as the CLI shows it."""
+
+    key_id: str
+    tenant: str
+    name: str
+    created: float
+    expires: float | None
+    revoked: float | None
+    models: list[str]
+    priority: str
+    limits: Limits
+    budget: Budget | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "created": self.created,
+            "expires": self.expires,
+            "revoked": self.revoked,
+            "models": self.models,
+            "priority": self.priority,
+            "limits": _limits_dict(self.limits),
+            "budget": None if self.budget is None else _budget_dict(self.budget),
+        }
+
+
+class KeyStore:
+    """Reads and writes keys and tenants (the CLI), and snapshots them (the server)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = connect(path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def _change(self) -> Iterator[sqlite3.Connection]:
+        with self._transaction() as conn:
+            yield conn
+            conn.execute("UPDATE meta SET value = value + 1 WHERE name = 'keys_version'")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- tenants ------------------------------------------------------------------------------
+
+    def upsert_tenant(self, tenant: Tenant) -> None:
+        with self._change() as conn:
+            conn.execute(
+                "INSERT INTO tenants (name, weight, rpm, itpm, otpm, max_concurrency,"
+                " budget_tokens, budget_period, created) VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(name) DO UPDATE SET weight=excluded.weight, rpm=excluded.rpm,"
+                " itpm=excluded.itpm, otpm=excluded.otpm,"
+                " max_concurrency=excluded.max_concurrency,"
+                " budget_tokens=excluded.budget_tokens, budget_period=excluded.budget_period",
+                (tenant.name, tenant.weight, *_limit_values(tenant.limits),
+                 *_budget_values(tenant.budget), time.time()),
+            )  # fmt: skip
+
+    def tenant(self, name: str) -> Tenant | None:
+        row = self.conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _tenant(row)
+
+    def tenants(self) -> list[Tenant]:
+        return [_tenant(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
+
+    def ensure_tenant(self, name: str) -> None:
+        with self._change() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO tenants (name, created) VALUES (?, ?)", (name, time.time())
+            )
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def create_key(
+        self,
+        tenant: str,
+        *,
+        name: str = "",
+        expires: float | None = None,
+        models: list[str] | None = None,
+        priority: str = "interactive",
+        limits: Limits = NO_LIMITS,
+        budget: Budget | None = None,
+    ) -> tuple[str, KeyRecord]:
+        """A new key: returns the secret (shown once, never stored) and its record."""
+        self.ensure_tenant(tenant)
+        key = new_key()
+        key_id = key[:KEY_ID_LENGTH]
+        with self._change() as conn:
+            conn.execute(
+                "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires,"
+                " models, priority, rpm, itpm, otpm, max_concurrency, budget_tokens,"
+                " budget_period) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (key_id, hash_secret(key), tenant, name, time.time(), expires,
+                 json.dumps(models or []), priority, *_limit_values(limits),
+                 *_budget_values(budget)),
+            )  # fmt: skip
+        record = self.key(key_id)
+        assert record is not None
+        return key, record
+
+    def update_key(self, key_id: str, **fields: Any) -> KeyRecord:
+        """Change some of: tenant, name, expires, models, priority, limits, budget."""
+        record = self.key(key_id)
+        if record is None:
+            raise KeyError(key_id)
+        columns: dict[str, Any] = {}
+        for name in ("tenant", "name", "expires", "priority"):
+            if name in fields:
+                columns[name] = fields[name]
+        if "models" in fields:
+            columns["models"] = json.dumps(fields["models"] or [])
+        if "limits" in fields:
+            columns |= dict(zip(LIMIT_COLUMNS, _limit_values(fields["limits"]), strict=True))
+        if "budget" in fields:
+            tokens, period = _budget_values(fields["budget"])
+            columns |= {"budget_tokens": tokens, "budget_period": period}
+        if "tenant" in columns:
+            self.ensure_tenant(columns["tenant"])
+        if columns:
+            assignments = ", ".join(f"{c} = ?" for c in columns)
+            with self._change() as conn:
+                conn.execute(
+                    f"UPDATE keys SET {assignments} WHERE key_id = ?", (*columns.values(), key_id)
+                )
+        updated = self.key(key_id)
+        assert updated is not None
+        return updated
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._change() as conn:
+            done = conn.execute(
+                "UPDATE keys SET revoked = ? WHERE key_id = ? AND revoked IS NULL",
+                (time.time(), key_id),
+            )
+        return done.rowcount == 1
+
+    def key(self, key_id: str) -> KeyRecord | None:
+        row = self.conn.execute("SELECT * FROM keys WHERE key_id = ?", (key_id,)).fetchone()
+        return None if row is None else _key_record(row)
+
+    def list_keys(self) -> list[KeyRecord]:
+        rows = self.conn.execute("SELECT * FROM keys ORDER BY tenant, created")
+        return [_key_record(r) for r in rows]
+
+    # -- what the server loads ----------------------------------------------------------------
+
+    def version(self) -> int:
+        row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
+        return int(row[0])
+
+    def snapshot(self) -> tuple[int, dict[str, Identity]]:
+        """(version, secret hash -> Identity) of every key that is not revoked."""
+        with self._transaction() as conn:
+            version = self.version()
+            tenants = {t.name: t for t in self.tenants()}
+            rows = conn.execute("SELECT * FROM keys WHERE revoked IS NULL").fetchall()
+        index = {row["secret_sha256"]: _identity(row, tenants[row["tenant"]]) for row in rows}
+        return version, index
+
+    def spend(self) -> list[tuple[str, str, int]]:
+        """(subject, period, tokens) of every ledger row, reservations included."""
+        rows = self.conn.execute("SELECT subject, period, tokens FROM spend ORDER BY 1, 2")
+        return [(r[0], r[1], r[2]) for r in rows]
+
+
+def _limit_values(limits: Limits) -> tuple[int | None, ...]:
+    return (limits.rpm, limits.itpm, limits.otpm, limits.max_concurrency)
+
+
+def _budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
+    return (None, None) if budget is None else (budget.tokens, budget.period)
+
+
+def _limits(row: sqlite3.Row) -> Limits:
+    return Limits(**{c: row[c] for c in LIMIT_COLUMNS})
+
+
+def _budget(row: sqlite3.Row) -> Budget | None:
+    tokens = row["budget_tokens"]
+    return None if tokens is None else Budget(tokens, row["budget_period"] or "total")
+
+
+def _limits_dict(limits: Limits) -> dict[str, int | None]:
+    return dict(zip(LIMIT_COLUMNS, _limit_values(limits), strict=True))
+
+
+def _budget_dict(budget: Budget) -> dict[str, Any]:
+    return {"tokens": budget.tokens, "period": budget.period}
+
+
+def _tenant(row: sqlite3.Row) -> Tenant:
+    return Tenant(row["name"], _limits(row), _budget(row), row["weight"])
+
+
+def _key_record(row: sqlite3.Row) -> KeyRecord:
+    return KeyRecord(
+        key_id=row["key_id"],
+        tenant=row["tenant"],
+        name=row["name"],
+        created=row["created"],
+        expires=row["expires"],
+        revoked=row["revoked"],
+        models=json.loads(row["models"]),
+        priority=row["priority"],
+        limits=_limits(row),
+        budget=_budget(row),
+    )
+
+
+def _identity(row: sqlite3.Row, tenant: Tenant) -> Identity:
+    return Identity(
+        key_id=row["key_id"],
+        tenant=tenant,
+        name=row["name"],
+        models=tuple(json.loads(row["models"])),
+        priority=row["priority"],
+        limits=_limits(row),
+        budget=_budget(row),
+        expires_at=row["expires"],
+    )
