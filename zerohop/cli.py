@@ -103,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         drain_seconds=args.drain_seconds,
         engine_options=options,
         gateway=GatewayOptions(
+            enabled=not args.no_gateway,
             keys_db=args.keys_db,
             jwt_public_key=args.jwt_public_key,
             jwt_audience=args.jwt_audience,
@@ -182,6 +183,11 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         "--audit-max-bytes", type=int, default=64 * 2**20, help="rotate the audit file at this size"
     )
     g.add_argument("--no-metrics", action="store_true", help="no GET /metrics")
+    g.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="no keys, limits, budgets, audit or metrics at all (to measure what they cost)",
+    )
     g.add_argument(
         "--metrics-key", help="bearer token GET /metrics requires (env ZEROHOP_METRICS_KEY)"
     )

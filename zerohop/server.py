@@ -41,6 +41,7 @@ class ServeOptions:
 
 @dataclass(slots=True)
 class GatewayOptions:
+    enabled: bool = True  # False: no keys, limits, budgets, audit or metrics (benchmarks)
     keys_db: Path | None = None  # None: $XDG_DATA_HOME/zerohop/keys.db
     jwt_public_key: Path | None = None
     jwt_audience: str = "zerohop"
@@ -95,15 +96,17 @@ async def serve(options: ServeOptions) -> int:
         raise
     engine = await starting
     model_name = options.served_model_name or checkpoint.name
-    gateway = build_gateway(options, model_name, engine.info.get("block_size"))
-    try:
-        check_open_mode(options, gateway)
-    except GatewayStartError:
-        await gateway.close()
-        await engine.shutdown()
-        raise
-    if gateway.audit is not None:
-        gateway.audit.start()
+    gateway = None
+    if options.gateway.enabled:
+        gateway = build_gateway(options, model_name, engine.info.get("block_size"))
+        try:
+            check_open_mode(options, gateway)
+        except GatewayStartError:
+            await gateway.close()
+            await engine.shutdown()
+            raise
+        if gateway.audit is not None:
+            gateway.audit.start()
     ctx = ServingContext(
         engine=engine,
         tokenizer=tokenizer,
@@ -120,7 +123,8 @@ async def serve(options: ServeOptions) -> int:
             from zerohop.api.grpc_service import start_grpc_server
 
             grpc_server = await start_grpc_server(ctx, options.host, options.grpc_port)
-        gateway.start_watching()
+        if gateway is not None:
+            gateway.start_watching()
         _announce(options, ctx)
         await server.serve()
     finally:
@@ -128,7 +132,8 @@ async def serve(options: ServeOptions) -> int:
         if grpc_server is not None:
             await grpc_server.stop(grace=min(options.drain_seconds, 5.0))
         await engine.shutdown()
-        await gateway.close()  # after the streams: their audit records are flushed too
+        if gateway is not None:
+            await gateway.close()  # after the streams: their audit records are flushed too
     return 0
 
 

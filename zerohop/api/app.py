@@ -113,6 +113,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         )
         await send({"type": "http.response.body", "body": body})
 
+    app.routes = routes  # type: ignore[attr-defined]  # what tests enumerate (auth on each)
     return app
 
 
