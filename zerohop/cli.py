@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from zerohop.engine.errors import ModelLoadError
+    from zerohop.gateway.gateway import GatewayStartError
     from zerohop.models.default import ModelUnavailableError
-    from zerohop.server import GatewayStartError
 
     args = build_parser().parse_args(argv)
     try:

@@ -19,7 +19,8 @@ from zerohop.api.app import create_app
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
 from zerohop.engine.checkpoint import open_checkpoint
-from zerohop.gateway.gateway import Gateway
+from zerohop.gateway.gateway import Gateway, GatewayStartError
+from zerohop.gateway.store import KeyStore, default_db_path
 
 log = logging.getLogger("zerohop")
 
@@ -84,6 +85,7 @@ class DrainingServer(uvicorn.Server):
 
 
 async def serve(options: ServeOptions) -> int:
+    check_open_mode(options)  # before loading anything: a refusal comes at once
     engine_options = options.engine_options or {}
     # The engine process loads the weights while this one builds the tokenizer.
     starting = asyncio.create_task(AsyncEngine.start(str(options.model_path), **engine_options))
@@ -98,15 +100,13 @@ async def serve(options: ServeOptions) -> int:
     model_name = options.served_model_name or checkpoint.name
     gateway = None
     if options.gateway.enabled:
-        gateway = build_gateway(options, model_name, engine.info.get("block_size"))
         try:
-            check_open_mode(options, gateway)
-        except GatewayStartError:
-            await gateway.close()
+            gateway = build_gateway(options, model_name, engine.info.get("block_size"))
+            if gateway.audit is not None:
+                gateway.audit.start()
+        except Exception:
             await engine.shutdown()
             raise
-        if gateway.audit is not None:
-            gateway.audit.start()
     ctx = ServingContext(
         engine=engine,
         tokenizer=tokenizer,
@@ -137,14 +137,9 @@ async def serve(options: ServeOptions) -> int:
     return 0
 
 
-class GatewayStartError(Exception):
-    """The gateway's configuration does not allow serving (said in one line)."""
-
-
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
     from zerohop.gateway.audit import AuditLog
     from zerohop.gateway.metrics import GatewayMetrics
-    from zerohop.gateway.store import default_db_path
 
     g = options.gateway
     keys_db = g.keys_db or default_db_path()
@@ -168,16 +163,32 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
     return gateway
 
 
-def check_open_mode(options: ServeOptions, gateway: Gateway) -> None:
+def check_open_mode(options: ServeOptions) -> None:
     """Without keys the server is open: only on loopback, unless --allow-anonymous."""
-    host = options.host
-    if gateway.auth.keys_configured or options.gateway.allow_anonymous or is_loopback(host):
+    g, host = options.gateway, options.host
+    if g.allow_anonymous or is_loopback(host):
+        return
+    if not g.enabled:
+        raise GatewayStartError(
+            f"--no-gateway serves without keys, and {host} is not a loopback address:"
+            " pass --allow-anonymous to serve it anyway"
+        )
+    keys_db = g.keys_db or default_db_path()
+    if g.jwt_public_key is not None or (keys_db.is_file() and _store_has_keys(keys_db)):
         return
     raise GatewayStartError(
-        f"no API keys configured ({gateway.auth.store_path} has none and no --jwt-public-key)"
-        f" and {host} is not a loopback address: create one with `zerohop keys create"
-        " --tenant NAME`, or pass --allow-anonymous to serve without keys"
+        f"no API keys configured ({keys_db} has none and no --jwt-public-key) and {host}"
+        " is not a loopback address: create one with `zerohop keys create --tenant NAME`,"
+        " or pass --allow-anonymous to serve without keys"
     )
+
+
+def _store_has_keys(path: Path) -> bool:
+    store = KeyStore(path)
+    try:
+        return store.has_keys()
+    finally:
+        store.close()
 
 
 def is_loopback(host: str) -> bool:

@@ -47,6 +47,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
                 send, 200 if ok else 503, None, raw=_HEALTHY if ok else _NOT_READY
             )
         if path == "/engine/stats" and scope["method"] == "GET":
+            if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
+                return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
             return await send_json(send, 200, await ctx.engine.stats())
         if path == "/metrics" and scope["method"] == "GET":
             return await _metrics(scope, send)

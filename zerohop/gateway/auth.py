@@ -51,7 +51,7 @@ class Authenticator:
         if self._store.version() == self._version:
             return
         version, index = self._store.snapshot()
-        has_keys = self._store.conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
+        has_keys = self._store.has_keys()
         self._index, self._has_keys, self._version = index, has_keys, version
         log.info("keys: %d active keys loaded (store version %d)", len(index), version)
 

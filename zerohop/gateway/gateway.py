@@ -19,6 +19,10 @@ from zerohop.gateway.identity import ANONYMOUS, Identity
 from zerohop.gateway.limits import RateLimiter, RateState, Refusal
 
 
+class GatewayStartError(Exception):
+    """The gateway's configuration does not allow serving (said in one line)."""
+
+
 class GatewayError(Exception):
     """A refusal: `status`, a message, the reason (metrics, audit) and response headers."""
 

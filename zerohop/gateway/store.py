@@ -238,6 +238,10 @@ class KeyStore:
 
     # -- what the server loads ----------------------------------------------------------------
 
+    def has_keys(self) -> bool:
+        """Any key at all, revoked ones included: the store is in use, the server is not open."""
+        return self.conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
+
     def version(self) -> int:
         row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
         return int(row[0])
