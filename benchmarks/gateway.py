@@ -62,6 +62,7 @@ from serve import CpuMeter, Server, free_port, prompt_maker
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import new_request_id
 from zerohop.bench.load import BenchConfig, run_benchmark
+from zerohop.gateway import limits
 from zerohop.gateway.audit import AuditLog, verify
 from zerohop.gateway.auth import Authenticator
 from zerohop.gateway.budget import BudgetLedger, Reservation
@@ -448,27 +449,39 @@ def time_auth(gateway: Gateway, reqs: list[Req]) -> dict[str, float]:
 def time_limits(gateway: Gateway, reqs: list[Req], prompt: int, output: int) -> dict[str, float]:
     limiter = gateway.limiter
     tokens = range(output)
+    held: dict[int, list] = {}
+
+    def admit(r: Req) -> None:
+        admitted = limiter.admit(r.identity, prompt)
+        assert isinstance(admitted, list), admitted
+        held[id(r)] = admitted
+
+    def release(r: Req) -> None:
+        limits.release(held.pop(id(r), []))
 
     def release_all() -> None:
         for r in reqs:
-            limiter.release(r.identity)
+            release(r)
 
     def admit_all() -> None:
         release_all()
         for r in reqs:
-            limiter.admit(r.identity, prompt)
+            admit(r)
 
     def charge(r: Req) -> None:
+        subjects = held[id(r)]
         for _ in tokens:
-            limiter.charge_output(r.identity, 1)
+            limits.charge_output(subjects, 1)
 
-    admit = per_item_us(lambda r: limiter.admit(r.identity, prompt), reqs, release_all)
-    release = per_item_us(lambda r: limiter.release(r.identity), reqs, admit_all)
+    admit_us = per_item_us(admit, reqs, release_all)
+    admit_all()
+    charge_us = per_item_us(charge, reqs)
+    release_us = per_item_us(release, reqs, admit_all)
     release_all()
     return {
-        "admit": admit,
-        f"charge_output x{output}": per_item_us(charge, reqs),
-        "release": release,
+        "admit": admit_us,
+        f"charge_output x{output}": charge_us,
+        "release": release_us,
         "rate-limit headers (openai)": per_item_us(
             lambda r: openai_rate_headers(gateway, r.call), reqs
         ),

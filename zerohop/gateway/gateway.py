@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zerohop.gateway import limits
 from zerohop.gateway.auth import AuthenticationError, Authenticator, PermissionDenied
 from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, Reservation
 from zerohop.gateway.identity import ANONYMOUS, Identity
-from zerohop.gateway.limits import RateLimiter, RateState, Refusal
+from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
 
 
 class GatewayStartError(Exception):
@@ -54,6 +55,7 @@ class Call:
     identity: Identity = ANONYMOUS
     model: str | None = None
     reservation: Reservation | None = None
+    rate_subjects: list[SubjectLimits] = field(default_factory=list)  # charged at admission
     admitted: bool = False
     decision: str = "none"  # "admitted" | "clamped" | the refusal reason
     prompt_tokens: int = 0
@@ -127,9 +129,10 @@ class Gateway:
     async def admit(self, call: Call, prompt_tokens: int, max_tokens: int) -> int:
         """Charge the limits and reserve the budget; return the granted max_tokens."""
         call.prompt_tokens = prompt_tokens
-        refusal = self.limiter.admit(call.identity, prompt_tokens)
-        if refusal is not None:
-            raise self._refused(call, refusal)
+        admitted = self.limiter.admit(call.identity, prompt_tokens)
+        if isinstance(admitted, Refusal):
+            raise self._refused(call, admitted)
+        call.rate_subjects = admitted
         call.admitted = True
         granted = max_tokens
         if self.ledger is not None:
@@ -162,13 +165,13 @@ class Gateway:
             call.first_delta_at = now
         if cached_tokens and not call.cached_tokens:
             call.cached_tokens = cached_tokens
-            self.limiter.refund_input(call.identity, cached_tokens)
+            limits.refund_input(call.rate_subjects, cached_tokens)
         if new_tokens:
             if call.first_token_at is None:
                 call.first_token_at = now
             call.output_tokens += new_tokens
             call.token_times.append(now)
-            self.limiter.charge_output(call.identity, new_tokens)
+            limits.charge_output(call.rate_subjects, new_tokens)
         if call.reservation is not None:
             call.reservation.used = call.prompt_tokens - call.cached_tokens + call.output_tokens
 
@@ -176,7 +179,7 @@ class Gateway:
         """The request left the engine: free its concurrency slot, give back unused budget."""
         if call.admitted:
             call.admitted = False
-            self.limiter.release(call.identity)
+            limits.release(call.rate_subjects)
         if call.reservation is not None and self.ledger is not None:
             self.ledger.settle(call.reservation)
 

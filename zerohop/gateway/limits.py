@@ -77,6 +77,10 @@ class RateState:
 
 
 class RateLimiter:
+    """Buckets by subject ("key:<id>", "tenant:<name>"). `admit` hands back the subjects it
+    charged, and the request charges and releases those same objects afterwards, so the
+    per-token path does no lookups; a subject's limits change in place."""
+
     def __init__(self) -> None:
         self._subjects: dict[str, SubjectLimits] = {}
 
@@ -89,27 +93,18 @@ class RateLimiter:
             if not limits.any():
                 continue
             state = self._subjects.get(name)
-            if state is None or state.limits != limits:  # new, or its limits were changed
-                state = self._resized(state, limits, now)
-                self._subjects[name] = state
+            if state is None:
+                state = self._subjects[name] = SubjectLimits.create(limits, now)
+            elif state.limits != limits:  # changed in the store: resize, keep the levels
+                _resize(state, limits, now)
             pairs.append((name, state))
         return pairs
 
-    @staticmethod
-    def _resized(old: SubjectLimits | None, limits: Limits, now: float) -> SubjectLimits:
-        state = SubjectLimits.create(limits, now)
-        if old is not None:
-            state.in_flight = old.in_flight
-            for kind, bucket in state.buckets.items():
-                if (previous := old.buckets.get(kind)) is not None:
-                    previous.refill(now)
-                    bucket.level = min(bucket.capacity, previous.level)
-        return state
-
     def admit(
         self, identity: Identity, input_tokens: int, now: float | None = None
-    ) -> Refusal | None:
-        """Charge one request and its input tokens, or say which limit refuses and for how long."""
+    ) -> Refusal | list[SubjectLimits]:
+        """Charge one request and its input tokens to every subject that has limits and
+        return those subjects, or say which limit refuses and for how long."""
         now = time.monotonic() if now is None else now
         subjects = self._subjects_of(identity, now)
         for name, state in subjects:
@@ -122,7 +117,7 @@ class RateLimiter:
                 bucket.level -= 1
             if (bucket := state.buckets.get("input_tokens")) is not None:
                 bucket.level -= input_tokens
-        return None
+        return [state for _, state in subjects]
 
     @staticmethod
     def _check(name: str, state: SubjectLimits, input_tokens: int, now: float) -> Refusal | None:
@@ -140,24 +135,6 @@ class RateLimiter:
                 return Refusal(f"rate_limit_{kind}", wait, message)
         return None
 
-    def refund_input(self, identity: Identity, tokens: int) -> None:
-        """Give back input tokens the prefix cache served (not charged, as cache reads)."""
-        self._add(identity, "input_tokens", tokens)
-
-    def charge_output(self, identity: Identity, tokens: int) -> None:
-        self._add(identity, "output_tokens", -tokens)
-
-    def release(self, identity: Identity) -> None:
-        for _, state in self._subjects_of(identity, time.monotonic()):
-            state.in_flight = max(0, state.in_flight - 1)
-
-    def _add(self, identity: Identity, kind: str, amount: int) -> None:
-        if not amount:
-            return
-        for _, state in self._subjects_of(identity, time.monotonic()):
-            if (bucket := state.buckets.get(kind)) is not None:
-                bucket.level = min(bucket.capacity, bucket.level + amount)
-
     def state(self, identity: Identity, now: float | None = None) -> dict[str, RateState]:
         """Per kind, the bucket (of the key's and the tenant's) with the least room."""
         now = time.monotonic() if now is None else now
@@ -169,3 +146,30 @@ class RateLimiter:
                 if kind not in out or remaining < out[kind].remaining:
                     out[kind] = RateState(int(bucket.capacity), remaining, bucket.seconds_to_full())
         return out
+
+
+def refund_input(subjects: list[SubjectLimits], tokens: int) -> None:
+    """Give back input tokens the prefix cache served (not charged, as cache reads)."""
+    for state in subjects:
+        if (bucket := state.buckets.get("input_tokens")) is not None:
+            bucket.level = min(bucket.capacity, bucket.level + tokens)
+
+
+def charge_output(subjects: list[SubjectLimits], tokens: int) -> None:
+    for state in subjects:
+        if (bucket := state.buckets.get("output_tokens")) is not None:
+            bucket.level -= tokens  # may go into debt: later admissions wait it out
+
+
+def release(subjects: list[SubjectLimits]) -> None:
+    for state in subjects:
+        state.in_flight = max(0, state.in_flight - 1)
+
+
+def _resize(state: SubjectLimits, limits: Limits, now: float) -> None:
+    fresh = SubjectLimits.create(limits, now)
+    for kind, bucket in fresh.buckets.items():
+        if (previous := state.buckets.get(kind)) is not None:
+            previous.refill(now)
+            bucket.level = min(bucket.capacity, previous.level)
+    state.limits, state.buckets = limits, fresh.buckets
