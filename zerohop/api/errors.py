@@ -57,6 +57,8 @@ def anthropic_body(error: ApiError, request_id: str) -> dict:
 
 def openai_body(error: ApiError, request_id: str) -> dict:
     kind = OPENAI_TYPES.get(error.status, "server_error")
+    if error.code == "insufficient_quota":  # OpenAI's type for a spent quota (not retried)
+        kind = "insufficient_quota"
     return {
         "error": {
             "message": error.message,

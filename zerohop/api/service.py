@@ -39,7 +39,8 @@ def api_error(error: GatewayError) -> ApiError:
         headers.append((b"retry-after-ms", str(int(error.retry_after * 1000) + 1).encode()))
     if error.should_retry is not None:
         headers.append((b"x-should-retry", b"true" if error.should_retry else b"false"))
-    code = error.code or {401: "invalid_api_key", 403: "model_not_allowed"}.get(error.status)
+    codes = {401: "invalid_api_key", 403: "model_not_allowed", 429: "rate_limit_exceeded"}
+    code = error.code or codes.get(error.status)
     return ApiError(error.status, error.message, code=code, headers=headers)
 
 

@@ -128,12 +128,9 @@ class Gateway:
 
     async def admit(self, call: Call, prompt_tokens: int, max_tokens: int) -> int:
         """Charge the limits and reserve the budget; return the granted max_tokens."""
-        call.prompt_tokens = prompt_tokens
         admitted = self.limiter.admit(call.identity, prompt_tokens)
         if isinstance(admitted, Refusal):
             raise self._refused(call, admitted)
-        call.rate_subjects = admitted
-        call.admitted = True
         granted = max_tokens
         if self.ledger is not None:
             try:
@@ -141,13 +138,16 @@ class Gateway:
                     call.identity, call.request_id, prompt_tokens, max_tokens
                 )
             except BudgetExhausted as exc:
+                limits.undo_admission(admitted, prompt_tokens)  # refused: nothing was used
                 call.decision = "budget"
                 raise GatewayError(
                     429, str(exc), "budget", should_retry=False, code="insufficient_quota"
                 ) from exc
-            if call.reservation is not None:
-                granted = call.reservation.max_tokens
-                await call.reservation.durable  # durable before the engine sees the request
+        call.rate_subjects, call.admitted = admitted, True
+        call.prompt_tokens = prompt_tokens  # counted from here: this prompt reaches the engine
+        if call.reservation is not None:
+            granted = call.reservation.max_tokens
+            await call.reservation.durable  # durable before the engine sees the request
         call.decision = "clamped" if granted < max_tokens else "admitted"
         call.admitted_at = time.monotonic()
         return granted

@@ -161,6 +161,15 @@ def charge_output(subjects: list[SubjectLimits], tokens: int) -> None:
             bucket.level -= tokens  # may go into debt: later admissions wait it out
 
 
+def undo_admission(subjects: list[SubjectLimits], input_tokens: int) -> None:
+    """Give back what `admit` charged, for a request refused later (by its budget)."""
+    release(subjects)
+    for state in subjects:
+        for kind, amount in (("requests", 1), ("input_tokens", input_tokens)):
+            if (bucket := state.buckets.get(kind)) is not None:
+                bucket.level = min(bucket.capacity, bucket.level + amount)
+
+
 def release(subjects: list[SubjectLimits]) -> None:
     for state in subjects:
         state.in_flight = max(0, state.in_flight - 1)
