@@ -104,7 +104,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             return await send_json(send, 404, {"error": "metrics are off"})
         if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
             return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
-        stats = None if ctx.engine.dead else await ctx.engine.stats()
+        engine = ctx.engine
+        stats = None if engine.dead else (engine.latest_stats or await engine.stats())
         body, content_type = gateway.metrics.render(stats)
         await send(
             {

@@ -152,12 +152,17 @@ class ServingContext:
         # request, instead of whenever the garbage collector finalizes it.
         deltas = self.engine.generate(request_id, prompt, params, **options)
         gateway = self.gateway
+        keep_text = gateway is not None and gateway.audits_content
+        if keep_text:  # --audit-content: the prompt as the model saw it, and the answer
+            call.prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=False)
         try:
             async with contextlib.aclosing(deltas):
                 async for delta in deltas:
                     if gateway is not None:
                         now = time.monotonic()
                         gateway.on_delta(call, len(delta.new_token_ids), delta.cached_tokens, now)
+                    if keep_text:
+                        call.output_text.append(delta.new_text)
                     if delta.finished:
                         call.stop_reason = delta.finish_reason
                     yield delta

@@ -40,6 +40,10 @@ class _Stream:
 class AsyncEngine:
     def __init__(self) -> None:
         self.info: dict[str, Any] = {}
+        # The engine's counters (EngineStats as a dict) after its latest step: current
+        # within one step, and read without asking the engine process (which answers calls
+        # only between steps, seconds apart during a long prefill).
+        self.latest_stats: dict[str, Any] | None = None
         self.dead: str | None = None
         self._streams: dict[str, _Stream] = {}
         self._calls: dict[int, asyncio.Future] = {}
@@ -136,6 +140,8 @@ class AsyncEngine:
     def _dispatch(self, message: list) -> None:
         kind = message[0]
         if kind == "deltas":
+            if len(message) > 2:
+                self.latest_stats = message[2]
             for values in message[1]:
                 delta = delta_from_wire(values)
                 stream = self._streams.get(delta.request_id)

@@ -2,7 +2,8 @@
 
 Messages in: ["add", request_id, prompt_ids, params, options], ["abort", request_id],
 ["call", call_id, name], ["shutdown"]. Messages out: ["ready", info],
-["deltas", [delta, ...]] once per step, ["rejected", request_id, message],
+["deltas", [delta, ...], stats] once per step (the engine's counters after it, so the API
+process answers /metrics without waiting for a step), ["rejected", request_id, message],
 ["reply", call_id, value], ["fatal", message].
 """
 
@@ -76,7 +77,8 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
         if engine.has_unfinished():
             deltas = engine.step()
             if deltas:
-                channel.send(["deltas", [delta_to_wire(d) for d in deltas]])
+                stats = dataclasses.asdict(engine.stats())
+                channel.send(["deltas", [delta_to_wire(d) for d in deltas], stats])
             if engine.config.step_delay:
                 time.sleep(engine.config.step_delay)
 

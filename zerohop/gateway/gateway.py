@@ -100,6 +100,10 @@ class Gateway:
         if self.ledger is not None:
             self.ledger.start()
 
+    @property
+    def audits_content(self) -> bool:
+        return self.audit is not None and self.audit.include_content
+
     def start_watching(self) -> None:
         self.auth.start_watching()
 
