@@ -95,6 +95,8 @@ def test_sigterm_drains_streams_then_exits_zero(slow_server: LiveServer) -> None
     slow_server.process.send_signal(signal.SIGTERM)
     thread.join(60)
     assert slow_server.process.wait(60) == 0
-    assert events[-1] == "message_stop" and "max_tokens" in events, events
+    # Finished normally (sampling may reach end of turn before max_tokens), not cut off.
+    assert events[-1] == "message_stop", events
+    assert {"max_tokens", "end_turn"} & set(events), events
     with pytest.raises(httpx.ConnectError):
         httpx.get(slow_server.url + "/health", timeout=2.0)
