@@ -86,6 +86,7 @@ def default_engine_threads() -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
+    from zerohop.api.guard import GuardLimits
     from zerohop.server import GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -102,6 +103,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,
         engine_options=options,
+        guard=GuardLimits(
+            max_connections=args.max_connections,
+            max_connections_per_address=args.max_connections_per_address,
+            header_timeout=args.header_timeout,
+        ),
+        keep_alive_timeout=args.keep_alive_timeout,
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
@@ -153,9 +160,32 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
     )
+    add_protection_options(srv)
     add_gateway_options(srv)
     add_engine_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def add_protection_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("protection (what a reverse proxy used to do)")
+    g.add_argument(
+        "--max-connections", type=int, default=4096, help="open HTTP connections at most"
+    )
+    g.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=256,
+        help="open HTTP connections from one client address at most",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        help="seconds a request head may take to arrive (else 408 and close)",
+    )
+    g.add_argument(
+        "--keep-alive-timeout", type=float, default=5.0, help="idle seconds before closing"
+    )
 
 
 def add_gateway_options(parser: argparse.ArgumentParser) -> None:

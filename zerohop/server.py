@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from zerohop.api.app import create_app
+from zerohop.api.guard import ConnectionGuard, GuardLimits, guarded_protocol, raise_file_limit
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
 from zerohop.engine.checkpoint import open_checkpoint
@@ -38,6 +39,8 @@ class ServeOptions:
     drain_seconds: float = 30.0
     engine_options: dict[str, Any] | None = None
     gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
+    guard: GuardLimits = field(default_factory=GuardLimits)
+    keep_alive_timeout: float = 5.0
 
 
 @dataclass(slots=True)
@@ -86,6 +89,8 @@ class DrainingServer(uvicorn.Server):
 
 async def serve(options: ServeOptions) -> int:
     check_open_mode(options)  # before loading anything: a refusal comes at once
+    if (warning := raise_file_limit(options.guard)) is not None:
+        raise GatewayStartError(warning)
     engine_options = options.engine_options or {}
     # The engine process loads the weights while this one builds the tokenizer.
     starting = asyncio.create_task(AsyncEngine.start(str(options.model_path), **engine_options))
@@ -116,7 +121,12 @@ async def serve(options: ServeOptions) -> int:
         gateway=gateway,
         metrics_token=options.gateway.metrics_key,
     )
-    server = DrainingServer(_uvicorn_config(options, ctx), ctx)
+    config = _uvicorn_config(options, ctx)
+    config.load()
+    guard = ConnectionGuard(options.guard)
+    config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
+    ctx.connection_guard = guard
+    server = DrainingServer(config, ctx)
     grpc_server = None
     try:
         if options.grpc_port:
@@ -213,6 +223,9 @@ def _uvicorn_config(options: ServeOptions, ctx: ServingContext) -> uvicorn.Confi
         ssl_keyfile=options.tls_key,
         access_log=False,
         log_level="warning",
+        server_header=False,
+        headers=[("server", "zerohop")],
+        timeout_keep_alive=options.keep_alive_timeout,
         timeout_graceful_shutdown=int(options.drain_seconds),
     )
 

@@ -74,6 +74,7 @@ class ServingContext:
     draining: bool = False
     gateway: Gateway | None = None
     metrics_token: str | None = None  # /metrics needs this bearer token when set
+    connection_guard: Any = None  # zerohop.api.guard.ConnectionGuard, for the metrics
 
     @property
     def vocab_size(self) -> int:

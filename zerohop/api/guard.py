@@ -1,0 +1,203 @@
+"""Connection protection a reverse proxy used to give: caps and a request-head deadline.
+
+zerohop stands directly on the network, so it does nginx's `limit_conn` and
+`client_header_timeout` itself, on uvicorn's zttp protocols (HTTP/1.1 and HTTP/2):
+- a cap on open connections, globally and per client address: a connection over either is
+  closed at once, before any byte is read, and the connections being served are untouched;
+- a deadline for the request head: once bytes of a request arrive on a connection with no
+  request in progress, the head must be complete within `header_timeout` seconds, or the
+  connection is answered 408 (HTTP/1.1) or closed. A client that opens a connection and
+  sends nothing is closed by the same deadline.
+The keep-alive idle timeout is uvicorn's (`timeout_keep_alive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from uvicorn.protocols.http.auto_zttp_impl import AutoZttpProtocol
+from uvicorn.protocols.http.zttp_h2_impl import ZttpH2Protocol
+from uvicorn.protocols.http.zttp_impl import ZttpProtocol
+
+log = logging.getLogger(__name__)
+_TIMEOUT_BODY = b'{"error":"the request head took too long to arrive"}'
+_REQUEST_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\nserver: zerohop\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
+
+
+@dataclass(slots=True)
+class GuardLimits:
+    max_connections: int = 4096
+    max_connections_per_address: int = 256
+    header_timeout: float = 20.0  # seconds for a request head, as nginx's client_header_timeout
+
+
+@dataclass(slots=True)
+class ConnectionGuard:
+    """The server's connection counts and what it refused (for the metrics)."""
+
+    limits: GuardLimits
+    open: int = 0
+    per_address: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)  # reason -> connections refused
+    closed_slow: int = 0  # connections closed by the head deadline
+
+    def admit(self, address: str | None) -> str | None:
+        """Count a new connection in; or the reason it is refused."""
+        if self.open >= self.limits.max_connections:
+            reason = "max_connections"
+        elif address is not None and (
+            self.per_address[address] >= self.limits.max_connections_per_address
+        ):
+            reason = "max_connections_per_address"
+        else:
+            self.open += 1
+            if address is not None:
+                self.per_address[address] += 1
+            return None
+        self.refused[reason] += 1
+        return reason
+
+    def release(self, address: str | None) -> None:
+        self.open -= 1
+        if address is not None:
+            self.per_address[address] -= 1
+            if self.per_address[address] <= 0:
+                del self.per_address[address]
+
+
+def raise_file_limit(limits: GuardLimits) -> str | None:
+    """Raise the open-file limit to its hard limit; a warning if the caps do not fit in it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    needed = limits.max_connections + 64  # listening sockets, the engine pipe, files, gRPC
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return None
+    return (
+        f"--max-connections {limits.max_connections} does not fit in the open-file limit"
+        f" ({soft}, the hard limit): lower it, or raise `ulimit -Hn`"
+    )
+
+
+class _Deadline:
+    """The head deadline of one connection, armed while a request head is awaited."""
+
+    def __init__(self, protocol: Any, guard: ConnectionGuard) -> None:
+        self.protocol, self.guard = protocol, guard
+        self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self.timer is None:
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(self.guard.limits.header_timeout, self._expired)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self) -> None:
+        self.timer = None
+        self.guard.closed_slow += 1
+        transport = self.protocol.transport
+        if transport is None or transport.is_closing():
+            return
+        if isinstance(self.protocol, ZttpProtocol):
+            transport.write(_REQUEST_TIMEOUT)
+        transport.close()
+
+
+class _Guarded:
+    """Mixin for the zttp protocols: count the connection, watch the head deadline."""
+
+    guard: ConnectionGuard
+    address: str | None = None
+    deadline: _Deadline
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[misc]
+        self.deadline = _Deadline(self, self.guard)
+        self.deadline.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline.disarm()
+        self.guard.release(self.address)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle():
+            self.deadline.arm()
+        super().data_received(data)  # type: ignore[misc]
+        if not self._idle():
+            self.deadline.disarm()
+
+    def _idle(self) -> bool:
+        raise NotImplementedError
+
+
+class GuardedH1(_Guarded, ZttpProtocol):
+    def _idle(self) -> bool:
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # Kept alive: uvicorn's idle timer runs; the head deadline starts with the next byte.
+
+
+class GuardedH2(_Guarded, ZttpH2Protocol):
+    def _idle(self) -> bool:
+        return not self.cycles
+
+
+class GuardedAutoProtocol(AutoZttpProtocol):
+    """uvicorn's HTTP/1.1-or-HTTP/2 dispatcher, counting connections and guarding heads."""
+
+    guard: ConnectionGuard  # set by `guarded_protocol`
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.address = peer[0] if isinstance(peer, tuple) else None
+        refusal = self.guard.admit(self.address)
+        if refusal is not None:
+            self._refused = True
+            transport.abort()  # at once: no read, no response, nothing held
+            return
+        self._refused = False
+        # Until the first bytes say HTTP/1.1 or HTTP/2, uvicorn closes a silent connection
+        # after its keep-alive timeout; from then on the chosen protocol's deadline applies.
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_refused", True):
+            return
+        self.guard.release(self.address)  # never switched: the chosen protocol releases
+        super().connection_lost(exc)
+
+    def _switch(self, http2: bool, initial_data: bytes = b"") -> None:
+        protocol_class = GuardedH2 if http2 else GuardedH1
+        protocol = protocol_class(
+            config=self.config,
+            server_state=self.server_state,
+            app_state=self.app_state,
+            _loop=self.loop,
+        )
+        protocol.guard, protocol.address = self.guard, self.address
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        if initial_data:
+            protocol.data_received(initial_data)
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[GuardedAutoProtocol]:
+    """A protocol class for uvicorn (`config.http_protocol_class`) bound to `guard`."""
+    return type("ZerohopProtocol", (GuardedAutoProtocol,), {"guard": guard})
