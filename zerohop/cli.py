@@ -86,6 +86,7 @@ def default_engine_threads() -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
+    from zerohop.api.asgi import BodyDeadline
     from zerohop.api.guard import GuardLimits
     from zerohop.server import GatewayOptions, ServeOptions, serve
 
@@ -109,6 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             header_timeout=args.header_timeout,
         ),
         keep_alive_timeout=args.keep_alive_timeout,
+        grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+        body_deadline=BodyDeadline(args.body_timeout, args.body_min_rate),
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
@@ -184,7 +187,22 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
         help="seconds a request head may take to arrive (else 408 and close)",
     )
     g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take, plus 1 s per --body-min-rate bytes (else 408)",
+    )
+    g.add_argument(
+        "--body-min-rate", type=float, default=4096.0, help="bytes per second a body must keep"
+    )
+    g.add_argument(
         "--keep-alive-timeout", type=float, default=5.0, help="idle seconds before closing"
+    )
+    g.add_argument(
+        "--grpc-max-concurrent-streams",
+        type=int,
+        default=100,
+        help="gRPC calls in flight on one connection at most",
     )
 
 

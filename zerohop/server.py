@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from zerohop.api.app import create_app
+from zerohop.api.asgi import BodyDeadline
 from zerohop.api.guard import ConnectionGuard, GuardLimits, guarded_protocol, raise_file_limit
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
@@ -41,6 +42,8 @@ class ServeOptions:
     gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
     guard: GuardLimits = field(default_factory=GuardLimits)
     keep_alive_timeout: float = 5.0
+    grpc_max_concurrent_streams: int = 100
+    body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
 
 
 @dataclass(slots=True)
@@ -120,6 +123,7 @@ async def serve(options: ServeOptions) -> int:
         max_body_bytes=options.max_body_bytes,
         gateway=gateway,
         metrics_token=options.gateway.metrics_key,
+        body_deadline=options.body_deadline,
     )
     config = _uvicorn_config(options, ctx)
     config.load()
@@ -132,7 +136,9 @@ async def serve(options: ServeOptions) -> int:
         if options.grpc_port:
             from zerohop.api.grpc_service import start_grpc_server
 
-            grpc_server = await start_grpc_server(ctx, options.host, options.grpc_port)
+            grpc_server = await start_grpc_server(
+                ctx, options.host, options.grpc_port, options.grpc_max_concurrent_streams
+            )
         if gateway is not None:
             gateway.start_watching()
         _announce(options, ctx)

@@ -101,7 +101,7 @@ class AnthropicSurface:
                 await state.complete(deltas, send)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        return await read_json_body(scope, receive, self.ctx.max_body_bytes)
+        return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
     def prompt(self, request: CountTokensRequest) -> list[int]:
         turns, prefill = chat_turns(request)

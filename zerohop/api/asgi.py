@@ -6,7 +6,9 @@ No framework in the token path (DESIGN.md: raw ASGI costs 3 µs a request, Starl
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -37,11 +39,40 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body; ApiError 413 past `limit` bytes."""
+@dataclass(slots=True, frozen=True)
+class BodyDeadline:
+    """How long a request body may take: `timeout` seconds, plus one second for every
+    `min_rate` bytes received (Apache's mod_reqtimeout rule), so a large body sent at a
+    reasonable rate always fits and a trickle is cut off."""
+
+    timeout: float = 30.0
+    min_rate: float = 4096.0  # bytes per second
+
+    def seconds_for(self, received: int) -> float:
+        return self.timeout + received / self.min_rate
+
+
+DEFAULT_BODY_DEADLINE = BodyDeadline()
+
+
+async def read_body(
+    receive: Receive, limit: int, deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
+) -> bytes:
+    """The whole request body; ApiError 413 past `limit` bytes, 408 past the deadline."""
     chunks, size = [], 0
+    started = time.monotonic()
     while True:
-        message = await receive()
+        left = started + deadline.seconds_for(size) - time.monotonic()
+        try:
+            async with asyncio.timeout(max(left, 0.0)):
+                message = await receive()
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body arrived too slowly ({size} bytes in"
+                f" {time.monotonic() - started:.0f} s)",
+                headers=[(b"connection", b"close")],
+            ) from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk = message.get("body", b"")
@@ -74,10 +105,12 @@ def check_json_content_type(value: bytes | None) -> None:
             raise ApiError(415, "content-type charset must be utf-8")
 
 
-async def read_json_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The body of a JSON request: content type checked, size bounded (413)."""
+async def read_json_body(
+    scope: Scope, receive: Receive, limit: int, deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
+) -> bytes:
+    """The body of a JSON request: content type checked, size (413) and time (408) bounded."""
     check_json_content_type(header(scope, b"content-type"))
-    return await read_body(receive, limit)
+    return await read_body(receive, limit, deadline)
 
 
 async def send_json(

@@ -246,12 +246,27 @@ class ReadinessHealth(health_aio.HealthServicer):
         await self.enter_graceful_shutdown()
 
 
-async def start_grpc_server(ctx: ServingContext, host: str, port: int) -> grpc.aio.Server:
+# Keepalive enforcement: a client may ping at most every 5 minutes without calls in
+# flight (gRPC's default policy, made explicit), and is sent GOAWAY after 2 strikes; idle
+# connections are closed after 10 minutes.
+_PROTECTION_OPTIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+    ("grpc.http2.max_ping_strikes", 2),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.max_connection_idle_ms", 600_000),
+]
+
+
+async def start_grpc_server(
+    ctx: ServingContext, host: str, port: int, max_concurrent_streams: int = 100
+) -> grpc.aio.Server:
     """Start serving on host:port and return the started server (stop it with `.stop()`)."""
     server = grpc.aio.server(
         options=[
             ("grpc.so_reuseport", 0),  # else a second server can silently share the port
             ("grpc.max_receive_message_length", ctx.max_body_bytes),
+            ("grpc.max_concurrent_streams", max_concurrent_streams),  # per connection
+            *_PROTECTION_OPTIONS,
         ],
         compression=grpc.Compression.NoCompression,
     )

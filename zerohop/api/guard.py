@@ -73,6 +73,25 @@ class ConnectionGuard:
                 del self.per_address[address]
 
 
+def exposition(guard: ConnectionGuard) -> bytes:
+    """The guard's counters in Prometheus' text format, appended to GET /metrics."""
+    lines = [
+        "# HELP zerohop_connections_open HTTP connections open now.",
+        "# TYPE zerohop_connections_open gauge",
+        f"zerohop_connections_open {guard.open}",
+        "# HELP zerohop_connections_refused_total Connections refused at once, by cap.",
+        "# TYPE zerohop_connections_refused_total counter",
+        *(
+            f'zerohop_connections_refused_total{{reason="{reason}"}} {guard.refused[reason]}'
+            for reason in ("max_connections", "max_connections_per_address")
+        ),
+        "# HELP zerohop_connections_timed_out_total Connections closed by the head deadline.",
+        "# TYPE zerohop_connections_timed_out_total counter",
+        f"zerohop_connections_timed_out_total {guard.closed_slow}",
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
 def raise_file_limit(limits: GuardLimits) -> str | None:
     """Raise the open-file limit to its hard limit; a warning if the caps do not fit in it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

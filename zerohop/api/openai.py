@@ -138,7 +138,9 @@ class OpenAIApi:
     # -- shared request path ---------------------------------------------------------------
 
     async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
-        return decode(await read_json_body(scope, receive, self.ctx.max_body_bytes), kind)
+        ctx = self.ctx
+        body = await read_json_body(scope, receive, ctx.max_body_bytes, ctx.body_deadline)
+        return decode(body, kind)
 
     # -- chat completions ------------------------------------------------------------------
 

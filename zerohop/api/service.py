@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.api.asgi import Receive, on_disconnect
+from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
 from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
 from zerohop.engine.errors import InvalidRequestError
@@ -75,6 +75,7 @@ class ServingContext:
     gateway: Gateway | None = None
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     connection_guard: Any = None  # zerohop.api.guard.ConnectionGuard, for the metrics
+    body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
 
     @property
     def vocab_size(self) -> int:
