@@ -108,10 +108,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
             header_timeout=args.header_timeout,
+            http2_max_streams=args.http2_max_streams,
         ),
         keep_alive_timeout=args.keep_alive_timeout,
         grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
         body_deadline=BodyDeadline(args.body_timeout, args.body_min_rate),
+        max_header_bytes=args.max_header_bytes,
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
@@ -197,6 +199,18 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--keep-alive-timeout", type=float, default=5.0, help="idle seconds before closing"
+    )
+    g.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=32 * 1024,
+        help="request headers larger than this get 431",
+    )
+    g.add_argument(
+        "--http2-max-streams",
+        type=int,
+        default=100,
+        help="concurrent streams on one HTTP/2 connection (more are refused)",
     )
     g.add_argument(
         "--grpc-max-concurrent-streams",

@@ -44,6 +44,7 @@ class ServeOptions:
     keep_alive_timeout: float = 5.0
     grpc_max_concurrent_streams: int = 100
     body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
+    max_header_bytes: int = 32 * 1024
 
 
 @dataclass(slots=True)
@@ -124,6 +125,7 @@ async def serve(options: ServeOptions) -> int:
         gateway=gateway,
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
+        max_header_bytes=options.max_header_bytes,
     )
     config = _uvicorn_config(options, ctx)
     config.load()

@@ -54,6 +54,10 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         if path == "/metrics" and scope["method"] == "GET":
             return await _metrics(scope, send)
         request_id = new_request_id()
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > ctx.max_header_bytes:
+            error = ApiError(431, f"request headers are larger than {ctx.max_header_bytes} bytes")
+            _, shape = _route_miss(scope["method"], path, True)
+            return await _send_error(send, error, shape, request_id)
         route = routes.get((scope["method"], path))
         if route is None:
             error, shape = _route_miss(scope["method"], path, path in paths)

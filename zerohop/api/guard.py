@@ -7,8 +7,12 @@ zerohop stands directly on the network, so it does nginx's `limit_conn` and
 - a deadline for the request head: once bytes of a request arrive on a connection with no
   request in progress, the head must be complete within `header_timeout` seconds, or the
   connection is answered 408 (HTTP/1.1) or closed. A client that opens a connection and
-  sends nothing is closed by the same deadline.
-The keep-alive idle timeout is uvicorn's (`timeout_keep_alive`).
+  sends nothing is closed by uvicorn's keep-alive timeout (`timeout_keep_alive`);
+- HTTP/2: a cap on concurrent streams per connection (streams over it are refused with
+  REFUSED_STREAM; zttp offers no way to advertise it in SETTINGS), and a budget per
+  connection of client stream resets (rapid reset) and of SETTINGS/PING frames, past which
+  the connection gets GOAWAY (ENHANCE_YOUR_CALM) and is closed, so a reset loop cannot
+  make the engine admit and abort requests without bound.
 """
 
 from __future__ import annotations
@@ -16,15 +20,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import zttp
 from uvicorn.protocols.http.auto_zttp_impl import AutoZttpProtocol
 from uvicorn.protocols.http.zttp_h2_impl import ZttpH2Protocol
 from uvicorn.protocols.http.zttp_impl import ZttpProtocol
 
 log = logging.getLogger(__name__)
+REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x7, 0xB  # HTTP/2 error codes (RFC 9113 section 7)
+_TOO_LARGE_BODY = b'{"error":"the request head is larger than the server accepts"}'
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nserver: zerohop\r\n"
+    b"content-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+    % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY)
+)
 _TIMEOUT_BODY = b'{"error":"the request head took too long to arrive"}'
 _REQUEST_TIMEOUT = (
     b"HTTP/1.1 408 Request Timeout\r\nserver: zerohop\r\ncontent-type: application/json\r\n"
@@ -37,6 +50,12 @@ class GuardLimits:
     max_connections: int = 4096
     max_connections_per_address: int = 256
     header_timeout: float = 20.0  # seconds for a request head, as nginx's client_header_timeout
+    http2_max_streams: int = 100  # concurrent streams on one HTTP/2 connection
+    # Abuse budgets per HTTP/2 connection, per `abuse_window` seconds: client stream resets
+    # (rapid reset, CVE-2023-44487) and SETTINGS/PING frames. Past one: GOAWAY and close.
+    http2_max_resets: int = 200
+    http2_max_control_frames: int = 1000
+    abuse_window: float = 10.0
 
 
 @dataclass(slots=True)
@@ -48,6 +67,8 @@ class ConnectionGuard:
     per_address: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)  # reason -> connections refused
     closed_slow: int = 0  # connections closed by the head deadline
+    closed_abusive: Counter = field(default_factory=Counter)  # reason -> HTTP/2 GOAWAYs
+    streams_refused: int = 0  # HTTP/2 streams over the per-connection cap
 
     def admit(self, address: str | None) -> str | None:
         """Count a new connection in; or the reason it is refused."""
@@ -88,6 +109,15 @@ def exposition(guard: ConnectionGuard) -> bytes:
         "# HELP zerohop_connections_timed_out_total Connections closed by the head deadline.",
         "# TYPE zerohop_connections_timed_out_total counter",
         f"zerohop_connections_timed_out_total {guard.closed_slow}",
+        "# HELP zerohop_http2_goaway_total HTTP/2 connections closed for abuse, by reason.",
+        "# TYPE zerohop_http2_goaway_total counter",
+        *(
+            f'zerohop_http2_goaway_total{{reason="{what}"}} {guard.closed_abusive[what]}'
+            for what in ("resets", "control_frames")
+        ),
+        "# HELP zerohop_http2_streams_refused_total Streams over the per-connection cap.",
+        "# TYPE zerohop_http2_streams_refused_total counter",
+        f"zerohop_http2_streams_refused_total {guard.streams_refused}",
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -168,14 +198,80 @@ class GuardedH1(_Guarded, ZttpProtocol):
         cycle = self.cycle
         return cycle is None or cycle.response_complete
 
+    def handle_remote_protocol_error(self) -> None:
+        # Called inside the parser's `except`: a head past zttp's size limit (16 KiB) is a
+        # 431, as nginx answers it, not a generic 400.
+        error = sys.exc_info()[1]
+        if error is not None and "size limit" in str(error):
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+            return
+        super().handle_remote_protocol_error()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         # Kept alive: uvicorn's idle timer runs; the head deadline starts with the next byte.
 
 
 class GuardedH2(_Guarded, ZttpH2Protocol):
+    """HTTP/2 with a stream cap, and GOAWAY for rapid reset and control-frame floods."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.budgets = {"resets": _Budget(), "control_frames": _Budget()}
+
     def _idle(self) -> bool:
         return not self.cycles
+
+    def events(self) -> Any:
+        limits = self.guard.limits
+        for event in super().events():
+            if isinstance(event, zttp.Settings | zttp.Ping) and self._spend(
+                "control_frames", limits.http2_max_control_frames
+            ):
+                return
+            yield event
+
+    def handle_request(self, event: zttp.Request) -> None:
+        if len(self.cycles) >= self.guard.limits.http2_max_streams:
+            self.guard.streams_refused += 1
+            self.conn.stream(event.stream_id).reset(REFUSED_STREAM)
+            self.flush()
+            return
+        super().handle_request(event)
+
+    def handle_rst_stream(self, event: zttp.RstStream) -> None:
+        cycle = self.cycles.get(event.stream_id)
+        cancelled = cycle is not None and not cycle.response_complete
+        super().handle_rst_stream(event)
+        if cancelled:  # a stream the client opened and dropped before its answer
+            self._spend("resets", self.guard.limits.http2_max_resets)
+
+    def _spend(self, what: str, allowed: int) -> bool:
+        """Count one `what`; past its budget in the window, GOAWAY and close: True."""
+        if self.budgets[what].spend(self.loop.time(), self.guard.limits.abuse_window) <= allowed:
+            return False
+        if not self.transport.is_closing():
+            self.guard.closed_abusive[what] += 1
+            log.warning("HTTP/2 client %s: too many %s, closing", self.address, what)
+            self.conn.close(ENHANCE_YOUR_CALM)
+            self.flush()
+            self.transport.close()
+        return True
+
+
+@dataclass(slots=True)
+class _Budget:
+    """Events in the current window (a fixed window: cheap, and enough to bound abuse)."""
+
+    started: float = 0.0
+    count: int = 0
+
+    def spend(self, now: float, window: float) -> int:
+        if now - self.started > window:
+            self.started, self.count = now, 0
+        self.count += 1
+        return self.count
 
 
 class GuardedAutoProtocol(AutoZttpProtocol):

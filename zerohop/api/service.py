@@ -76,6 +76,7 @@ class ServingContext:
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     connection_guard: Any = None  # zerohop.api.guard.ConnectionGuard, for the metrics
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
+    max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
 
     @property
     def vocab_size(self) -> int:
