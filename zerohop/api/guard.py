@@ -208,6 +208,14 @@ class GuardedH1(_Guarded, ZttpProtocol):
             return
         super().handle_remote_protocol_error()
 
+    def send_400_response(self, msg: str) -> None:
+        body = b'{"error":"invalid HTTP request"}'
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\nserver: zerohop\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         # Kept alive: uvicorn's idle timer runs; the head deadline starts with the next byte.
