@@ -4,6 +4,7 @@ limit and ping strikes. The raw HTTP/2 client is the `h2` library; gRPC is grpci
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -191,6 +192,10 @@ def test_rapid_reset_gets_goaway_and_frees_the_engine(server: LiveServer) -> Non
         client.send()
         data = h2.events.DataReceived
         client.until(lambda: all(any(isinstance(e, data) for e in client.of(s)) for s in admitted))
+        for _ in range(60):  # the engine's counters ride on its step frames
+            if engine_stats(server.url)["num_running"] == len(admitted):
+                break
+            time.sleep(0.05)
         assert engine_stats(server.url)["num_running"] == len(admitted)
         for stream_id in admitted:
             client.conn.reset_stream(stream_id)
@@ -359,8 +364,9 @@ def _http1(server: LiveServer, padding: int) -> tuple[bytes, str]:
     body = _body(max_tokens=1)
     head += b"X-Padding: %s\r\nContent-Length: %d\r\n\r\n" % (b"a" * padding, len(body))
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(head + body)
         received, how = b"", "open"
+        with contextlib.suppress(OSError):  # closed before it read it all: still to read
+            sock.sendall(head + body)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -394,9 +400,30 @@ def test_http1_header_over_the_limit_is_431_and_closes(server: LiveServer) -> No
 # -- gRPC ------------------------------------------------------------------------------------
 
 
+# grpc-core queues calls over the server's MAX_CONCURRENT_STREAMS on the client, but a call
+# sent as another one ends can still find the server counting the old one, and is refused
+# (REFUSED_STREAM, UNAVAILABLE to the caller; ~20% of the calls over the cap). A client
+# meant to go past the cap retries UNAVAILABLE, as this one does.
+RETRY_UNAVAILABLE = {
+    "methodConfig": [
+        {
+            "name": [{"service": "zerohop.v1.Zerohop"}],
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.01s",
+                "maxBackoff": "0.1s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ]
+}
+
+
 @pytest.fixture(scope="module")
 def grpc_channel(slow: LiveServer):
-    with grpc.insecure_channel(f"127.0.0.1:{slow.grpc_port}") as channel:
+    options = [("grpc.service_config", json.dumps(RETRY_UNAVAILABLE))]
+    with grpc.insecure_channel(f"127.0.0.1:{slow.grpc_port}", options=options) as channel:
         yield channel
 
 
@@ -435,11 +462,10 @@ def test_grpc_streams_over_the_cap_wait_their_turn(slow: LiveServer, grpc_channe
     assert tokens == {i: 16 for i in range(4)}  # all four complete
     assert max(running) <= GRPC_STREAMS, running
     # Two start at once; the others start only once one of those has finished.
-    starts = sorted(firsts.values())
-    run_time = 16 * STEP_DELAY
-    assert starts[1] < run_time / 2, firsts
-    assert starts[2] >= min(ends.values()) - 0.3, (firsts, ends)
-    assert starts[2] >= starts[1] + run_time * 0.7, (firsts, ends)
+    starts, first_end = sorted(firsts.values()), min(ends.values())
+    assert starts[1] < first_end, (firsts, ends)
+    assert starts[2] >= first_end - 0.3, (firsts, ends)
+    assert starts[2] >= starts[0] + 16 * STEP_DELAY * 0.9, (firsts, ends)
 
 
 def test_grpc_message_over_max_body_is_resource_exhausted(grpc_channel) -> None:

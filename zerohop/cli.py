@@ -209,14 +209,18 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--http2-max-streams",
         type=int,
-        default=100,
-        help="concurrent streams on one HTTP/2 connection (more are refused)",
+        default=128,
+        choices=range(1, 129),
+        metavar="1..128",
+        help="concurrent streams on one HTTP/2 connection (more are refused); the HTTP/2"
+        " layer advertises and enforces 128, so 128 is also the most",
     )
     g.add_argument(
         "--grpc-max-concurrent-streams",
         type=int,
         default=100,
-        help="gRPC calls in flight on one connection at most",
+        help="gRPC calls in flight on one connection at most (a call started as another ends"
+        " may be refused with UNAVAILABLE: clients should retry it)",
     )
 
 

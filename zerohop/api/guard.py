@@ -9,8 +9,9 @@ zerohop stands directly on the network, so it does nginx's `limit_conn` and
   connection is answered 408 (HTTP/1.1) or closed. A client that opens a connection and
   sends nothing is closed by uvicorn's keep-alive timeout (`timeout_keep_alive`);
 - HTTP/2: a cap on concurrent streams per connection (streams over it are refused with
-  REFUSED_STREAM; zttp offers no way to advertise it in SETTINGS), and a budget per
-  connection of client stream resets (rapid reset) and of SETTINGS/PING frames, past which
+  REFUSED_STREAM; zttp advertises 128 in SETTINGS and offers no way to change that), and a
+  budget per connection of client stream resets (rapid reset) and of SETTINGS/PING frames,
+  past which
   the connection gets GOAWAY (ENHANCE_YOUR_CALM) and is closed, so a reset loop cannot
   make the engine admit and abort requests without bound.
 """
@@ -50,7 +51,9 @@ class GuardLimits:
     max_connections: int = 4096
     max_connections_per_address: int = 256
     header_timeout: float = 20.0  # seconds for a request head, as nginx's client_header_timeout
-    http2_max_streams: int = 100  # concurrent streams on one HTTP/2 connection
+    # Concurrent streams on one HTTP/2 connection. zttp advertises and enforces 128 itself
+    # (there is no API to change its SETTINGS), so a cap above 128 cannot take effect.
+    http2_max_streams: int = 128
     # Abuse budgets per HTTP/2 connection, per `abuse_window` seconds: client stream resets
     # (rapid reset, CVE-2023-44487) and SETTINGS/PING frames. Past one: GOAWAY and close.
     http2_max_resets: int = 200
