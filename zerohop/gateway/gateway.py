@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.gateway import limits
-from zerohop.gateway.auth import AuthenticationError, Authenticator, PermissionDenied
+from zerohop.gateway.auth import (
+    AuthenticationError,
+    Authenticator,
+    PermissionDenied,
+    check_model,
+)
 from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, Reservation
 from zerohop.gateway.identity import ANONYMOUS, Identity
 from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
@@ -125,10 +130,11 @@ class Gateway:
 
     def check_model(self, call: Call, model: str) -> None:
         call.model = model
-        if not call.identity.allows_model(model):
+        try:
+            check_model(call.identity, model)
+        except PermissionDenied as exc:
             call.decision = "permission"
-            message = f"API key {call.identity.key_id} may not use model '{model}'"
-            raise GatewayError(403, message, "permission") from PermissionDenied(message)
+            raise GatewayError(403, str(exc), "permission") from exc
 
     async def admit(self, call: Call, prompt_tokens: int, max_tokens: int) -> int:
         """Charge the limits and reserve the budget; return the granted max_tokens."""
@@ -158,10 +164,7 @@ class Gateway:
 
     def _refused(self, call: Call, refusal: Refusal) -> GatewayError:
         call.decision = refusal.reason
-        status = 429
-        return GatewayError(
-            status, refusal.message, refusal.reason, retry_after=refusal.retry_after
-        )
+        return GatewayError(429, refusal.message, refusal.reason, retry_after=refusal.retry_after)
 
     def on_delta(self, call: Call, new_tokens: int, cached_tokens: int, now: float) -> None:
         """Charge one step's output tokens; refund the prompt tokens the prefix cache served."""
