@@ -7,9 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -87,3 +91,35 @@ class LiveServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+@contextmanager
+def started_together(
+    model_dir: Path, specs: dict[str, list[str]], tmp_path_factory: Any
+) -> Iterator[dict[str, LiveServer]]:
+    """Start one server per `specs` entry (name -> extra args) in parallel, stop them all.
+
+    A start-up failure is raised on the caller's thread once every start has returned."""
+    started: dict[str, LiveServer | BaseException] = {}
+
+    def start(name: str) -> None:
+        try:
+            log = tmp_path_factory.mktemp(name) / "server.log"
+            started[name] = LiveServer(model_dir, specs[name]).start(log)
+        except BaseException as exc:
+            started[name] = exc
+
+    threads = [threading.Thread(target=start, args=(name,)) for name in specs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        for value in started.values():
+            if isinstance(value, BaseException):
+                raise value
+        yield started  # type: ignore[misc]  # every value is a LiveServer here
+    finally:
+        for value in started.values():
+            if isinstance(value, LiveServer):
+                value.stop()

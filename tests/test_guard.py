@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import h2.connection
 import httpx
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
+from tests.live_server import MODEL_NAME, LiveServer, started_together
 
 HEADER_TIMEOUT = 1.5
 KEEP_ALIVE = 3.0
@@ -27,10 +26,6 @@ HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 MESSAGE = json.dumps(
     {"model": MODEL_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
 ).encode()
-
-
-def _start(llama_dir: Path, folder: Path, args: list[str]) -> LiveServer:
-    return LiveServer(llama_dir, ["--grpc-port", "0", *args]).start(folder / "server.log")
 
 
 @pytest.fixture(scope="module")
@@ -46,28 +41,9 @@ def servers(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             "--header-timeout", "30", "--keep-alive-timeout", "30",
         ],
     }  # fmt: skip
-    started: dict[str, LiveServer | BaseException] = {}
-
-    def start(name: str) -> None:
-        try:
-            started[name] = _start(llama_dir, tmp_path_factory.mktemp(name), specs[name])
-        except BaseException as exc:  # reported below, on the test's thread
-            started[name] = exc
-
-    threads = [threading.Thread(target=start, args=(name,)) for name in specs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    try:
-        for value in started.values():
-            if isinstance(value, BaseException):
-                raise value
+    specs = {name: ["--grpc-port", "0", *args] for name, args in specs.items()}
+    with started_together(llama_dir, specs, tmp_path_factory) as started:
         yield started
-    finally:
-        for value in started.values():
-            if isinstance(value, LiveServer):
-                value.stop()
 
 
 @pytest.fixture(scope="module")

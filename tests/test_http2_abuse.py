@@ -20,7 +20,7 @@ import h2.settings
 import httpx
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
+from tests.live_server import MODEL_NAME, LiveServer, started_together
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -48,29 +48,8 @@ def servers(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             "--grpc-max-concurrent-streams", str(GRPC_STREAMS), "--max-body-bytes", str(MAX_BODY),
         ],
     }  # fmt: skip
-    started: dict[str, LiveServer | BaseException] = {}
-
-    def start(name: str) -> None:
-        try:
-            log = tmp_path_factory.mktemp(name) / "server.log"
-            started[name] = LiveServer(llama_dir, specs[name]).start(log)
-        except BaseException as exc:  # raised below, on the test's thread
-            started[name] = exc
-
-    threads = [threading.Thread(target=start, args=(name,)) for name in specs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    try:
-        for server in started.values():
-            if isinstance(server, BaseException):
-                raise server
+    with started_together(llama_dir, specs, tmp_path_factory) as started:
         yield started
-    finally:
-        for server in started.values():
-            if isinstance(server, LiveServer):
-                server.stop()
 
 
 @pytest.fixture(scope="module")
