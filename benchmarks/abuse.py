@@ -57,11 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, cpu_count, model_path, print_table, write_json
-from serve import CpuMeter, Server, free_port, prompt_maker
+from serve import SERVED_MODEL_NAME, CpuMeter, Server, free_port, load_config, prompt_maker
 
 from zerohop.bench.load import BenchConfig, run_benchmark
 
-SERVED_MODEL_NAME = "bench"
 MODES = ("undisturbed", "attacked")
 TTFT_TARGET = 1.10  # attacked / undisturbed, TTFT p50 at concurrency 1
 THROUGHPUT_TARGET = 0.90  # attacked / undisturbed, output tok/s at --concurrency
@@ -444,23 +443,6 @@ def wait_quiet(url: str, timeout: float = 60.0) -> float:
 
 
 # -- the measured client --------------------------------------------------------------------------
-
-
-def load_config(
-    args: argparse.Namespace, url: str, *, concurrency: int, requests: int, output_tokens: int,
-    seed: int, logprobs: int | None = None,
-) -> BenchConfig:  # fmt: skip
-    return BenchConfig(
-        url=url,
-        concurrency=concurrency,
-        input_tokens=args.input_tokens,
-        output_tokens=output_tokens,
-        num_requests=requests,
-        model=SERVED_MODEL_NAME,
-        seed=seed,
-        logprobs=logprobs,
-        prompt_source=args.prompt_source,
-    )
 
 
 def workloads(args: argparse.Namespace, url: str, seed: int) -> dict[str, BenchConfig]:

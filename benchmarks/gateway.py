@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, cpu_count, model_path, print_table, write_json
-from serve import CpuMeter, Server, free_port, prompt_maker
+from serve import SERVED_MODEL_NAME, CpuMeter, Server, free_port, load_config, prompt_maker
 
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import new_request_id
@@ -71,7 +71,6 @@ from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
 from zerohop.gateway.metrics import GatewayMetrics
 from zerohop.gateway.store import KeyStore
 
-SERVED_MODEL_NAME = "bench"
 MODES = ("off", "on")
 THROUGHPUT_TARGET = 0.98  # on / off at 32 streams
 TTFT_TARGET_MS = 1.0  # on - off, p50 at concurrency 1
@@ -208,31 +207,14 @@ class Scraper:
         }
 
 
-def load_config(
-    args: argparse.Namespace, url: str, key: str, *, concurrency: int, requests: int,
-    output_tokens: int, seed: int,
-) -> BenchConfig:  # fmt: skip
-    return BenchConfig(
-        url=url,
-        concurrency=concurrency,
-        input_tokens=args.input_tokens,
-        output_tokens=output_tokens,
-        num_requests=requests,
-        model=SERVED_MODEL_NAME,
-        seed=seed,
-        api_key=key,
-        prompt_source=args.prompt_source,
-    )
-
-
 def workloads(args: argparse.Namespace, url: str, key: str, rep: int) -> dict[str, BenchConfig]:
     """One round's runs; both servers get the same prompts, each round new ones."""
     throughput = load_config(
-        args, url, key, concurrency=args.concurrency, requests=args.num_requests,
+        args, url, api_key=key, concurrency=args.concurrency, requests=args.num_requests,
         output_tokens=args.output_tokens, seed=rep,
     )  # fmt: skip
     ttft = load_config(
-        args, url, key, concurrency=1, requests=args.ttft_requests,
+        args, url, api_key=key, concurrency=1, requests=args.ttft_requests,
         output_tokens=args.ttft_output_tokens, seed=1000 + rep,
     )  # fmt: skip
     return {"throughput": throughput, "ttft": ttft}
@@ -282,7 +264,7 @@ def print_run(rep: int, name: str, mode: str, run: dict) -> None:
 
 def warm_up(args: argparse.Namespace, server: Server, key: str) -> None:
     cfg = load_config(
-        args, server.url, key, concurrency=args.concurrency, requests=args.concurrency,
+        args, server.url, api_key=key, concurrency=args.concurrency, requests=args.concurrency,
         output_tokens=8, seed=999,
     )  # fmt: skip
     if run_benchmark(cfg)["summary"]["failed"]:
@@ -349,6 +331,10 @@ FIGURES = {
 }
 
 
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def served_summary(rounds: list[dict]) -> dict:
     """Each figure at its best round per mode, on/off and on-off of the bests, and the median
     over rounds of the paired (same round) on/off and on-off."""
@@ -362,7 +348,8 @@ def served_summary(rounds: list[dict]) -> dict:
             "on": on,
             "on_over_off": on / off if off else None,
             "on_minus_off": on - off,
-            "median_paired_ratio": statistics.median(b / a for a, b in pairs if a),
+            # None when every off figure was 0 (tiny runs: /proc counts CPU in 10 ms ticks).
+            "median_paired_ratio": _median_or_none([b / a for a, b in pairs if a]),
             "median_paired_diff": statistics.median(b - a for a, b in pairs),
             "per_round": values,
         }

@@ -40,6 +40,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, TextPrompts, cpu_count, model_path, open_model, print_table, write_json
 from engine_throughput import engine_generate, load_engine
@@ -100,38 +101,42 @@ def prompt_maker(model: Path) -> tuple[PromptMaker, int]:
     return make, config.vocab_size
 
 
+def load_config(
+    args: argparse.Namespace, url: str, *, concurrency: int, requests: int, output_tokens: int,
+    seed: int, **fields: Any,
+) -> BenchConfig:  # fmt: skip
+    """A load-client run of `args.input_tokens`-token text prompts against the served model;
+    `fields`: the other BenchConfig fields (logprobs, api_key, vocab_size...)."""
+    return BenchConfig(
+        url=url,
+        concurrency=concurrency,
+        input_tokens=args.input_tokens,
+        output_tokens=output_tokens,
+        num_requests=requests,
+        model=SERVED_MODEL_NAME,
+        seed=seed,
+        prompt_source=args.prompt_source,
+        **fields,
+    )
+
+
 def workload(
     args: argparse.Namespace, url: str, vocab: int, seed: int = 0, logprobs: int | None = None
 ) -> BenchConfig:
-    return BenchConfig(
-        url=url,
-        concurrency=args.num_requests,
-        input_tokens=args.input_tokens,
-        output_tokens=args.output_tokens,
-        num_requests=args.num_requests,
-        vocab_size=vocab,
-        model=SERVED_MODEL_NAME,
-        seed=seed,
-        logprobs=logprobs,
-        prompt_source=args.prompt_source,
-    )
+    return load_config(
+        args, url, concurrency=args.num_requests, requests=args.num_requests,
+        output_tokens=args.output_tokens, seed=seed, vocab_size=vocab, logprobs=logprobs,
+    )  # fmt: skip
 
 
 def ttft_workload(
     args: argparse.Namespace, url: str, vocab: int, output_tokens: int, logprobs: int | None
 ) -> BenchConfig:
-    return BenchConfig(
-        url=url,
-        concurrency=1,
-        input_tokens=args.input_tokens,
-        output_tokens=output_tokens,
-        num_requests=args.ttft_requests,
-        vocab_size=vocab,
-        model=SERVED_MODEL_NAME,
+    return load_config(
+        args, url, concurrency=1, requests=args.ttft_requests, output_tokens=output_tokens,
         seed=100 + output_tokens,  # not the earlier runs' prompts, now in the prefix cache
-        logprobs=logprobs,
-        prompt_source=args.prompt_source,
-    )
+        vocab_size=vocab, logprobs=logprobs,
+    )  # fmt: skip
 
 
 # -- offline ------------------------------------------------------------------------------------
