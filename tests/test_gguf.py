@@ -128,9 +128,12 @@ _LLMS: dict[Path, LLM] = {}
 
 
 def zerohop(path: Path) -> LLM:
-    """zerohop's LLM on the GGUF file at `path`, loaded once per file."""
+    """zerohop's LLM on the GGUF file at `path`, loaded once per file, dequantized to float32
+    as transformers does (the quantized kernels are tested in test_quant.py)."""
     if path not in _LLMS:
-        _LLMS[path] = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=256)
+        _LLMS[path] = LLM(
+            str(path), num_kv_blocks=64, max_num_batched_tokens=256, quantization="none"
+        )
     return _LLMS[path]
 
 

@@ -25,6 +25,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights and activations (auto: float32 on CPU, bfloat16 on CUDA)",
     )
+    g.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "q8_0", "none"],
+        help="weights kept block-quantized on CPU (auto: a GGUF file's Q8_0/Q4_0/Q4_1 as they"
+        " are, its other quantized types as q8_0, float weights as float; q8_0: float matrices"
+        " too; none: all float32, as transformers computes)",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix (KV) caching")
     g.add_argument(
         "--num-threads", type=int, default=None, help="torch threads of the engine (default: cores)"
@@ -45,6 +53,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "enable_prefix_caching": not args.no_prefix_caching,
         "num_threads": args.num_threads,
+        "quantization": args.quantization,
         "max_model_len": args.max_model_len,
         "num_kv_blocks": args.num_kv_blocks,
         "step_delay": args.debug_step_delay,

@@ -14,6 +14,7 @@ import torch
 
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.quant import QuantizedWeight
 from zerohop.engine.tokenizer import Tokenizer
 
 # A type suffix in a GGUF file name: "SmolLM2-135M-Instruct.Q4_1", "Llama-3.2-1B-Q4_K_M",
@@ -33,7 +34,10 @@ class Checkpoint(Protocol):
 
     def tokenizer(self) -> Tokenizer: ...
 
-    def weights(self) -> dict[str, torch.Tensor]: ...
+    def weights(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
+        """Every weight under its Hugging Face name; with `keep_quantized`, quantized
+        matrices may stay compact (`QuantizedWeight`)."""
+        ...
 
     def name_in_file(self, name: str) -> str:
         """How the file names the weight the model calls `name` (for error messages)."""
@@ -56,7 +60,7 @@ class HFCheckpoint:
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_dir(self.path)
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
         from zerohop.engine.weights import load_state_dict
 
         return load_state_dict(self.path)
@@ -86,8 +90,8 @@ class GGUFCheckpoint:
 
         return tokenizer_from_gguf(self.file)
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self.file.tensors()
+    def weights(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
+        return self.file.tensors(keep_quantized)
 
     def name_in_file(self, name: str) -> str:
         from zerohop.engine.gguf_file import gguf_tensor_name

@@ -154,6 +154,9 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
     return rope
 
 
+QUANTIZATION_MODES = ("auto", "q8_0", "none")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     max_num_seqs: int = 256
@@ -167,6 +170,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     num_threads: int | None = None
+    # auto: quantized GGUF matrices stay compact (Q8_0/Q4_0/Q4_1 as they are, other types as
+    # q8_0), float weights stay float; q8_0: float matrices too; none: everything float.
+    quantization: str = "auto"
     seed: int = 0
     step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
 
@@ -174,6 +180,11 @@ class EngineConfig:
         assert self.block_size > 0 and self.max_num_seqs > 0
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATION_MODES)};"
+                f" got {self.quantization!r}"
+            )
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}; got {self.dtype!r}")
 

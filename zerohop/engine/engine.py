@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from zerohop.engine import kernels
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.config import EngineConfig
@@ -15,6 +16,7 @@ from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import SchedulingPolicy, TokenUsage
+from zerohop.engine.quant import needs_kernels
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
@@ -41,13 +43,20 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer()
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
+        quantization = self.config.quantization
+        if device.type != "cpu" or dtype != torch.float32:
+            quantization = "none"  # the quantized kernels are float32 CPU ones
+        weights = checkpoint.weights(keep_quantized=quantization != "none")
+        if needs_kernels(weights, quantization) and not kernels.available():
+            quantization = "none"
         self.model = CausalLM(
             self.model_config,
-            checkpoint.weights(),
+            weights,
             dtype,
             device,
             str(checkpoint.path),
             checkpoint.name_in_file,
+            quantization,
         )
         self.max_model_len = min(
             self.config.max_model_len or self.model_config.max_position_embeddings,

@@ -1,9 +1,10 @@
 """GGUF files (llama.cpp's format): metadata, model config and dequantized weights.
 
-Read with the `gguf` package, llama.cpp's own reader, mapped copy-on-write. Quantized
-tensors are dequantized on load (`gguf.quants.dequantize`) to float32 and then to the
-engine's dtype; tensor names become the Hugging Face names the model code uses, and the
-converter's Q/K row permutation of `llama`-architecture files is undone as transformers does.
+Read with the `gguf` package, llama.cpp's own reader, mapped copy-on-write. Q8_0, Q4_0 and
+Q4_1 matrices can stay in their blocks (`zerohop.engine.quant`); other quantized tensors are
+dequantized on load (`gguf.quants.dequantize`) to float32 and then to the engine's dtype.
+Tensor names become the Hugging Face names the model code uses, and the converter's Q/K row
+permutation of `llama`-architecture files is undone as transformers does.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from zerohop.engine.config import ModelConfig, RopeConfig
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.quant import GGUF_KINDS, QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -28,6 +30,8 @@ ARCHITECTURES = {
 SUPPORTED_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
 )  # fmt: skip
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -48,6 +52,7 @@ _LAYER_TENSORS = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+WeightT = TypeVar("WeightT", torch.Tensor, QuantizedWeight)
 ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-frequency divisors, precomputed
 
 
@@ -143,19 +148,42 @@ class GGUFFile:
 
     # -- weights ----------------------------------------------------------------------------
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Every weight, dequantized, under its Hugging Face name."""
+    def tensors(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
+        """Every weight under its Hugging Face name: dequantized, or with `keep_quantized`,
+        Q8_0/Q4_0/Q4_1 matrices kept in their blocks (`QuantizedWeight`)."""
         heads = self.arch_int("attention.head_count")
         kv_heads = self.arch_int("attention.head_count_kv", heads)
         out = {}
         for name, hf_name in self._hf_names():
-            weight = torch.from_numpy(self._dequantize(self._tensor(name)))
+            tensor = self._tensor(name)
+            weight = self._weight(tensor, keep_quantized)
             if self.architecture == "llama" and ".attn_q." in name:
                 weight = unpermute_rows(weight, heads)
             elif self.architecture == "llama" and ".attn_k." in name:
                 weight = unpermute_rows(weight, kv_heads)
             out[hf_name] = weight
         return out
+
+    def _weight(self, tensor: Any, keep_quantized: bool) -> torch.Tensor | QuantizedWeight:
+        kind = tensor.tensor_type.name
+        if keep_quantized and kind in GGUF_KINDS:
+            return self._blocks(tensor)
+        weight = torch.from_numpy(self._dequantize(tensor))
+        if (
+            keep_quantized
+            and kind not in FLOAT_TYPES
+            and weight.dim() == 2
+            and weight.shape[1] % 32 == 0
+        ):
+            return quantize_q8_0(weight)  # K-quants, Q5_*: 8 bits keep them close
+        return weight
+
+    def _blocks(self, tensor: Any) -> QuantizedWeight:
+        rows, cols = (int(n) for n in reversed(tensor.shape))
+        try:
+            return from_gguf_blocks(tensor.data, tensor.tensor_type.name, (rows, cols))
+        except (ValueError, TypeError) as exc:
+            raise ModelLoadError(f"{self.path}: tensor '{tensor.name}' is damaged ({exc})") from exc
 
     def _hf_names(self) -> Iterator[tuple[str, str]]:
         for name in self._tensors:
@@ -212,8 +240,11 @@ def gguf_tensor_name(hf_name: str) -> str:
     return f"blk.{layer}.{parts[hf_part]}.{kind}"
 
 
-def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+def unpermute_rows(weight: WeightT, num_heads: int) -> WeightT:
     """Undo convert_hf_to_gguf's `permute` of q/k rows (interleaved rotary halves per head)."""
+    if isinstance(weight, QuantizedWeight):
+        order = unpermute_rows(torch.arange(weight.shape[0]), num_heads)
+        return weight.permute_rows(order)
     rows = weight.shape[0]
     half = rows // num_heads // 2
     grouped = weight.reshape(num_heads, half, 2, *weight.shape[1:])

@@ -1,4 +1,5 @@
-"""Linear layers: oneDNN's prepacked float32 GEMM on CPU, plain `F.linear` elsewhere.
+"""Linear layers: oneDNN's prepacked float32 GEMM on CPU, plain `F.linear` elsewhere, and
+zerohop's own kernels over block-quantized weights (`zerohop.engine.quant`).
 
 `F.linear` on CPU re-packs the weight matrix on every call; for the small row counts of a
 decode step that packing costs more than the multiply. Packing once at load time into
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from zerohop.engine.quant import QuantizedWeight
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -41,3 +44,18 @@ def make_plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear
         return F.linear(x, weight, bias)
 
     return linear
+
+
+def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) -> Linear:
+    """x @ W.T + bias straight from the blocks (float32 x on CPU); never a dequantized copy."""
+    from zerohop.engine import kernels
+
+    ops = kernels.load()
+    qs, scales, mins = weight.qs, weight.scales, weight.mins
+    if weight.kind == "q8_0":
+        product = lambda x: ops.q8_0_linear(x, qs, scales)  # noqa: E731
+    else:
+        product = lambda x: ops.q4_1_linear(x, qs, scales, mins)  # noqa: E731
+    if bias is None:
+        return lambda x: product(x.contiguous())
+    return lambda x: product(x.contiguous()).add_(bias)

@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from zerohop.engine.attention import AttentionBatch, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
-from zerohop.engine.linear import Linear, make_onednn_linear, make_plain_linear, onednn_available
+from zerohop.engine.linear import (
+    Linear,
+    make_onednn_linear,
+    make_plain_linear,
+    make_quantized_linear,
+    onednn_available,
+)
+from zerohop.engine.quant import BLOCK, QuantizedWeight, quantize_q8_0
 from zerohop.engine.rope import RotaryEmbedding, apply_rotary
 
 
@@ -52,22 +59,24 @@ class CausalLM:
         device,
         source: str = "the checkpoint",
         name_in_file: Callable[[str], str] = str,
+        quantization: str = "none",
     ) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        weights = _WeightSource(tensors, dtype, self.device, source, name_in_file)
-        self.linear = (
+        self.quantization = quantization
+        weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
+        self.float_linear = (
             make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
         )
         vocab, hidden = config.vocab_size, config.hidden_size
-        self.embed_tokens = weights.take("model.embed_tokens.weight", (vocab, hidden))
+        self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights.take("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
             self.lm_head = self.linear(self.embed_tokens, None)
         else:
-            self.lm_head = self.linear(weights.take("lm_head.weight", (vocab, hidden)), None)
+            self.lm_head = self.linear(weights.take_matrix("lm_head.weight", (vocab, hidden)), None)
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
         )
@@ -81,7 +90,7 @@ class CausalLM:
         bias, qk_norm = c.attention_bias, c.qk_norm
 
         def proj(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> Linear:
-            weight = w.take(f"{p}{name}.weight", (out_dim, in_dim))
+            weight = w.take_matrix(f"{p}{name}.weight", (out_dim, in_dim))
             return self.linear(weight, w.take(f"{p}{name}.bias", (out_dim,)) if has_bias else None)
 
         return LayerWeights(
@@ -98,6 +107,16 @@ class CausalLM:
             down_proj=proj("mlp.down_proj", hidden, inter),
         )
 
+    def linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> Linear:
+        if isinstance(weight, QuantizedWeight):
+            return make_quantized_linear(weight, bias)
+        return self.float_linear(weight, bias)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed_tokens, QuantizedWeight):
+            return self.embed_tokens.dequantize(input_ids)
+        return F.embedding(input_ids, self.embed_tokens)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -109,7 +128,7 @@ class CausalLM:
     ) -> torch.Tensor:
         """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
         eps = self.config.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         rotary = self.rotary.lookup(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             normed = rms_norm(hidden, layer.input_norm, eps)
@@ -143,20 +162,39 @@ class CausalLM:
 
 
 class _WeightSource:
-    """Hands out named tensors in the model's dtype and device, with clear errors."""
+    """Hands out named tensors in the model's dtype and device, with clear errors; matrices
+    stay (or become) block-quantized as the quantization mode says."""
 
     def __init__(
         self,
-        tensors: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor | QuantizedWeight],
         dtype,
         device,
         source: str,
         name_in_file: Callable[[str], str],
+        quantization: str,
     ) -> None:
         self.tensors, self.dtype, self.device, self.source = tensors, dtype, device, source
         self.name_in_file = name_in_file
+        self.quantization = quantization
+
+    def take_matrix(self, name: str, shape: tuple[int, int]) -> torch.Tensor | QuantizedWeight:
+        weight = self._find(name, shape)
+        if isinstance(weight, QuantizedWeight):
+            if self.quantization == "none":
+                return weight.dequantize().to(dtype=self.dtype, device=self.device)
+            return weight
+        if self.quantization == "q8_0" and shape[1] % BLOCK == 0:
+            return quantize_q8_0(weight)
+        return self.take(name, shape)
 
     def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor = self._find(name, shape)
+        assert isinstance(tensor, torch.Tensor), f"{name} is a matrix: use take_matrix"
+        # No copy when dtype and device already match: the tensor stays a view of the file.
+        return tensor.to(dtype=self.dtype, device=self.device)
+
+    def _find(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
         tensor = self.tensors.get(name)
         if tensor is None:
             raise ModelLoadError(f"{self.source}: weight '{self.name_in_file(name)}' not found")
@@ -166,5 +204,4 @@ class _WeightSource:
                 f" {tuple(tensor.shape)}, but"
                 f" the model config implies {shape}"
             )
-        # No copy when dtype and device already match: the tensor stays a view of the file.
-        return tensor.to(dtype=self.dtype, device=self.device)
+        return tensor

@@ -1,0 +1,133 @@
+"""Block-quantized weights: layouts, the C++ product kernels, and the engine computing from them.
+
+The kernels expand each block to float32 in registers and multiply with float32 activations, so
+their products equal dequantize-then-matmul up to summation order; a wrong block layout, nibble
+order, scale or minimum would be off by tens of percent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from tests.fixtures.tiny_gguf import quantize, write_gguf
+from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
+from zerohop import LLM, SamplingParams
+from zerohop.engine import kernels
+from zerohop.engine.linear import make_quantized_linear
+from zerohop.engine.quant import QuantizedWeight, from_gguf_blocks, quantize_q8_0
+
+QT = gguf.GGMLQuantizationType
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+def gguf_weight(
+    rows: int, cols: int, qtype: str, seed: int = 0
+) -> tuple[np.ndarray, QuantizedWeight]:
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    raw = quantize(values, QT[qtype])
+    return raw, from_gguf_blocks(raw, qtype, (rows, cols))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_dequantize_as_gguf_does(qtype: str) -> None:
+    raw, weight = gguf_weight(40, 96, qtype)
+    want = gguf.quants.dequantize(raw, QT[qtype])
+    assert weight.kind == ("q8_0" if qtype == "Q8_0" else "q4_1")
+    np.testing.assert_allclose(weight.dequantize().numpy(), want, rtol=1e-6, atol=1e-6)
+    rows = torch.tensor([7, 0, 39])
+    np.testing.assert_allclose(weight.dequantize(rows).numpy(), want[[7, 0, 39]], rtol=1e-6)
+    assert weight.nbytes < want.nbytes / 3  # compact: 8.5 or 6 bits a weight, not 32
+
+
+def test_q8_0_quantizer_stays_within_half_a_step() -> None:
+    weight = torch.randn(16, 64)
+    quantized = quantize_q8_0(weight)
+    step = weight.reshape(16, 2, 32).abs().amax(-1) / 127
+    error = (quantized.dequantize() - weight).abs().reshape(16, 2, 32)
+    assert bool((error <= step.unsqueeze(-1) * 0.5 + 1e-7).all())
+    assert quantized.qs.dtype == torch.int8 and int(quantized.qs.abs().max()) == 127
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("batch", [1, 3, 4, 5, 33])
+def test_kernel_matches_dequantized_product(qtype: str, batch: int) -> None:
+    _, weight = gguf_weight(72, 160, qtype, seed=batch)
+    bias = torch.randn(72)
+    x = torch.randn(batch, 160)
+    want = x @ weight.dequantize().T + bias
+    got = make_quantized_linear(weight, bias)(x)
+    assert got.shape == (batch, 72) and got.dtype == torch.float32
+    assert relative_error(got, want) < 1e-5
+
+
+def test_kernel_rejects_mismatched_shapes() -> None:
+    ops = kernels.load()
+    weight = quantize_q8_0(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.q8_0_linear(torch.randn(2, 48), weight.qs[:, :48].contiguous(), weight.scales)
+    with pytest.raises(RuntimeError, match="do not match"):
+        ops.q8_0_linear(torch.randn(2, 96), weight.qs, weight.scales)
+
+
+def test_rows_permute_with_their_blocks() -> None:
+    _, weight = gguf_weight(8, 64, "Q4_1")
+    order = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
+    assert torch.equal(weight.permute_rows(order).dequantize(), weight.dequantize()[order])
+
+
+# ------------------------------------------------------------------------------------------
+# The engine on quantized weights, against the same weights dequantized to float32
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("quant_hf") / "llama", "llama")
+
+
+def first_token_logprobs(llm: LLM, prompts: list[list[int]]) -> list[dict[int, float]]:
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5, ignore_eos=True)
+    return [out.logprobs[0] for out in llm.generate(prompts, params)]
+
+
+def engine(path: Path, quantization: str) -> LLM:
+    return LLM(str(path), num_kv_blocks=64, quantization=quantization)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_engine_computes_from_the_files_blocks(
+    tiny_folder: Path, tmp_path: Path, qtype: str
+) -> None:
+    path = write_gguf(tiny_folder, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    quantized, exact = engine(path, "auto"), engine(path, "none")
+    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight)
+    assert isinstance(exact.engine.model.embed_tokens, torch.Tensor)
+    rng = np.random.default_rng(0)
+    prompts = [[BOS_ID, *rng.integers(4, 512, size=n).tolist()] for n in (3, 17, 40)]
+    for got, want in zip(
+        first_token_logprobs(quantized, prompts), first_token_logprobs(exact, prompts), strict=True
+    ):
+        assert got.keys() == want.keys(), (got, want)
+        assert max(abs(got[t] - want[t]) for t in got) < 1e-3
+    long_prompt = prompts[-1]
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    assert quantized.generate([long_prompt], greedy)[0].token_ids == (
+        exact.generate([long_prompt], greedy)[0].token_ids
+    )
+
+
+def test_q8_0_mode_quantizes_float_weights(tiny_folder: Path) -> None:
+    quantized = engine(tiny_folder, "q8_0")
+    layer = quantized.engine.model.layers[0]
+    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight)
+    assert layer.q_proj.__name__ == "<lambda>"  # a kernel product, not a oneDNN one
+    out = quantized.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].token_ids) >= 1

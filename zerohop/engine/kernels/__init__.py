@@ -1,0 +1,95 @@
+"""zerohop's C++ CPU kernels, built with PyTorch's extension machinery and cached.
+
+`make` builds them once at install time (`python -m zerohop.engine.kernels`); later loads
+find the cached library in `~/.cache/zerohop/kernels/<key>` (ninja sees nothing to redo).
+The key covers the source, the torch version and the CPU, so a changed machine or torch
+rebuilds. Without a C++ compiler the engine falls back to float weights, and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("qgemm.cpp")
+log = logging.getLogger("zerohop.kernels")
+
+
+class KernelsUnavailable(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "zerohop" / "kernels" / _build_key()
+
+
+def _build_key() -> str:
+    cpu = torch.backends.cpu.get_cpu_capability()
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), cpu.encode(), _cpu_flags()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _cpu_flags() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode()
+
+
+def _compiler_flags() -> list[str]:
+    # -march=native: the library is built and cached on the machine that runs it.
+    return ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only"]
+
+
+@cache
+def load() -> ModuleType:
+    """The compiled kernels module (building it if needed), or KernelsUnavailable."""
+    if sys.platform == "win32":
+        raise KernelsUnavailable("the CPU kernels are built for Linux and macOS only")
+    from torch.utils.cpp_extension import load as load_extension
+
+    _put_ninja_on_path()
+    build_dir = cache_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return load_extension(
+            name="zerohop_qgemm",
+            sources=[str(SOURCE)],
+            extra_cflags=_compiler_flags(),
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError, SystemExit) as exc:
+        raise KernelsUnavailable(f"building the CPU kernels failed: {exc}") from exc
+
+
+def available() -> bool:
+    try:
+        load()
+    except KernelsUnavailable as exc:
+        log.warning("%s; quantized weights will be dequantized to float", exc)
+        return False
+    return True
+
+
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` wheel's binary may not be on it."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    path = os.environ.get("PATH", "")
+    if ninja.BIN_DIR not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, path])

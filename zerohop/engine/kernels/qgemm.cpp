@@ -1,0 +1,196 @@
+// Matrix products straight from block-quantized weights: each block of 32 weights is
+// expanded to float32 in registers and multiplied with float32 activations, for up to four
+// activation rows at a time. Weights are never dequantized in memory, and the activations are
+// not rounded (unlike llama.cpp's 8-bit activations), so results equal a float32 product with
+// the dequantized weights up to summation order.
+//
+//   q8_0: w = d * q,      q int8, one d per block of 32
+//   q4_1: w = d * q + m,  q in 0..15 (two per byte: element j low nibble, j + 16 high), d, m
+//
+// x: [M, K] float32, output [M, N] float32. K is a multiple of 32.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ZH_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kRowTile = 4;  // activation rows sharing one expansion of a weight block
+
+struct Q8Row {
+  const int8_t* q;
+  const float* d;
+};
+
+struct Q4Row {
+  const uint8_t* q;
+  const float* d;
+  const float* m;
+};
+
+#ifdef ZH_AVX2
+using Block = __m256[4];
+
+inline void expand(const Q8Row& row, int64_t b, Block& w) {
+  const int8_t* q = row.q + b * kBlock;
+  const __m256 d = _mm256_set1_ps(row.d[b]);
+  for (int k = 0; k < 4; ++k) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * k));
+    w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), d);
+  }
+}
+
+inline void expand(const Q4Row& row, int64_t b, Block& w) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.q + b * 16));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_and_si128(packed, mask);
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+  const __m256 d = _mm256_set1_ps(row.d[b]), m = _mm256_set1_ps(row.m[b]);
+  const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+  for (int k = 0; k < 4; ++k) {
+    w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), d, m);
+  }
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// ROWS activation rows against one weight row. ACC independent sums per row keep the FMA
+// pipes busy: one row alone needs 4 chains, four rows need 2 each.
+template <int ROWS, int ACC, typename Row>
+void dot_rows(const Row& row, int64_t blocks, const float* x, int64_t cols, float* out) {
+  __m256 acc[ROWS][ACC];
+  for (int r = 0; r < ROWS; ++r)
+    for (int a = 0; a < ACC; ++a) acc[r][a] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    Block w;
+    expand(row, b, w);
+    for (int r = 0; r < ROWS; ++r) {
+      const float* xb = x + r * cols + b * kBlock;
+      for (int k = 0; k < 4; ++k) {
+        acc[r][k % ACC] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), acc[r][k % ACC]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    __m256 total = acc[r][0];
+    for (int a = 1; a < ACC; ++a) total = _mm256_add_ps(total, acc[r][a]);
+    out[r] = horizontal_sum(total);
+  }
+}
+
+template <typename Row>
+void dot_tile(const Row& row, int64_t blocks, const float* x, int64_t cols, int64_t rows,
+              float* out) {
+  switch (rows) {
+    case 4: return dot_rows<4, 2>(row, blocks, x, cols, out);
+    case 3: return dot_rows<3, 2>(row, blocks, x, cols, out);
+    case 2: return dot_rows<2, 4>(row, blocks, x, cols, out);
+    default: return dot_rows<1, 4>(row, blocks, x, cols, out);
+  }
+}
+#else
+inline float weight_at(const Q8Row& row, int64_t i) { return row.d[i / kBlock] * row.q[i]; }
+
+inline float weight_at(const Q4Row& row, int64_t i) {
+  const int64_t b = i / kBlock, j = i % kBlock;
+  const uint8_t byte = row.q[b * 16 + j % 16];
+  const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
+  return row.d[b] * q + row.m[b];
+}
+
+template <typename Row>
+void dot_tile(const Row& row, int64_t blocks, const float* x, int64_t cols, int64_t rows,
+              float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float total = 0.0f;
+    for (int64_t i = 0; i < blocks * kBlock; ++i) total += weight_at(row, i) * x[r * cols + i];
+    out[r] = total;
+  }
+}
+#endif
+
+void check_args(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                int64_t packed_cols) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous float32 matrix");
+  TORCH_CHECK(x.size(1) % kBlock == 0, "the inner dimension must be a multiple of 32");
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.size(1) == packed_cols,
+              "weight blocks do not match the input's inner dimension");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() &&
+                  d.size(0) == qs.size(0) && d.size(1) == x.size(1) / kBlock,
+              "scales must be float32 [N, K / 32]");
+}
+
+// Parallel over weight rows. For each tile of activation rows (kept in L1), every weight row
+// of this thread's share streams past once.
+template <typename RowAt>
+torch::Tensor blocked_product(const torch::Tensor& x, int64_t out_features, RowAt row_at) {
+  const int64_t rows = x.size(0), cols = x.size(1), blocks = cols / kBlock;
+  auto out = torch::empty({rows, out_features}, x.options());
+  const float* x_data = x.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+    float tile[kRowTile];
+    for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
+      const int64_t tile_rows = std::min(kRowTile, rows - row0);
+      for (int64_t n = begin; n < end; ++n) {
+        dot_tile(row_at(n), blocks, x_data + row0 * cols, cols, tile_rows, tile);
+        for (int64_t r = 0; r < tile_rows; ++r) out_data[(row0 + r) * out_features + n] = tile[r];
+      }
+    }
+  });
+  return out;
+}
+
+torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
+  check_args(x, qs, d, x.size(1));
+  TORCH_CHECK(qs.scalar_type() == torch::kInt8, "q8_0 weights must be int8");
+  const int64_t blocks = x.size(1) / kBlock, cols = x.size(1);
+  const int8_t* q = qs.data_ptr<int8_t>();
+  const float* scales = d.data_ptr<float>();
+  return blocked_product(x, qs.size(0), [&](int64_t n) {
+    return Q8Row{q + n * cols, scales + n * blocks};
+  });
+}
+
+torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
+  check_args(x, qs, d, x.size(1) / 2);
+  TORCH_CHECK(qs.scalar_type() == torch::kUInt8, "q4_1 weights must be uint8");
+  TORCH_CHECK(m.sizes() == d.sizes() && m.scalar_type() == torch::kFloat32 && m.is_contiguous(),
+              "q4_1 mins must match the scales");
+  const int64_t blocks = x.size(1) / kBlock, half = x.size(1) / 2;
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const float* scales = d.data_ptr<float>();
+  const float* mins = m.data_ptr<float>();
+  return blocked_product(x, qs.size(0), [&](int64_t n) {
+    return Q4Row{q + n * half, scales + n * blocks, mins + n * blocks};
+  });
+}
+
+bool simd() {
+#ifdef ZH_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("q8_0_linear", &q8_0_linear, "x @ W.T for q8_0 blocks");
+  module.def("q4_1_linear", &q4_1_linear, "x @ W.T for q4_1 blocks");
+  module.def("simd", &simd, "whether the AVX2 paths were compiled in");
+}
