@@ -30,7 +30,7 @@ from typing import Any
 from _common import ROOT, model_path, print_table, set_threads, write_json
 
 CATEGORIES = ("linear", "lm_head", "attention", "norms", "rope", "embedding", "sampling")
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -38,6 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", default=None, help="a .gguf, a folder, `standard` or `tiny`")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the served default)")
     p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--quantization", default="auto", help="auto, q8_0 or none (float32)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=10, help="decode steps measured")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "profile_step.json")
@@ -159,7 +160,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from zerohop import LLM
 
     model = model_path(args.model_dir)
-    llm = LLM(model, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=1.0)
+    llm = LLM(
+        model,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        kv_cache_memory=1.0,
+        quantization=args.quantization,
+    )
     timers = StepTimers()
     timers.install(llm.engine)
     rows = []

@@ -128,6 +128,6 @@ def test_q8_0_mode_quantizes_float_weights(tiny_folder: Path) -> None:
     quantized = engine(tiny_folder, "q8_0")
     layer = quantized.engine.model.layers[0]
     assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight)
-    assert layer.q_proj.__name__ == "<lambda>"  # a kernel product, not a oneDNN one
+    assert layer.qkv_proj.__name__ == "<lambda>"  # a kernel product, not a oneDNN one
     out = quantized.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
     assert len(out[0].token_ids) >= 1

@@ -47,8 +47,11 @@ class LLMEngine:
         if device.type != "cpu" or dtype != torch.float32:
             quantization = "none"  # the quantized kernels are float32 CPU ones
         weights = checkpoint.weights(keep_quantized=quantization != "none")
-        if needs_kernels(weights, quantization) and not kernels.available():
-            quantization = "none"
+        if needs_kernels(weights, quantization):
+            if kernels.available():
+                kernels.load().set_threads(torch.get_num_threads())
+            else:
+                quantization = "none"
         self.model = CausalLM(
             self.model_config,
             weights,

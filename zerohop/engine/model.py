@@ -26,19 +26,19 @@ from zerohop.engine.linear import (
 from zerohop.engine.quant import BLOCK, QuantizedWeight, quantize_q8_0
 from zerohop.engine.rope import RotaryEmbedding, apply_rotary
 
+_Matrix = tuple["torch.Tensor | QuantizedWeight", "torch.Tensor | None"]
+
 
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    q_proj: Linear
-    k_proj: Linear
-    v_proj: Linear
+    qkv_proj: Linear  # q, k and v stacked: one product instead of three
+    qkv_sizes: tuple[int, int, int]
     o_proj: Linear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_proj: Linear
-    up_proj: Linear
+    gate_up_proj: Linear  # gate and up stacked
     down_proj: Linear
 
 
@@ -89,23 +89,39 @@ class CausalLM:
         q_dim, kv_dim = c.num_heads * head, c.num_kv_heads * head
         bias, qk_norm = c.attention_bias, c.qk_norm
 
-        def proj(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> Linear:
+        def matrix(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> _Matrix:
             weight = w.take_matrix(f"{p}{name}.weight", (out_dim, in_dim))
-            return self.linear(weight, w.take(f"{p}{name}.bias", (out_dim,)) if has_bias else None)
+            return weight, w.take(f"{p}{name}.bias", (out_dim,)) if has_bias else None
 
+        qkv = [
+            matrix("self_attn.q_proj", q_dim, hidden, bias),
+            matrix("self_attn.k_proj", kv_dim, hidden, bias),
+            matrix("self_attn.v_proj", kv_dim, hidden, bias),
+        ]
+        gate_up = [matrix("mlp.gate_proj", inter, hidden), matrix("mlp.up_proj", inter, hidden)]
         return LayerWeights(
             input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
-            q_proj=proj("self_attn.q_proj", q_dim, hidden, bias),
-            k_proj=proj("self_attn.k_proj", kv_dim, hidden, bias),
-            v_proj=proj("self_attn.v_proj", kv_dim, hidden, bias),
-            o_proj=proj("self_attn.o_proj", hidden, q_dim),
+            qkv_proj=self.stacked_linear(qkv),
+            qkv_sizes=(q_dim, kv_dim, kv_dim),
+            o_proj=self.linear(*matrix("self_attn.o_proj", hidden, q_dim)),
             q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
             k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
             post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
-            gate_proj=proj("mlp.gate_proj", inter, hidden),
-            up_proj=proj("mlp.up_proj", inter, hidden),
-            down_proj=proj("mlp.down_proj", hidden, inter),
+            gate_up_proj=self.stacked_linear(gate_up),
+            down_proj=self.linear(*matrix("mlp.down_proj", hidden, inter)),
         )
+
+    def stacked_linear(self, parts: list[_Matrix]) -> Linear:
+        """One product for matrices that read the same input: their outputs side by side."""
+        weights = [weight for weight, _ in parts]
+        biases = [bias for _, bias in parts]
+        bias = None if biases[0] is None else torch.cat(biases)
+        if all(isinstance(weight, torch.Tensor) for weight in weights):
+            return self.linear(torch.cat(weights), bias)
+        if len({getattr(weight, "kind", None) for weight in weights}) == 1:
+            return self.linear(QuantizedWeight.concat(weights), bias)
+        linears = [self.linear(weight, b) for weight, b in parts]  # mixed types in one file
+        return lambda x: torch.cat([linear(x) for linear in linears], dim=-1)
 
     def linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> Linear:
         if isinstance(weight, QuantizedWeight):
@@ -134,7 +150,8 @@ class CausalLM:
             normed = rms_norm(hidden, layer.input_norm, eps)
             hidden = hidden + self._attention(layer, normed, rotary, attn, k_cache, v_cache)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            gate = F.silu(layer.gate_proj(normed)) * layer.up_proj(normed)
+            gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
+            gate = F.silu(gate) * up
             hidden = hidden + layer.down_proj(gate)
         last = rms_norm(hidden[logits_rows], self.norm, eps)
         return self.lm_head(last).float()
@@ -150,9 +167,10 @@ class CausalLM:
     ) -> torch.Tensor:
         cfg = self.config
         n = x.shape[0]
-        q = layer.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
-        k = layer.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = layer.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)

@@ -54,6 +54,21 @@ class QuantizedWeight:
             values = nibbles * scales.unsqueeze(-1) + mins.unsqueeze(-1)
         return values.reshape(count, self.shape[1])
 
+    @staticmethod
+    def concat(weights: list[QuantizedWeight]) -> QuantizedWeight:
+        """The matrices stacked along N (same kind and K)."""
+        first = weights[0]
+        assert all(w.kind == first.kind and w.shape[1] == first.shape[1] for w in weights)
+        rows = sum(w.shape[0] for w in weights)
+        mins = None if first.mins is None else torch.cat([w.mins for w in weights])
+        return QuantizedWeight(
+            first.kind,
+            (rows, first.shape[1]),
+            torch.cat([w.qs for w in weights]),
+            torch.cat([w.scales for w in weights]),
+            mins,
+        )
+
     def permute_rows(self, order: torch.Tensor) -> QuantizedWeight:
         pick = lambda t: None if t is None else t.index_select(0, order).contiguous()  # noqa: E731
         return QuantizedWeight(

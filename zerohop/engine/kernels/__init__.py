@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
+HEADERS = (Path(__file__).with_name("spin_pool.h"),)
 log = logging.getLogger("zerohop.kernels")
 
 
@@ -34,7 +35,9 @@ def cache_dir() -> Path:
 
 def _build_key() -> str:
     cpu = torch.backends.cpu.get_cpu_capability()
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), cpu.encode(), _cpu_flags()]
+    sources = [SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS)]
+    parts = [*sources, torch.__version__.encode(), cpu.encode(), _cpu_flags()]
+    parts.append(" ".join(_compiler_flags()).encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 

@@ -10,9 +10,10 @@
 // x: [M, K] float32, output [M, N] float32. K is a multiple of 32.
 
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <cstdint>
+
+#include "spin_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -141,7 +142,7 @@ torch::Tensor blocked_product(const torch::Tensor& x, int64_t out_features, RowA
   auto out = torch::empty({rows, out_features}, x.options());
   const float* x_data = x.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
-  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+  zerohop::SpinPool::instance().run(out_features, [&](int64_t begin, int64_t end) {
     float tile[kRowTile];
     for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
       const int64_t tile_rows = std::min(kRowTile, rows - row0);
@@ -193,4 +194,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q8_0_linear", &q8_0_linear, "x @ W.T for q8_0 blocks");
   module.def("q4_1_linear", &q4_1_linear, "x @ W.T for q4_1 blocks");
   module.def("simd", &simd, "whether the AVX2 paths were compiled in");
+  module.def(
+      "set_threads", [](int threads) { zerohop::SpinPool::instance().resize(threads); },
+      "threads the products run on (the caller's included)");
+  module.def(
+      "threads", [] { return zerohop::SpinPool::instance().threads(); },
+      "threads the products run on");
 }
