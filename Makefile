@@ -30,7 +30,7 @@ install: $(STAMP)
 # PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
 # on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
 # then accepts whichever is installed and never replaces it.
-$(STAMP): pyproject.toml zerohop/engine/kernels/qgemm.cpp zerohop/engine/kernels/spin_pool.h
+$(STAMP): pyproject.toml $(wildcard zerohop/engine/kernels/*.cpp zerohop/engine/kernels/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \

@@ -7,10 +7,13 @@ single batched SDPA call), then each prefill chunk (one SDPA call per chunk).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+DecodeKernel = Callable[..., torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -18,6 +21,7 @@ class DecodeGroup:
     num_seqs: int
     key_slots: torch.Tensor  # [B, L] cache slots of every key, padded
     key_mask: torch.Tensor  # [B, 1, 1, L] True where a key is real
+    context_lens: torch.Tensor  # [B] keys per sequence
 
 
 @dataclass(slots=True)
@@ -43,15 +47,24 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: AttentionBatch,
     scale: float,
+    decode_kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D]."""
+    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D].
+
+    `decode_kernel` (zerohop's C++ one on CPU) reads the decode tokens' keys in place."""
     k_cache.index_copy_(0, batch.slot_mapping, k)
     v_cache.index_copy_(0, batch.slot_mapping, v)
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     if batch.decode is not None:
-        n = batch.decode.num_seqs
-        out[:n] = _decode(q[:n], k_cache, v_cache, batch.decode, scale)
+        n, group = batch.decode.num_seqs, batch.decode
+        if decode_kernel is not None:
+            rows = q[:n].contiguous()
+            out[:n] = decode_kernel(
+                rows, k_cache, v_cache, group.key_slots, group.context_lens, scale
+            )
+        else:
+            out[:n] = _decode(q[:n], k_cache, v_cache, group, scale)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)

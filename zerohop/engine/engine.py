@@ -47,11 +47,10 @@ class LLMEngine:
         if device.type != "cpu" or dtype != torch.float32:
             quantization = "none"  # the quantized kernels are float32 CPU ones
         weights = checkpoint.weights(keep_quantized=quantization != "none")
-        if needs_kernels(weights, quantization):
-            if kernels.available():
-                kernels.load().set_threads(torch.get_num_threads())
-            else:
-                quantization = "none"
+        if needs_kernels(weights, quantization) and not kernels.available():
+            quantization = "none"
+        if device.type == "cpu" and kernels.available():
+            kernels.load().set_threads(torch.get_num_threads())
         self.model = CausalLM(
             self.model_config,
             weights,

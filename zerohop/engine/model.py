@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from zerohop.engine.attention import AttentionBatch, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.kernels import cpu_kernel
 from zerohop.engine.linear import (
     Linear,
     make_onednn_linear,
@@ -81,6 +82,7 @@ class CausalLM:
             config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
         )
         self.scale = config.head_dim**-0.5
+        self.decode_kernel = cpu_kernel("decode_attention", self.device, dtype)
 
     def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:
         c = self.config
@@ -175,7 +177,7 @@ class CausalLM:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = apply_rotary(q, k, *rotary)
-        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale)
+        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.decode_kernel)
         return layer.o_proj(out)
 
 

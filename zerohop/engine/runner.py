@@ -75,7 +75,7 @@ class ModelRunner:
         key_slots = self._key_slots([s.block_table for s in decodes], max_len)
         key_pos = torch.arange(max_len, device=self.device)
         key_mask = (key_pos.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
-        return DecodeGroup(len(decodes), key_slots, key_mask)
+        return DecodeGroup(len(decodes), key_slots, key_mask, context_lens)
 
     def _prefill_chunks(self, chunks: list[ScheduledChunk]) -> list[PrefillChunk]:
         out, row = [], 0

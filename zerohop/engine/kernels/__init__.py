@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,7 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
-HEADERS = (Path(__file__).with_name("spin_pool.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("spin_pool.h", "attention.h"))
 log = logging.getLogger("zerohop.kernels")
 
 
@@ -76,6 +77,13 @@ def load() -> ModuleType:
         )
     except (OSError, RuntimeError, ImportError, SystemExit) as exc:
         raise KernelsUnavailable(f"building the CPU kernels failed: {exc}") from exc
+
+
+def cpu_kernel(name: str, device: torch.device, dtype: torch.dtype) -> Callable | None:
+    """One of the kernels, for float32 on CPU when they are built; else None."""
+    if device.type != "cpu" or dtype != torch.float32 or not available():
+        return None
+    return getattr(load(), name)
 
 
 def available() -> bool:

@@ -1,5 +1,5 @@
 // Matrix products straight from block-quantized weights: each block of 32 weights is
-// expanded to float32 in registers and multiplied with float32 activations, for up to four
+// expanded to float32 in registers and multiplied with float32 activations, for up to eight
 // activation rows at a time. Weights are never dequantized in memory, and the activations are
 // not rounded (unlike llama.cpp's 8-bit activations), so results equal a float32 product with
 // the dequantized weights up to summation order.
@@ -7,12 +7,14 @@
 //   q8_0: w = d * q,      q int8, one d per block of 32
 //   q4_1: w = d * q + m,  q in 0..15 (two per byte: element j low nibble, j + 16 high), d, m
 //
-// x: [M, K] float32, output [M, N] float32. K is a multiple of 32.
+// x: [M, K] float32, output [M, N] float32. K is a multiple of 32. The rows of x go in tiles
+// of up to eight, each tile in L1 while this thread's share of weight rows streams past.
 
 #include <torch/extension.h>
 
 #include <cstdint>
 
+#include "attention.h"
 #include "spin_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -23,7 +25,7 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-constexpr int64_t kRowTile = 4;  // activation rows sharing one expansion of a weight block
+constexpr int64_t kRowTile = 8;  // activation rows sharing one expansion of a weight block
 
 struct Q8Row {
   const int8_t* q;
@@ -34,6 +36,10 @@ struct Q4Row {
   const uint8_t* q;
   const float* d;
   const float* m;
+};
+
+struct F32Row {
+  const float* w;
 };
 
 #ifdef ZH_AVX2
@@ -60,6 +66,10 @@ inline void expand(const Q4Row& row, int64_t b, Block& w) {
   }
 }
 
+inline void expand(const F32Row& row, int64_t b, Block& w) {
+  for (int k = 0; k < 4; ++k) w[k] = _mm256_loadu_ps(row.w + b * kBlock + 8 * k);
+}
+
 inline float horizontal_sum(__m256 v) {
   __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -68,7 +78,7 @@ inline float horizontal_sum(__m256 v) {
 }
 
 // ROWS activation rows against one weight row. ACC independent sums per row keep the FMA
-// pipes busy: one row alone needs 4 chains, four rows need 2 each.
+// pipes busy: one row alone needs 4 chains, four rows 2 each, eight rows one.
 template <int ROWS, int ACC, typename Row>
 void dot_rows(const Row& row, int64_t blocks, const float* x, int64_t cols, float* out) {
   __m256 acc[ROWS][ACC];
@@ -95,6 +105,10 @@ template <typename Row>
 void dot_tile(const Row& row, int64_t blocks, const float* x, int64_t cols, int64_t rows,
               float* out) {
   switch (rows) {
+    case 8: return dot_rows<8, 1>(row, blocks, x, cols, out);
+    case 7: return dot_rows<7, 1>(row, blocks, x, cols, out);
+    case 6: return dot_rows<6, 2>(row, blocks, x, cols, out);
+    case 5: return dot_rows<5, 2>(row, blocks, x, cols, out);
     case 4: return dot_rows<4, 2>(row, blocks, x, cols, out);
     case 3: return dot_rows<3, 2>(row, blocks, x, cols, out);
     case 2: return dot_rows<2, 4>(row, blocks, x, cols, out);
@@ -110,6 +124,8 @@ inline float weight_at(const Q4Row& row, int64_t i) {
   const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
   return row.d[b] * q + row.m[b];
 }
+
+inline float weight_at(const F32Row& row, int64_t i) { return row.w[i]; }
 
 template <typename Row>
 void dot_tile(const Row& row, int64_t blocks, const float* x, int64_t cols, int64_t rows,
@@ -142,10 +158,12 @@ torch::Tensor blocked_product(const torch::Tensor& x, int64_t out_features, RowA
   auto out = torch::empty({rows, out_features}, x.options());
   const float* x_data = x.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
+  // A tile of x stays within L1 (32 KiB): eight rows of up to 768 floats, else four.
+  const int64_t row_tile = cols <= 768 ? kRowTile : kRowTile / 2;
   zerohop::SpinPool::instance().run(out_features, [&](int64_t begin, int64_t end) {
     float tile[kRowTile];
-    for (int64_t row0 = 0; row0 < rows; row0 += kRowTile) {
-      const int64_t tile_rows = std::min(kRowTile, rows - row0);
+    for (int64_t row0 = 0; row0 < rows; row0 += row_tile) {
+      const int64_t tile_rows = std::min(row_tile, rows - row0);
       for (int64_t n = begin; n < end; ++n) {
         dot_tile(row_at(n), blocks, x_data + row0 * cols, cols, tile_rows, tile);
         for (int64_t r = 0; r < tile_rows; ++r) out_data[(row0 + r) * out_features + n] = tile[r];
@@ -180,6 +198,16 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
   });
 }
 
+// The same loop over float32 weights: for decode-sized batches, where torch's GEMM would wake
+// its OpenMP pool for every product.
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(w.scalar_type() == torch::kFloat32, "weights must be float32");
+  check_args(x, w, torch::empty({w.size(0), x.size(1) / kBlock}), x.size(1));
+  const int64_t cols = x.size(1);
+  const float* data = w.data_ptr<float>();
+  return blocked_product(x, w.size(0), [&](int64_t n) { return F32Row{data + n * cols}; });
+}
+
 bool simd() {
 #ifdef ZH_AVX2
   return true;
@@ -193,6 +221,9 @@ bool simd() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q8_0_linear", &q8_0_linear, "x @ W.T for q8_0 blocks");
   module.def("q4_1_linear", &q4_1_linear, "x @ W.T for q4_1 blocks");
+  module.def("f32_linear", &f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
+  module.def("decode_attention", &zerohop::decode_attention,
+             "one query token per sequence over the paged KV cache");
   module.def("simd", &simd, "whether the AVX2 paths were compiled in");
   module.def(
       "set_threads", [](int threads) { zerohop::SpinPool::instance().resize(threads); },

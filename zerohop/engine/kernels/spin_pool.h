@@ -36,7 +36,10 @@ class SpinPool {
   void resize(int threads) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     stop_workers();
-    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+    // Each worker starts from the generation of now: read inside the thread, a task posted
+    // before the thread first ran would count as already seen and never be done.
+    const uint64_t seen = generation_.load(std::memory_order_acquire);
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i, seen] { work(i, seen); });
   }
 
   // fn(begin, end) over [0, n) in threads() contiguous shares; the caller takes share 0.
@@ -76,8 +79,7 @@ class SpinPool {
     if (begin < end) (*task_)(begin, end);
   }
 
-  void work(int share) {
-    uint64_t seen = generation_.load(std::memory_order_acquire);
+  void work(int share, uint64_t seen) {
     while (true) {
       wait_for_task(seen);
       if (stopping_.load(std::memory_order_acquire)) return;
