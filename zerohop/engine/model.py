@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -16,12 +17,15 @@ import torch.nn.functional as F
 from zerohop.engine.attention import AttentionBatch, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.fused import FusedOps, fused_forward
 from zerohop.engine.kernels import cpu_kernel
+from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.linear import (
     Linear,
     make_onednn_linear,
     make_plain_linear,
     make_quantized_linear,
+    make_split_linear,
     onednn_available,
 )
 from zerohop.engine.quant import BLOCK, QuantizedWeight, quantize_q8_0
@@ -67,9 +71,13 @@ class CausalLM:
         self.device = torch.device(device)
         self.quantization = quantization
         weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
+        self.decode_kernel = cpu_kernel("decode_attention", self.device, dtype)
+        self.fused_ops = FusedOps.from_kernels(load_kernels()) if self.decode_kernel else None
         self.float_linear = (
             make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
         )
+        if self.fused_ops is not None and self.float_linear is make_onednn_linear:
+            self.float_linear = partial(make_split_linear, small=load_kernels().f32_linear)
         vocab, hidden = config.vocab_size, config.hidden_size
         self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
@@ -82,7 +90,6 @@ class CausalLM:
             config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
         )
         self.scale = config.head_dim**-0.5
-        self.decode_kernel = cpu_kernel("decode_attention", self.device, dtype)
 
     def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:
         c = self.config
@@ -145,6 +152,10 @@ class CausalLM:
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
+        if self.fused_ops is not None:
+            return fused_forward(
+                self, self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
+            )
         eps = self.config.rms_norm_eps
         hidden = self.embed(input_ids)
         rotary = self.rotary.lookup(positions)

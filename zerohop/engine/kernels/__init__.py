@@ -21,7 +21,9 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("spin_pool.h", "attention.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("spin_pool.h", "attention.h", "pointwise.h")
+)
 log = logging.getLogger("zerohop.kernels")
 
 

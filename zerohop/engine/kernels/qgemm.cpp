@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "attention.h"
+#include "pointwise.h"
 #include "spin_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -224,6 +225,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("f32_linear", &f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
   module.def("decode_attention", &zerohop::decode_attention,
              "one query token per sequence over the paged KV cache");
+  module.def("rms_norm", &zerohop::rms_norm, "RMSNorm, after residual += x when given");
+  module.def("rotate", &zerohop::rotate, "rotary embedding in place (rotate_half layout)");
+  module.def("silu_mul", &zerohop::silu_mul, "silu(gate) * up of a [T, 2I] gate|up matrix");
   module.def("simd", &simd, "whether the AVX2 paths were compiled in");
   module.def(
       "set_threads", [](int threads) { zerohop::SpinPool::instance().resize(threads); },
