@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import zerohop
 from zerohop.engine import kernels
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.checkpoint import open_checkpoint
@@ -51,6 +52,8 @@ class LLMEngine:
             quantization = "none"
         if device.type == "cpu" and kernels.available():
             kernels.load().set_threads(torch.get_num_threads())
+            if not zerohop.OMP_WORKERS_SLEEP:  # torch's spinning workers would starve ours
+                torch.set_num_threads(1)
         self.model = CausalLM(
             self.model_config,
             weights,

@@ -59,7 +59,15 @@ class SpinPool {
     }
     if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
     run_share(0);
-    while (pending_.load(std::memory_order_acquire) > 0) spin_pause();
+    // The workers are normally a few microseconds behind; if one lost its core, let the
+    // scheduler run it here instead of spinning through our time slice.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) > 0; ++spins) {
+      if (spins < 2048) {
+        spin_pause();
+      } else {
+        sched_yield();
+      }
+    }
   }
 
   ~SpinPool() { stop_workers(); }
