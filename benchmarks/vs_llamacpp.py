@@ -3,7 +3,7 @@
 llama.cpp is built once from source: the `llama-cpp-python` sdist (pinned below; it vendors
 llama.cpp under `vendor/llama.cpp`) is fetched with pip into `$XDG_CACHE_HOME/zerohop/llamacpp`
 (default `~/.cache/...`), and only `llama-server` and `llama-quantize` are built (Release,
-GGML_NATIVE, CPU only; ~20 minutes on 2 cores, output in `build-VERSION.log` there). Weights:
+GGML_NATIVE, CPU only; 10-20 minutes on 2 cores, output in `build-VERSION.log` there). Weights:
 the default model's Q4_1 GGUF file, and an F32 GGUF of the same weights made once with
 `llama-quantize --allow-requantize IN OUT F32` into the same cache folder.
 
@@ -18,6 +18,13 @@ llama-server runs with `-np 1` for the first and is restarted with `-np 32` for 
 --threads (default: all cores). The zerohop runs are ZEROHOP_VARIANTS below (label, weights,
 extra `zerohop serve` args); --zerohop-args appends args to every one (e.g. "--quantization
 q8_0"). Each zerohop run is compared with llama.cpp on the same weights file.
+
+Every request opens its own connection (see FreshConnections: llama-server drops a connection
+after each streamed response). Before each run the program waits (--wait-quiet, up to 300 s)
+for the machine to be idle, and it measures the CPU that other processes used during the run:
+the table's last column. On a shared 2-core machine, another job on one core slows llama.cpp at
+2 threads down up to a hundredfold (its thread pool spins at every barrier), zerohop far less:
+trust only rows whose other CPU is near 0, or compare at --threads 1.
 
     .venv/bin/python benchmarks/vs_llamacpp.py [--threads 2] [--weights f32,q4_1]
         [--only llamacpp|zerohop] [--skip-32] [--num-requests 32] [--zerohop-args "..."]
@@ -41,10 +48,15 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import ROOT, TextPrompts, cpu_count, default_model, open_model, print_table, write_json
 
+from zerohop.bench import load
 from zerohop.bench.load import BenchConfig, run_benchmark
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp is built
 WEIGHTS = ("f32", "q4_1")
@@ -52,6 +64,7 @@ WEIGHTS = ("f32", "q4_1")
 ZEROHOP_VARIANTS: list[tuple[str, str, list[str]]] = [
     ("zerohop", "f32", []),
     ("zerohop", "q4_1", []),
+    # ("zerohop q8_0", "f32", ["--quantization", "q8_0"]),
 ]
 CMAKE_OPTIONS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF",
@@ -71,6 +84,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=32, help="requests of the 32-stream run")
     p.add_argument("--streams", type=int, default=32, help="concurrency of the many-stream run")
     p.add_argument("--skip-32", action="store_true", help="skip the many-stream run")
+    p.add_argument(
+        "--wait-quiet", type=float, default=300.0, help="before each run, wait up to this many "
+        "seconds for the machine to be idle (0: do not wait)",
+    )  # fmt: skip
     p.add_argument("--zerohop-args", default="", help="appended to every `zerohop serve`")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "vs_llamacpp.json")
     args = p.parse_args(argv)
@@ -102,7 +119,7 @@ def build_llamacpp(cache: Path, jobs: int) -> Path:
         with tarfile.open(cache / f"{source.name}.tar.gz") as tar:
             tar.extractall(cache, filter="data")
     log = cache / f"build-{LLAMA_CPP_PYTHON}.log"
-    print(f"building llama.cpp (~20 min on 2 cores), log: {log}", flush=True)
+    print(f"building llama.cpp (10-20 min on 2 cores), log: {log}", flush=True)
     configure = ["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(bin_dir.parent)]
     configure += ["-G", "Ninja", *CMAKE_OPTIONS]
     build = ["cmake", "--build", str(bin_dir.parent), "--config", "Release", "-j", str(jobs)]
@@ -117,9 +134,11 @@ def f32_model(bin_dir: Path, q4_1: Path, cache: Path) -> Path:
     """An F32 GGUF of the default model's weights, made once with llama-quantize."""
     out = cache / q4_1.name.replace(".Q4_1.", ".F32.")
     if not out.is_file():
-        tmp = out.with_suffix(".partial")
+        tmp, log = out.with_suffix(".partial"), out.with_suffix(".log")
         cmd = [str(bin_dir / "llama-quantize"), "--allow-requantize", str(q4_1), str(tmp), "F32"]
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+        print(f"making {out.name} with llama-quantize, log: {log}", flush=True)
+        with log.open("w") as f:
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True)
         tmp.rename(out)
     return out
 
@@ -183,6 +202,55 @@ class Server:
                 self.process.wait()
 
 
+class CpuMeter:
+    """CPU used over a run, in cores: the server (with its child processes), this load client,
+    and all the rest of the machine (another job on a shared machine: how noisy the run is)."""
+
+    def __init__(self, server_pid: int) -> None:
+        children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+        self.pids = [server_pid, *map(int, children)]
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, float, float, float]:
+        server = sum(process_ticks(pid) for pid in self.pids)
+        return time.perf_counter(), machine_ticks(), server, process_ticks(os.getpid())
+
+    def stop(self) -> dict[str, float]:
+        wall, machine, server, client = (
+            b - a for a, b in zip(self.start, self._now(), strict=True)
+        )
+        cores = os.sysconf("SC_CLK_TCK") * wall
+        other = machine - server - client
+        return {"server": server / cores, "client": client / cores, "other": other / cores}
+
+
+def machine_ticks() -> int:
+    """Busy clock ticks of all CPUs (all but idle and iowait) since boot."""
+    stat = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    return sum(int(v) for i, v in enumerate(stat) if i not in (3, 4))
+
+
+def wait_quiet(max_wait: float, window: float = 3.0, busy: float = 0.2) -> None:
+    """Wait up to `max_wait` s for a `window` in which the machine used under `busy` cores
+    (the server is idle then): on a shared 2-core machine, one core busy with another job
+    slows llama.cpp's spinning thread pool down up to a hundredfold at 2 threads."""
+    start = time.monotonic()
+    while max_wait > 0:
+        before = machine_ticks()
+        time.sleep(window)
+        used = (machine_ticks() - before) / os.sysconf("SC_CLK_TCK") / window
+        if used < busy:
+            return
+        if time.monotonic() - start > max_wait:
+            print(f"  ! still {used:.2f} cores busy after {max_wait:.0f}s of waiting: going on")
+            return
+
+
+def process_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -205,27 +273,47 @@ def prompt_source(model: Path) -> Callable[[BenchConfig, int, str], list[list[in
     return make
 
 
-def load(args: argparse.Namespace, url: str, concurrency: int, requests: int) -> dict:
+class FreshConnections(load.LoadClient):
+    """The load client asking for `Connection: close`: llama-server announces keep-alive but
+    closes the connection after every streamed response (its chunked-content provider returns
+    false after `done()`, which cpp-httplib takes as an error), and aiohttp then writes the next
+    request onto the closed socket ("Can not write request body"). Both servers get it, so each
+    request opens its own connection (~0.1 ms on loopback), whichever server it goes to."""
+
+    def __init__(self, cfg: BenchConfig, session: ClientSession) -> None:
+        super().__init__(cfg, session)
+        self.headers["connection"] = "close"
+
+
+load.LoadClient = FreshConnections  # what `run_benchmark` instantiates
+
+
+def workload(args: argparse.Namespace, server: Server, concurrency: int, requests: int) -> dict:
     cfg = BenchConfig(
-        url=url, concurrency=concurrency, input_tokens=args.input_tokens,
+        url=server.url, concurrency=concurrency, input_tokens=args.input_tokens,
         output_tokens=args.output_tokens, num_requests=requests, seed=concurrency,
         prompt_source=args.prompt_source,
     )  # fmt: skip
+    wait_quiet(args.wait_quiet)
+    meter = CpuMeter(server.process.pid)
     summary = run_benchmark(cfg)["summary"]
+    summary["cpu_cores"] = cpu = meter.stop()
+    if cpu["other"] > 0.25:
+        print(f"  ! other processes used {cpu['other']:.2f} cores during the run: noisy figures")
     if failed := [k for k, ok in summary["checks"].items() if not ok]:
         print(f"  ! checks not met: {', '.join(failed)}; errors: {summary['errors']}")
     return summary
 
 
-def one_stream(args: argparse.Namespace, url: str) -> dict:
-    s = load(args, url, 1, args.one_stream_requests)
+def one_stream(args: argparse.Namespace, server: Server) -> dict:
+    s = workload(args, server, 1, args.one_stream_requests)
     ttft, tpot = s["ttft_ms"]["p50"], s["tpot_ms"]["p50"]
     print(f"  1 stream: TTFT p50 {ttft:.1f} ms, TPOT p50 {tpot:.2f} ms", flush=True)
     return s
 
 
-def many_streams(args: argparse.Namespace, url: str) -> dict:
-    s = load(args, url, args.streams, args.num_requests)
+def many_streams(args: argparse.Namespace, server: Server) -> dict:
+    s = workload(args, server, args.streams, args.num_requests)
     print(f"  {args.streams} streams: {s['output_throughput']:.1f} output tok/s", flush=True)
     return s
 
@@ -236,12 +324,12 @@ def run_llamacpp(args: argparse.Namespace, bin_dir: Path, weights: str, model: P
     log = args.out.parent / f"vs_llamacpp-llamacpp-{weights}-np1.log"
     with Server(llamacpp_cmd(bin_dir, model, args, 1), "/health", log) as server:
         runs["cmd"] = server.cmd
-        runs["one_stream"] = one_stream(args, server.url)
+        runs["one_stream"] = one_stream(args, server)
     if not args.skip_32:
         log = log.with_name(log.name.replace("-np1", f"-np{args.streams}"))
         cmd = llamacpp_cmd(bin_dir, model, args, args.streams)
         with Server(cmd, "/health", log) as server:
-            runs["many_streams"] = many_streams(args, server.url)
+            runs["many_streams"] = many_streams(args, server)
     return runs
 
 
@@ -253,9 +341,9 @@ def run_zerohop(
     log = args.out.parent / f"vs_llamacpp-{label.replace(' ', '_')}-{weights}.log"
     with Server(zerohop_cmd(model, args, extra), "/ready", log) as server:
         runs["cmd"] = server.cmd
-        runs["one_stream"] = one_stream(args, server.url)
+        runs["one_stream"] = one_stream(args, server)
         if not args.skip_32:
-            runs["many_streams"] = many_streams(args, server.url)
+            runs["many_streams"] = many_streams(args, server)
     return runs
 
 
@@ -268,6 +356,11 @@ def figures(run: dict) -> tuple[float | None, float | None, float | None]:
     ttft = (one["ttft_ms"] or {}).get("p50") if one else None
     tpot = (one["tpot_ms"] or {}).get("p50") if one else None
     return ttft, tpot, many["output_throughput"] if many else None
+
+
+def other_cores(run: dict) -> float:
+    loads = (run.get(k) for k in ("one_stream", "many_streams"))
+    return max(s["cpu_cores"]["other"] for s in loads if s)
 
 
 def ratios(runs: list[dict]) -> list[dict]:
@@ -287,16 +380,17 @@ def print_report(runs: list[dict], ratio_rows: list[dict], args: argparse.Namesp
     print(f"\n== {args.input_tokens} prompt -> {args.output_tokens} output tokens, "
           f"{args.threads} threads")  # fmt: skip
     headers = ["server", "weights", "TTFT p50 ms (1)", "TPOT p50 ms (1)", f"tok/s ({args.streams})"]
-    rows = [[r["label"], r["weights"], *figures(r)] for r in runs]
-    rows += [
-        [f"{r['label']} / llama.cpp", r["weights"], r["ttft_p50"], r["tpot_p50"], r["output_tok_s"]]
-        for r in ratio_rows
-    ]
-    print_table(headers, rows)
+    rows = [[r["label"], r["weights"], *figures(r), other_cores(r)] for r in runs]
+    for r in ratio_rows:
+        figs = (r["ttft_p50"], r["tpot_p50"], r["output_tok_s"])
+        rows.append([f"{r['label']} / llama.cpp", r["weights"], *figs, None])
+    print_table([*headers, "other CPU (cores)"], rows)
+    print("other CPU: the most that other processes used during either run (noise)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running server too
     q4_1 = default_model()
     args.prompt_source = prompt_source(q4_1)
     cache = cache_root()
@@ -319,7 +413,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 if w == weights:
                     runs.append(run_zerohop(args, label, weights, models[weights], extra))
     ratio_rows = ratios(runs)
-    print_report(runs, ratio_rows, args)
     report = {
         "llama_cpp_python": LLAMA_CPP_PYTHON,
         "llamacpp_bin": str(bin_dir) if bin_dir else None,
@@ -334,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "ratios_zerohop_over_llamacpp": ratio_rows,
     }  # fmt: skip
     write_json(args.out, report)
+    print_report(runs, ratio_rows, args)
     print(f"\nwrote {args.out}")
     return report
 
