@@ -99,12 +99,14 @@ class _FunctionalWithTimedEmbedding:
         return getattr(self._functional, name)
 
 
-def measure_batch(llm: Any, timers: StepTimers, batch: int, args: argparse.Namespace) -> list[dict]:
+def measure_batch(
+    llm: Any, timers: StepTimers, batch: int, args: argparse.Namespace, seed: int
+) -> list[dict]:
     from zerohop import SamplingParams
 
     engine = llm.engine
     vocab = engine.model_config.vocab_size
-    rng = random.Random(batch)
+    rng = random.Random(seed)  # new prompts each pass: no prefix-cache hits in the prefill
     params = SamplingParams(temperature=0, max_tokens=args.decode_steps + 4, ignore_eos=True)
     for i in range(batch):
         prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]
@@ -179,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     timers.install(llm.engine)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        measure_batch(llm, timers, batch, args)  # warm this batch shape up once
-        rows += measure_batch(llm, timers, batch, args)
+        measure_batch(llm, timers, batch, args, seed=2 * batch)  # warm this shape up once
+        rows += measure_batch(llm, timers, batch, args, seed=2 * batch + 1)
     table = summarize(rows)
     print(f"model {model}, {args.threads} threads; median step of each kind, ms (% of the step)")
     headers = list(table[0])
