@@ -69,6 +69,8 @@ def load() -> ModuleType:
     _put_ninja_on_path()
     build_dir = cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("*.so")):
+        log.warning("building zerohop's CPU kernels into %s (once, ~30 s)", build_dir)
     try:
         return load_extension(
             name="zerohop_qgemm",
@@ -88,11 +90,16 @@ def cpu_kernel(name: str, device: torch.device, dtype: torch.dtype) -> Callable 
     return getattr(load(), name)
 
 
+@cache  # one build attempt, and one warning, per process
 def available() -> bool:
     try:
         load()
     except KernelsUnavailable as exc:
-        log.warning("%s; quantized weights will be dequantized to float", exc)
+        log.warning(
+            "%s (a C++ compiler is needed: `c++`, or the one $CXX names); zerohop computes with"
+            " float32 torch ops instead, quantized weights dequantized",
+            exc,
+        )
         return False
     return True
 
