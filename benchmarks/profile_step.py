@@ -77,12 +77,9 @@ class StepTimers:
         model_module.F = _FunctionalWithTimedEmbedding(self)
         model.embed = self.wrap("embedding", model.embed)
         if model.fused_ops is not None:  # the CPU kernels' fused forward pass
-            import zerohop.engine.fused as fused_module
-
             ops = model.fused_ops
             ops.rms_norm = self.wrap("norms", ops.rms_norm)
             ops.rotate = self.wrap("rope", ops.rotate)
-            fused_module.paged_attention = self.wrap("attention", fused_module.paged_attention)
         engine.sampler = self.wrap("sampling", engine.sampler)
 
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerohop.engine.attention import AttentionBatch, paged_attention
+from zerohop.engine.attention import AttentionBatch
 
 if TYPE_CHECKING:
-    from zerohop.engine.model import CausalLM, LayerWeights
+    from zerohop.engine.model import CausalLM
 
 
 @dataclass(slots=True)
@@ -42,9 +42,15 @@ def fused_forward(
     cos = model.rotary.cos.index_select(0, positions)
     sin = model.rotary.sin.index_select(0, positions)
     layers = model.layers
+
+    def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ops.rotate(q, cos, sin)  # in place: q and k are fresh views of this layer's qkv
+        ops.rotate(k, cos, sin)
+        return q, k
+
     normed = ops.rms_norm(hidden, layers[0].input_norm, eps, None)
     for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
-        attended = _attention(model, ops, layer, normed, cos, sin, attn, k_cache, v_cache)
+        attended = model.attention(layer, normed, rope, attn, k_cache, v_cache)
         normed = ops.rms_norm(attended, layer.post_norm, eps, hidden)  # hidden += attended
         mlp = layer.down_proj(ops.silu_mul(layer.gate_up_proj(normed)))
         if i + 1 < len(layers):
@@ -53,31 +59,3 @@ def fused_forward(
             hidden += mlp
     last = ops.rms_norm(hidden.index_select(0, logits_rows), model.norm, eps, None)
     return model.lm_head(last)
-
-
-def _attention(
-    model: CausalLM,
-    ops: FusedOps,
-    layer: LayerWeights,
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    attn: AttentionBatch,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-) -> torch.Tensor:
-    from zerohop.engine.model import rms_norm
-
-    cfg = model.config
-    n = x.shape[0]
-    q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
-    q = q.view(n, cfg.num_heads, cfg.head_dim)
-    k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
-    v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-    if layer.q_norm is not None:
-        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-    ops.rotate(q, cos, sin)
-    ops.rotate(k, cos, sin)
-    out = paged_attention(q, k, v, k_cache, v_cache, attn, model.scale, model.decode_kernel)
-    return layer.o_proj(out)

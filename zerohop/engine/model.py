@@ -31,6 +31,7 @@ from zerohop.engine.linear import (
 from zerohop.engine.quant import BLOCK, QuantizedWeight, quantize_q8_0
 from zerohop.engine.rope import RotaryEmbedding, apply_rotary
 
+Rope = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 _Matrix = tuple["torch.Tensor | QuantizedWeight", "torch.Tensor | None"]
 
 
@@ -159,9 +160,13 @@ class CausalLM:
         eps = self.config.rms_norm_eps
         hidden = self.embed(input_ids)
         rotary = self.rotary.lookup(positions)
+
+        def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return apply_rotary(q, k, *rotary)
+
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             normed = rms_norm(hidden, layer.input_norm, eps)
-            hidden = hidden + self._attention(layer, normed, rotary, attn, k_cache, v_cache)
+            hidden = hidden + self.attention(layer, normed, rope, attn, k_cache, v_cache)
             normed = rms_norm(hidden, layer.post_norm, eps)
             gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
             gate = F.silu(gate) * up
@@ -169,15 +174,16 @@ class CausalLM:
         last = rms_norm(hidden[logits_rows], self.norm, eps)
         return self.lm_head(last).float()
 
-    def _attention(
+    def attention(
         self,
         layer: LayerWeights,
         x: torch.Tensor,
-        rotary: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope,
         attn: AttentionBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
+        """One layer's attention block; `rope(q, k)` returns q and k rotated."""
         cfg = self.config
         n = x.shape[0]
         q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
@@ -187,7 +193,7 @@ class CausalLM:
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        q, k = apply_rotary(q, k, *rotary)
+        q, k = rope(q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.decode_kernel)
         return layer.o_proj(out)
 
