@@ -174,6 +174,8 @@ def run_offline(args: argparse.Namespace, model: Path, threads: int, vocab: int)
 class Server:
     """`zerohop serve` on a free port, with the offline engine's options."""
 
+    ready_path = "/ready"  # answers 200 once the server can take requests
+
     def __init__(self, args: argparse.Namespace, model: Path, threads: int, log: Path):
         self.port = free_port()
         self.log = log
@@ -199,7 +201,7 @@ class Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited early; log: {self.log}")
             try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=1.0) as r:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=1.0) as r:
                     if r.status == 200:
                         return
             except OSError:

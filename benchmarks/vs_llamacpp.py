@@ -37,20 +37,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _common import ROOT, TextPrompts, cpu_count, default_model, open_model, print_table, write_json
+from _common import ROOT, cpu_count, default_model, print_table, write_json
+from serve import Server, free_port, prompt_maker
 
 from zerohop.bench import load
 from zerohop.bench.load import BenchConfig, run_benchmark
@@ -160,7 +158,7 @@ def zerohop_cmd(model: Path, args: argparse.Namespace, extra: list[str]) -> list
     return cmd + extra + shlex.split(args.zerohop_args)
 
 
-class Server:
+class CommandServer(Server):
     """A server command on 127.0.0.1 and a free port, logging to `log`, ready once
     GET `ready_path` answers 200; use as a context manager."""
 
@@ -168,38 +166,18 @@ class Server:
         self.port = free_port()
         self.cmd = [*cmd, "--host", "127.0.0.1", "--port", str(self.port)]
         self.ready_path, self.log = ready_path, log
-        self.url = f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> CommandServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
+        start = time.monotonic()
         self.wait_ready()
+        print(f"  ready in {time.monotonic() - start:.1f}s: {shlex.join(self.cmd)}")
         return self
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early; log: {self.log}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=1.0) as r:
-                    if r.status == 200:
-                        print(f"  ready in {time.monotonic() - start:.1f}s: {shlex.join(self.cmd)}")
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready after {timeout}s; log: {self.log}")
-
     def __exit__(self, *exc: object) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.stop()
 
 
 class CpuMeter:
@@ -251,26 +229,7 @@ def process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- workloads ------------------------------------------------------------------------------------
-
-
-def prompt_source(model: Path) -> Callable[[BenchConfig, int, str], list[list[int]]]:
-    """A `BenchConfig.prompt_source`: text in the model's own tokens, the same for every server."""
-    _, tokenizer = open_model(model)
-    text = TextPrompts.for_tokenizer(tokenizer)
-
-    def make(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
-        """an English passage cut to length, in the model's own tokens"""
-        rng = random.Random(f"{cfg.seed}-{salt}")
-        return [text.prompt(rng, cfg.input_tokens) for _ in range(n)]
-
-    return make
 
 
 class FreshConnections(load.LoadClient):
@@ -288,7 +247,9 @@ class FreshConnections(load.LoadClient):
 load.LoadClient = FreshConnections  # what `run_benchmark` instantiates
 
 
-def workload(args: argparse.Namespace, server: Server, concurrency: int, requests: int) -> dict:
+def workload(
+    args: argparse.Namespace, server: CommandServer, concurrency: int, requests: int
+) -> dict:
     cfg = BenchConfig(
         url=server.url, concurrency=concurrency, input_tokens=args.input_tokens,
         output_tokens=args.output_tokens, num_requests=requests, seed=concurrency,
@@ -305,14 +266,14 @@ def workload(args: argparse.Namespace, server: Server, concurrency: int, request
     return summary
 
 
-def one_stream(args: argparse.Namespace, server: Server) -> dict:
+def one_stream(args: argparse.Namespace, server: CommandServer) -> dict:
     s = workload(args, server, 1, args.one_stream_requests)
     ttft, tpot = s["ttft_ms"]["p50"], s["tpot_ms"]["p50"]
     print(f"  1 stream: TTFT p50 {ttft:.1f} ms, TPOT p50 {tpot:.2f} ms", flush=True)
     return s
 
 
-def many_streams(args: argparse.Namespace, server: Server) -> dict:
+def many_streams(args: argparse.Namespace, server: CommandServer) -> dict:
     s = workload(args, server, args.streams, args.num_requests)
     print(f"  {args.streams} streams: {s['output_throughput']:.1f} output tok/s", flush=True)
     return s
@@ -322,13 +283,13 @@ def run_llamacpp(args: argparse.Namespace, bin_dir: Path, weights: str, model: P
     print(f"\n== llama.cpp, {weights}", flush=True)
     runs: dict = {"server": "llama.cpp", "label": "llama.cpp", "weights": weights}
     log = args.out.parent / f"vs_llamacpp-llamacpp-{weights}-np1.log"
-    with Server(llamacpp_cmd(bin_dir, model, args, 1), "/health", log) as server:
+    with CommandServer(llamacpp_cmd(bin_dir, model, args, 1), "/health", log) as server:
         runs["cmd"] = server.cmd
         runs["one_stream"] = one_stream(args, server)
     if not args.skip_32:
         log = log.with_name(log.name.replace("-np1", f"-np{args.streams}"))
         cmd = llamacpp_cmd(bin_dir, model, args, args.streams)
-        with Server(cmd, "/health", log) as server:
+        with CommandServer(cmd, "/health", log) as server:
             runs["many_streams"] = many_streams(args, server)
     return runs
 
@@ -339,7 +300,7 @@ def run_zerohop(
     print(f"\n== {label}, {weights}", flush=True)
     runs: dict = {"server": "zerohop", "label": label, "weights": weights}
     log = args.out.parent / f"vs_llamacpp-{label.replace(' ', '_')}-{weights}.log"
-    with Server(zerohop_cmd(model, args, extra), "/ready", log) as server:
+    with CommandServer(zerohop_cmd(model, args, extra), "/ready", log) as server:
         runs["cmd"] = server.cmd
         runs["one_stream"] = one_stream(args, server)
         if not args.skip_32:
@@ -392,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running server too
     q4_1 = default_model()
-    args.prompt_source = prompt_source(q4_1)
+    args.prompt_source, _ = prompt_maker(q4_1)  # the same text prompts for every server
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
     f32_cached = cache / q4_1.name.replace(".Q4_1.", ".F32.")
