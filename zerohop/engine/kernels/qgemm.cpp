@@ -139,13 +139,18 @@ void dot_tile(const Row& row, int64_t blocks, const float* x, int64_t cols, int6
 }
 #endif
 
-void check_args(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
-                int64_t packed_cols) {
+// x [M, K] against weight rows of `packed_cols` elements each (K, or K / 2 for nibbles).
+void check_rows(const torch::Tensor& x, const torch::Tensor& qs, int64_t packed_cols) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
   TORCH_CHECK(x.size(1) % kBlock == 0, "the inner dimension must be a multiple of 32");
   TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.size(1) == packed_cols,
               "weight blocks do not match the input's inner dimension");
+}
+
+void check_args(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
+                int64_t packed_cols) {
+  check_rows(x, qs, packed_cols);
   TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() &&
                   d.size(0) == qs.size(0) && d.size(1) == x.size(1) / kBlock,
               "scales must be float32 [N, K / 32]");
@@ -203,7 +208,7 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 // its OpenMP pool for every product.
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(w.scalar_type() == torch::kFloat32, "weights must be float32");
-  check_args(x, w, torch::empty({w.size(0), x.size(1) / kBlock}), x.size(1));
+  check_rows(x, w, x.size(1));
   const int64_t cols = x.size(1);
   const float* data = w.data_ptr<float>();
   return blocked_product(x, w.size(0), [&](int64_t n) { return F32Row{data + n * cols}; });
