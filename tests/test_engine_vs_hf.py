@@ -17,6 +17,7 @@ import pytest
 from tests.fixtures import Collected, drive_engine
 from tests.fixtures.tiny_models import ARCH_NAMES, BOS_ID, VOCAB_SIZE, hf_greedy
 from zerohop import LLM, SamplingParams
+from zerohop.engine import kernels
 
 BLOCK_SIZE = 16
 MAX_NEW = 10
@@ -66,6 +67,20 @@ def test_single_requests(arch: str, model_dir: Path) -> None:
         assert out.prompt_token_ids == prompt
         assert out.finish_reason == "length" and len(out.token_ids) == MAX_NEW
         assert_matches_hf(model_dir, prompt, out.token_ids, f"length {length}")
+
+
+def test_without_the_cpu_kernels(
+    arch: str, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch-ops path (CUDA, or no C++ compiler): SDPA decode with the key mask."""
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    llm = make_llm(model_dir)
+    assert llm.engine.model.fused_ops is None and llm.engine.model.decode_kernel is None
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, length) for length in (3, 17, 30)]
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy()), strict=True):
+        assert len(out.token_ids) == MAX_NEW
+        assert_matches_hf(model_dir, prompt, out.token_ids, f"length {len(prompt)}")
 
 
 def test_text_prompt_and_one_batch(arch: str, model_dir: Path) -> None:

@@ -20,7 +20,7 @@ DecodeKernel = Callable[..., torch.Tensor]
 class DecodeGroup:
     num_seqs: int
     key_slots: torch.Tensor  # [B, L] cache slots of every key, padded
-    key_mask: torch.Tensor  # [B, 1, 1, L] True where a key is real
+    key_mask: torch.Tensor | None  # [B, 1, 1, L] True where a key is real (SDPA path only)
     context_lens: torch.Tensor  # [B] keys per sequence
 
 
@@ -74,6 +74,7 @@ def paged_attention(
 def _decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
+    assert group.key_mask is not None, "the SDPA path needs the key mask"
     batch, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     # Query heads sharing a KV head become that head's "query rows": no KV repeat needed.
