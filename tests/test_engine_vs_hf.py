@@ -75,7 +75,7 @@ def test_without_the_cpu_kernels(
     """The torch-ops path (CUDA, or no C++ compiler): SDPA decode with the key mask."""
     monkeypatch.setattr(kernels, "available", lambda: False)
     llm = make_llm(model_dir)
-    assert llm.engine.model.fused_ops is None and llm.engine.model.decode_kernel is None
+    assert llm.engine.model.fused_ops is None and llm.engine.model.cache_kernels is None
     rng = random.Random(5)
     prompts = [random_prompt(rng, length) for length in (3, 17, 30)]
     for prompt, out in zip(prompts, llm.generate(prompts, greedy()), strict=True):

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-DecodeKernel = Callable[..., torch.Tensor]
+
+@dataclass(slots=True, frozen=True)
+class CacheKernels:
+    """zerohop's C++ cache operations (CPU): `write_kv(k, v, k_cache, v_cache, slots)`, and
+    `decode_attention(q, k_cache, v_cache, key_slots, context_lens, scale, out)`, which reads
+    keys and values in place from their slots."""
+
+    write_kv: Callable[..., None]
+    decode_attention: Callable[..., None]
 
 
 @dataclass(slots=True)
@@ -47,21 +55,21 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: AttentionBatch,
     scale: float,
-    decode_kernel: DecodeKernel | None = None,
+    kernels: CacheKernels | None = None,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D].
-
-    `decode_kernel` (zerohop's C++ one on CPU) reads the decode tokens' keys in place."""
-    k_cache.index_copy_(0, batch.slot_mapping, k)
-    v_cache.index_copy_(0, batch.slot_mapping, v)
+    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D]."""
+    if kernels is not None:
+        kernels.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+    else:
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
     num_tokens, num_heads, head_dim = q.shape
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     if batch.decode is not None:
         n, group = batch.decode.num_seqs, batch.decode
-        if decode_kernel is not None:
-            rows = q[:n].contiguous()
-            out[:n] = decode_kernel(
-                rows, k_cache, v_cache, group.key_slots, group.context_lens, scale
+        if kernels is not None:
+            kernels.decode_attention(
+                q[:n], k_cache, v_cache, group.key_slots, group.context_lens, scale, out[:n]
             )
         else:
             out[:n] = _decode(q[:n], k_cache, v_cache, group, scale)

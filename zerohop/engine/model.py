@@ -14,7 +14,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from zerohop.engine.attention import AttentionBatch, paged_attention
+from zerohop.engine.attention import AttentionBatch, CacheKernels, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.fused import FusedOps, fused_forward
@@ -72,8 +72,11 @@ class CausalLM:
         self.device = torch.device(device)
         self.quantization = quantization
         weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
-        self.decode_kernel = cpu_kernel("decode_attention", self.device, dtype)
-        self.fused_ops = FusedOps.from_kernels(load_kernels()) if self.decode_kernel else None
+        kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
+        self.cache_kernels = (
+            CacheKernels(kernels.write_kv, kernels.decode_attention) if kernels else None
+        )
+        self.fused_ops = FusedOps.from_kernels(kernels) if kernels else None
         self.float_linear = (
             make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
         )
@@ -194,7 +197,7 @@ class CausalLM:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = rope(q, k)
-        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.decode_kernel)
+        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.cache_kernels)
         return layer.o_proj(out)
 
 

@@ -74,7 +74,7 @@ class ModelRunner:
         max_len = max(s.num_computed_tokens + 1 for s in decodes)
         key_slots = self._key_slots([s.block_table for s in decodes], max_len)
         key_mask = None  # the decode kernel reads context_lens; SDPA needs the mask
-        if self.model.decode_kernel is None:
+        if self.model.cache_kernels is None:
             key_pos = torch.arange(max_len, device=self.device)
             key_mask = (key_pos.unsqueeze(0) < context_lens.unsqueeze(1)).view(
                 len(decodes), 1, 1, -1

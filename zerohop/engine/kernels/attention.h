@@ -1,18 +1,59 @@
-// Decode attention over the paged KV cache: one query token per sequence, its keys and values
-// read in place from the cache slots (no gathered copy), parallel over (sequence, KV head).
+// The paged KV cache's two CPU operations: writing new tokens' keys and values into their
+// slots, and decode attention (one query token per sequence) reading keys and values in place
+// from the slots, with no gathered copy. Parallel over (sequence, query head) pairs, so even
+// one sequence uses every thread.
 #pragma once
 
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "spin_pool.h"
+#include "vec_math.h"
 
 namespace zerohop {
+
+// [T, heads, D] with each token's heads contiguous; tokens may be strided (views of qkv).
+inline void check_heads(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.scalar_type() == torch::kFloat32 && t.stride(2) == 1 &&
+                  t.stride(1) == t.size(2),
+              name, " must be float32 [T, heads, D] with each token's heads contiguous");
+}
+
+inline void check_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
+                  k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == torch::kFloat32 &&
+                  v_cache.scalar_type() == torch::kFloat32,
+              "k/v caches must be contiguous float32 [slots, Hkv, D] tensors");
+}
+
+// k_cache[slots[t]] = k[t], v_cache[slots[t]] = v[t].
+inline void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache,
+                     torch::Tensor v_cache, torch::Tensor slots) {
+  check_heads(k, "k");
+  check_heads(v, "v");
+  check_cache(k_cache, v_cache);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(1) == k_cache.size(1) &&
+                  k.size(2) == k_cache.size(2),
+              "k and v must match the cache's [Hkv, D]");
+  TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.is_contiguous() &&
+                  slots.numel() == k.size(0),
+              "slots must be int64 [T]");
+  const int64_t tokens = k.size(0), width = k.size(1) * k.size(2), num_slots = k_cache.size(0);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float *kd = k.data_ptr<float>(), *vd = v.data_ptr<float>();
+  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "cache slot out of range");
+    std::memcpy(kc + slot[t] * width, kd + t * k.stride(0), width * sizeof(float));
+    std::memcpy(vc + slot[t] * width, vd + t * v.stride(0), width * sizeof(float));
+  }
+}
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float total = 0.0f;
@@ -20,61 +61,62 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
-// q: [B, H, D]; k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L] int64 (padded);
-// context_lens: [B] int64 (<= L). Returns [B, H, D].
-inline torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                      torch::Tensor key_slots, torch::Tensor context_lens,
-                                      double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == torch::kFloat32,
-              "q must be a contiguous float32 [B, H, D] tensor");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
-                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == q.size(2),
-              "k/v caches must be contiguous [slots, Hkv, D] tensors");
+// One query head of one sequence: out = softmax(scale * q K^T) V over `len` cached keys.
+// `scores` has room for len floats.
+inline void attend(const float* q, const float* keys, const float* values, const int64_t* slots,
+                   int64_t len, int64_t slot_stride, int64_t dim, float scale, float* scores,
+                   float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < len; ++t) {
+    scores[t] = dot(q, keys + slots[t] * slot_stride, dim) * scale;
+    top = std::max(top, scores[t]);
+  }
+  const float total = len ? exp_shifted(scores, len, top) : 0.0f;
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  std::fill(out, out + dim, 0.0f);
+  for (int64_t t = 0; t < len; ++t) {
+    const float* value = values + slots[t] * slot_stride;
+    const float p = scores[t] * inv;
+    for (int64_t i = 0; i < dim; ++i) out[i] += p * value[i];
+  }
+}
+
+// q: [B, H, D] (tokens may be strided); k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L]
+// int64 (padded); context_lens: [B] int64 (<= L); out: contiguous [B, H, D], written.
+inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             torch::Tensor key_slots, torch::Tensor context_lens, double scale,
+                             torch::Tensor out) {
+  check_heads(q, "q");
+  check_cache(k_cache, v_cache);
+  TORCH_CHECK(k_cache.size(2) == q.size(2), "the cache's head size must match q's");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() &&
+                  out.scalar_type() == torch::kFloat32,
+              "out must be a contiguous float32 tensor shaped like q");
   TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
-                  key_slots.size(0) == q.size(0),
+                  key_slots.dim() == 2 && key_slots.size(0) == q.size(0),
               "key_slots must be int64 [B, L]");
-  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.numel() == q.size(0),
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous() &&
+                  context_lens.numel() == q.size(0),
               "context_lens must be int64 [B]");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads, width = key_slots.size(1);
   TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
-  auto out = torch::empty_like(q);
   const float *qd = q.data_ptr<float>(), *kd = k_cache.data_ptr<float>();
   const float* vd = v_cache.data_ptr<float>();
   const int64_t* slots = key_slots.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* od = out.data_ptr<float>();
+  const int64_t q_stride = q.stride(0), slot_stride = kv_heads * dim;
   const float fscale = static_cast<float>(scale);
-  SpinPool::instance().run(batch * kv_heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  SpinPool::instance().run(batch * heads, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    scores.resize(width);
     for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t b = pair / kv_heads, h = pair % kv_heads;
-      const int64_t len = std::min(lens[b], width);
-      const int64_t* row_slots = slots + b * width;
-      scores.assign(group * len, 0.0f);
-      for (int64_t t = 0; t < len; ++t) {
-        const float* key = kd + (row_slots[t] * kv_heads + h) * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          scores[g * len + t] = dot(qd + (b * heads + h * group + g) * dim, key, dim) * fscale;
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * len;
-        const float top = len ? *std::max_element(s, s + len) : 0.0f;
-        float total = 0.0f;
-        for (int64_t t = 0; t < len; ++t) total += (s[t] = std::exp(s[t] - top));
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        float* o = od + (b * heads + h * group + g) * dim;
-        std::fill(o, o + dim, 0.0f);
-        for (int64_t t = 0; t < len; ++t) {
-          const float* value = vd + (row_slots[t] * kv_heads + h) * dim;
-          const float p = s[t] * inv;
-          for (int64_t i = 0; i < dim; ++i) o[i] += p * value[i];
-        }
-      }
+      const int64_t b = pair / heads, h = pair % heads, kv = (h / group) * dim;
+      attend(qd + b * q_stride + h * dim, kd + kv, vd + kv, slots + b * width,
+             std::min(lens[b], width), slot_stride, dim, fscale, scores.data(), od + pair * dim);
     }
   });
-  return out;
 }
 
 }  // namespace zerohop

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "spin_pool.h"
+#include "vec_math.h"
 
 namespace zerohop {
 
@@ -94,8 +95,8 @@ inline torch::Tensor silu_mul(torch::Tensor gate_up) {
   float* o = out.data_ptr<float>();
   for_rows(rows, width, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float *g = in + r * 2 * width, *u = g + width;
-      for (int64_t i = 0; i < width; ++i) o[r * width + i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      const float* g = in + r * 2 * width;
+      silu_mul_row(g, g + width, o + r * width, width);
     }
   });
   return out;

@@ -229,7 +229,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_1_linear", &q4_1_linear, "x @ W.T for q4_1 blocks");
   module.def("f32_linear", &f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
   module.def("decode_attention", &zerohop::decode_attention,
-             "one query token per sequence over the paged KV cache");
+             "one query token per sequence over the paged KV cache, into out");
+  module.def("write_kv", &zerohop::write_kv, "new tokens' keys and values into cache slots");
   module.def("rms_norm", &zerohop::rms_norm, "RMSNorm, after residual += x when given");
   module.def("rotate", &zerohop::rotate, "rotary embedding in place (rotate_half layout)");
   module.def("silu_mul", &zerohop::silu_mul, "silu(gate) * up of a [T, 2I] gate|up matrix");
