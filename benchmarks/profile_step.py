@@ -9,12 +9,15 @@ wall time is their cost), and each step is split into:
   rope         rotary embedding application
   embedding    the token-embedding lookup
   sampling     the sampler (greedy here) and logprob work
+  c++ step     a decode step run as one C++ call (kernels/decode_step.h: every layer and the
+               output layer, not split further); --enforce-eager splits the Python pass instead
   other        the rest: SiLU x up, residual adds, batch building, scheduling, Python
 The timer wrappers themselves cost ~0.3 us a call (~300 calls a step for SmolLM2): counted
 in `other`. Prompts are token ids, 128 each; decode steps are measured after every request's
 prefill is done.
 
     .venv/bin/python benchmarks/profile_step.py [--model-dir M] [--threads 1] [--batches 1,8,32]
+        [--enforce-eager]
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from typing import Any
 
 from _common import ROOT, model_path, print_table, set_threads, write_json
 
-CATEGORIES = ("linear", "lm_head", "attention", "norms", "rope", "embedding", "sampling")
+CATEGORIES = (
+    "linear", "lm_head", "attention", "norms", "rope", "embedding", "sampling", "c++ step"
+)  # fmt: skip
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
@@ -39,6 +44,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (the served default)")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--quantization", default="auto", help="auto, q8_0 or none (float32)")
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="decode on the Python pass (split it)"
+    )
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=10, help="decode steps measured")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "profile_step.json")
@@ -81,6 +89,9 @@ class StepTimers:
             ops.rms_norm = self.wrap("norms", ops.rms_norm)
             ops.rotate = self.wrap("rope", ops.rotate)
         engine.sampler = self.wrap("sampling", engine.sampler)
+        step = engine.runner.decode_step
+        if step is not None:
+            step.run = self.wrap("c++ step", step.run)
 
 
 class _FunctionalWithTimedEmbedding:
@@ -173,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         max_num_batched_tokens=2048,
         kv_cache_memory=1.0,
         quantization=args.quantization,
+        enforce_eager=args.enforce_eager,
     )
     timers = StepTimers()
     timers.install(llm.engine)

@@ -83,6 +83,45 @@ def test_without_the_cpu_kernels(
         assert_matches_hf(model_dir, prompt, out.token_ids, f"length {len(prompt)}")
 
 
+class CountingStep:
+    """Wraps the runner's C++ decode step, counting the steps it ran."""
+
+    def __init__(self, step) -> None:
+        self.step, self.calls = step, 0
+
+    def supports(self, *args) -> bool:
+        return self.step.supports(*args)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.step(*args)
+
+
+def test_decode_steps_run_as_one_cpp_call(arch: str, model_dir: Path) -> None:
+    """Decode-only steps of models without q/k norms go through kernels/decode_step.h."""
+    llm = make_llm(model_dir)
+    runner = llm.engine.runner
+    if llm.engine.model_config.qk_norm:
+        assert runner.decode_step is None, "q/k norms are not in the C++ step"
+        return
+    assert runner.decode_step is not None
+    runner.decode_step = counting = CountingStep(runner.decode_step)
+    rng = random.Random(7)
+    prompts = [random_prompt(rng, length) for length in (5, 18, 33)]
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy()), strict=True):
+        assert_matches_hf(model_dir, prompt, out.token_ids, f"length {len(prompt)}")
+    assert counting.calls >= MAX_NEW - 1
+
+
+def test_enforce_eager_keeps_the_python_pass(arch: str, model_dir: Path) -> None:
+    llm = make_llm(model_dir, enforce_eager=True)
+    assert llm.engine.runner.decode_step is None
+    rng = random.Random(8)
+    prompts = [random_prompt(rng, length) for length in (4, 20)]
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy()), strict=True):
+        assert_matches_hf(model_dir, prompt, out.token_ids, f"length {len(prompt)}")
+
+
 def test_text_prompt_and_one_batch(arch: str, model_dir: Path) -> None:
     llm = make_llm(model_dir)
     (out,) = llm.generate(["Hello, world! The quick brown fox"], greedy())

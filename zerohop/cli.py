@@ -33,6 +33,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         " are, its other quantized types as q8_0, float weights as float; q8_0: float matrices"
         " too; none: all float32, as transformers computes)",
     )
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run decode steps through the Python forward pass, not the one-call C++ step",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix (KV) caching")
     g.add_argument(
         "--num-threads", type=int, default=None, help="torch threads of the engine (default: cores)"
@@ -54,6 +59,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "enable_prefix_caching": not args.no_prefix_caching,
         "num_threads": args.num_threads,
         "quantization": args.quantization,
+        "enforce_eager": args.enforce_eager,
         "max_model_len": args.max_model_len,
         "num_kv_blocks": args.num_kv_blocks,
         "step_delay": args.debug_step_delay,

@@ -173,6 +173,9 @@ class EngineConfig:
     # auto: quantized GGUF matrices stay compact (Q8_0/Q4_0/Q4_1 as they are, other types as
     # q8_0), float weights stay float; q8_0: float matrices too; none: everything float.
     quantization: str = "auto"
+    # Run every step through the Python forward pass, never the C++ decode step (vLLM's name
+    # for not replaying captured graphs).
+    enforce_eager: bool = False
     seed: int = 0
     step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
 

@@ -73,7 +73,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.pool, self.config.max_num_seqs, self.config.max_num_batched_tokens, policy
         )
-        self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.runner = ModelRunner(self.model, num_blocks, bs, self.config.enforce_eager)
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids

@@ -10,6 +10,7 @@ The packed copy replaces the memory-mapped view, so weights stay in memory once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,25 @@ import torch.nn.functional as F
 from zerohop.engine.quant import QuantizedWeight
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True, frozen=True)
+class KernelWeight:
+    """A linear layer as zerohop's C++ kernels hold it, for the C++ decode step to run."""
+
+    kind: str  # "f32" (w), "q8_0" (qs, scales) or "q4_1" (qs, scales, mins)
+    tensors: tuple[torch.Tensor, ...]
+    bias: torch.Tensor | None
+
+
+def kernel_weight(linear: Linear) -> KernelWeight | None:
+    """The weight behind a linear layer when zerohop's kernels run it, else None."""
+    return getattr(linear, "kernel_weight", None)
+
+
+def _with_kernel_weight(linear: Linear, weight: KernelWeight) -> Linear:
+    linear.kernel_weight = weight  # type: ignore[attr-defined]
+    return linear
 
 
 def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -54,11 +74,15 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
     qs, scales, mins = weight.qs, weight.scales, weight.mins
     if weight.kind == "q8_0":
         product = lambda x: ops.q8_0_linear(x, qs, scales)  # noqa: E731
+        tensors = (qs, scales)
     else:
         product = lambda x: ops.q4_1_linear(x, qs, scales, mins)  # noqa: E731
+        tensors = (qs, scales, mins)
     if bias is None:
-        return lambda x: product(x.contiguous())
-    return lambda x: product(x.contiguous()).add_(bias)
+        linear = lambda x: product(x.contiguous())  # noqa: E731
+    else:
+        linear = lambda x: product(x.contiguous()).add_(bias)  # noqa: E731
+    return _with_kernel_weight(linear, KernelWeight(weight.kind, tensors, bias))
 
 
 SMALL_BATCH = 8  # rows up to which zerohop's float32 kernel beats oneDNN's (decode steps)
@@ -81,4 +105,4 @@ def make_split_linear(
         out = small(x.contiguous(), weight)
         return out if bias is None else out.add_(bias)
 
-    return linear
+    return _with_kernel_weight(linear, KernelWeight("f32", (weight,), bias))

@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 
 from zerohop.engine.attention import AttentionBatch, DecodeGroup, PrefillChunk
+from zerohop.engine.decode_step import build_decode_step
 from zerohop.engine.model import CausalLM
 from zerohop.engine.scheduler import ScheduledChunk
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, enforce_eager: bool = False
+    ) -> None:
         cfg = model.config
         self.model = model
         self.block_size = block_size
@@ -24,6 +27,7 @@ class ModelRunner:
             )
             for _ in range(cfg.num_layers)
         ]
+        self.decode_step = None if enforce_eager else build_decode_step(model, self.kv_caches)
 
     @staticmethod
     def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
@@ -51,13 +55,10 @@ class ModelRunner:
             decode=self._decode_group(chunks),
             prefills=self._prefill_chunks(chunks),
         )
-        return self.model.forward(
-            self._tensor(input_ids),
-            self._tensor(positions),
-            attn,
-            self.kv_caches,
-            self._tensor(logits_rows),
-        )
+        ids, pos, rows = self._tensor(input_ids), self._tensor(positions), self._tensor(logits_rows)
+        if self.decode_step is not None and self.decode_step.supports(len(input_ids), attn):
+            return self.decode_step(ids, pos, attn, rows)
+        return self.model.forward(ids, pos, attn, self.kv_caches, rows)
 
     @staticmethod
     def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:

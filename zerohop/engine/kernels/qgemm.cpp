@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "decode_step.h"
 #include "pointwise.h"
 #include "spin_pool.h"
 
@@ -203,7 +204,7 @@ void dot_tile(const Row& row, int64_t blocks, const float* x, const float* /*sum
 #endif
 
 // x [M, K] against weight rows of `packed_cols` elements each (K, or K / 2 for nibbles).
-void check_rows(const torch::Tensor& x, const torch::Tensor& qs, int64_t packed_cols) {
+void check_weight_rows(const torch::Tensor& x, const torch::Tensor& qs, int64_t packed_cols) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
   TORCH_CHECK(x.size(1) % kBlock == 0, "the inner dimension must be a multiple of 32");
@@ -213,7 +214,7 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& qs, int64_t packed_
 
 void check_args(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& d,
                 int64_t packed_cols) {
-  check_rows(x, qs, packed_cols);
+  check_weight_rows(x, qs, packed_cols);
   TORCH_CHECK(d.scalar_type() == torch::kFloat32 && d.is_contiguous() &&
                   d.size(0) == qs.size(0) && d.size(1) == x.size(1) / kBlock,
               "scales must be float32 [N, K / 32]");
@@ -277,6 +278,10 @@ torch::Tensor blocked_product(const torch::Tensor& x, int64_t out_features, RowA
   return out;
 }
 
+}  // namespace
+
+namespace zerohop {
+
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
   check_args(x, qs, d, x.size(1));
   TORCH_CHECK(qs.scalar_type() == torch::kInt8, "q8_0 weights must be int8");
@@ -307,16 +312,19 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
   });
 }
 
-
 // The same loop over float32 weights: for decode-sized batches, where torch's GEMM would wake
 // its OpenMP pool for every product.
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(w.scalar_type() == torch::kFloat32, "weights must be float32");
-  check_rows(x, w, x.size(1));
+  check_weight_rows(x, w, x.size(1));
   const int64_t cols = x.size(1);
   const float* data = w.data_ptr<float>();
   return blocked_product(x, w.size(0), [&](int64_t n) { return F32Row{data + n * cols}; });
 }
+
+}  // namespace zerohop
+
+namespace {
 
 bool simd() {
 #ifdef ZH_AVX2
@@ -329,15 +337,25 @@ bool simd() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("q8_0_linear", &q8_0_linear, "x @ W.T for q8_0 blocks");
-  module.def("q4_1_linear", &q4_1_linear, "x @ W.T for q4_1 blocks");
-  module.def("f32_linear", &f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
+  module.def("q8_0_linear", &zerohop::q8_0_linear, "x @ W.T for q8_0 blocks");
+  module.def("q4_1_linear", &zerohop::q4_1_linear, "x @ W.T for q4_1 blocks");
+  module.def("f32_linear", &zerohop::f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
   module.def("decode_attention", &zerohop::decode_attention,
              "one query token per sequence over the paged KV cache, into out");
   module.def("write_kv", &zerohop::write_kv, "new tokens' keys and values into cache slots");
   module.def("rms_norm", &zerohop::rms_norm, "RMSNorm, after residual += x when given");
   module.def("rotate", &zerohop::rotate, "rotary embedding in place (rotate_half layout)");
   module.def("silu_mul", &zerohop::silu_mul, "silu(gate) * up of a [T, 2I] gate|up matrix");
+  pybind11::class_<zerohop::Product>(module, "Product")
+      .def(pybind11::init<const std::string&, std::vector<torch::Tensor>,
+                          c10::optional<torch::Tensor>>(),
+           "a weight matrix: kind f32 (w), q8_0 (qs, d) or q4_1 (qs, d, m), and a bias");
+  pybind11::class_<zerohop::DecodeStep>(module, "DecodeStep")
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, double, torch::Tensor,
+                          zerohop::Product>())
+      .def("add_layer", &zerohop::DecodeStep::add_layer)
+      .def("has_float_products", &zerohop::DecodeStep::has_float_products)
+      .def("__call__", &zerohop::DecodeStep::run, "one decode step over every layer");
   module.def("simd", &simd, "whether the AVX2 paths were compiled in");
   module.def(
       "set_threads", [](int threads) { zerohop::SpinPool::instance().resize(threads); },

@@ -1,0 +1,123 @@
+// A whole decode step of the decoder in one C++ call: every layer's norms, products, rotary
+// embedding, cache write and attention, then the final norm and the output layer. It is the
+// CPU counterpart of replaying a captured CUDA graph: the ~25 Python-level calls a layer makes
+// on the fused path (~2 ms a step at one sequence) collapse into one. Built once per model
+// (zerohop/engine/decode_step.py) from the same weight tensors the Python path uses.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "pointwise.h"
+
+namespace zerohop {
+
+torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d);
+torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m);
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w);
+
+// One weight matrix as zerohop's kernels hold it: "f32" (w), "q8_0" (qs, d), "q4_1" (qs, d, m).
+class Product {
+ public:
+  Product(const std::string& kind, std::vector<torch::Tensor> tensors,
+          c10::optional<torch::Tensor> bias)
+      : tensors_(std::move(tensors)), bias_(std::move(bias)) {
+    const size_t expected = kind == "f32" ? 1 : kind == "q8_0" ? 2 : kind == "q4_1" ? 3 : 0;
+    TORCH_CHECK(expected > 0, "unknown product kind ", kind);
+    TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
+    kind_ = expected;
+  }
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    torch::Tensor out = kind_ == 1   ? f32_linear(x, tensors_[0])
+                        : kind_ == 2 ? q8_0_linear(x, tensors_[0], tensors_[1])
+                                     : q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]);
+    if (bias_) out.add_(*bias_);
+    return out;
+  }
+
+  bool is_float() const { return kind_ == 1; }
+
+ private:
+  size_t kind_ = 0;
+  std::vector<torch::Tensor> tensors_;
+  c10::optional<torch::Tensor> bias_;
+};
+
+struct DecodeLayer {
+  torch::Tensor input_norm, post_norm;
+  Product qkv, o, gate_up, down;
+  torch::Tensor k_cache, v_cache;
+};
+
+class DecodeStep {
+ public:
+  DecodeStep(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
+             double scale, torch::Tensor final_norm, Product lm_head)
+      : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps),
+        scale_(scale), final_norm_(std::move(final_norm)), lm_head_(std::move(lm_head)) {}
+
+  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, Product qkv, Product o,
+                 Product gate_up, Product down, torch::Tensor k_cache, torch::Tensor v_cache) {
+    check_cache(k_cache, v_cache);
+    layers_.push_back({std::move(input_norm), std::move(post_norm), std::move(qkv),
+                       std::move(o), std::move(gate_up), std::move(down), std::move(k_cache),
+                       std::move(v_cache)});
+  }
+
+  // Whether any product is float32 (their kernel beats oneDNN only at decode-sized batches).
+  bool has_float_products() const {
+    for (const auto& l : layers_) {
+      if (l.qkv.is_float() || l.o.is_float() || l.gate_up.is_float() || l.down.is_float())
+        return true;
+    }
+    return lm_head_.is_float();
+  }
+
+  // hidden: [B, H] embedded tokens (updated in place); cos/sin: [B, D]; one new token per
+  // sequence, written to slot_mapping; returns logits [len(logits_rows), vocab].
+  torch::Tensor run(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
+                    torch::Tensor slot_mapping, torch::Tensor key_slots,
+                    torch::Tensor context_lens, torch::Tensor logits_rows) {
+    TORCH_CHECK(!layers_.empty(), "the decode step has no layers");
+    const int64_t batch = hidden.size(0), q_dim = heads_ * head_dim_;
+    const int64_t kv_dim = kv_heads_ * head_dim_;
+    auto attended = torch::empty({batch, heads_, head_dim_}, hidden.options());
+    torch::Tensor normed = rms_norm(hidden, layers_[0].input_norm, eps_, c10::nullopt);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const DecodeLayer& layer = layers_[i];
+      const torch::Tensor qkv = layer.qkv(normed);
+      const torch::Tensor q = qkv.narrow(1, 0, q_dim).view({batch, heads_, head_dim_});
+      const torch::Tensor k = qkv.narrow(1, q_dim, kv_dim).view({batch, kv_heads_, head_dim_});
+      const torch::Tensor v =
+          qkv.narrow(1, q_dim + kv_dim, kv_dim).view({batch, kv_heads_, head_dim_});
+      rotate(q, cos, sin);
+      rotate(k, cos, sin);
+      write_kv(k, v, layer.k_cache, layer.v_cache, slot_mapping);
+      decode_attention(q, layer.k_cache, layer.v_cache, key_slots, context_lens, scale_,
+                       attended);
+      normed = rms_norm(layer.o(attended.view({batch, q_dim})), layer.post_norm, eps_, hidden);
+      const torch::Tensor mlp = layer.down(silu_mul(layer.gate_up(normed)));
+      if (i + 1 < layers_.size()) {
+        normed = rms_norm(mlp, layers_[i + 1].input_norm, eps_, hidden);
+      } else {
+        hidden.add_(mlp);
+      }
+    }
+    const torch::Tensor last = rms_norm(hidden.index_select(0, logits_rows).contiguous(),
+                                        final_norm_, eps_, c10::nullopt);
+    return lm_head_(last);
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_, scale_;
+  torch::Tensor final_norm_;
+  Product lm_head_;
+  std::vector<DecodeLayer> layers_;
+};
+
+}  // namespace zerohop
