@@ -155,6 +155,7 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
 
 
 QUANTIZATION_MODES = ("auto", "q8_0", "none")
+SCHEDULING_POLICIES = ("vtc", "fcfs")
 
 
 @dataclass(slots=True)
@@ -176,6 +177,9 @@ class EngineConfig:
     # Run every step through the Python forward pass, never the C++ decode step (vLLM's name
     # for not replaying captured graphs).
     enforce_eager: bool = False
+    # vtc: weighted fair share between tenants (zerohop.engine.fair_share); fcfs: arrival order.
+    scheduling_policy: str = "vtc"
+    fair_share_token_weights: tuple[float, float] = (1.0, 2.0)  # input, output token
     seed: int = 0
     step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
 
@@ -187,6 +191,16 @@ class EngineConfig:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_MODES)};"
                 f" got {self.quantization!r}"
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)};"
+                f" got {self.scheduling_policy!r}"
+            )
+        weights = tuple(self.fair_share_token_weights)
+        if len(weights) != 2 or min(weights) < 0 or max(weights) == 0:
+            raise ValueError(
+                "fair_share_token_weights must be two non-negative numbers, not both 0"
             )
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}; got {self.dtype!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -14,15 +15,17 @@ from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.fair_share import VTCPolicy
+from zerohop.engine.load import ThroughputMeter
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
-from zerohop.engine.policy import SchedulingPolicy, TokenUsage
+from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
 from zerohop.engine.quant import needs_kernels
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import ScheduledChunk, Scheduler
-from zerohop.engine.sequence import Sequence
+from zerohop.engine.sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,12 @@ class LLMEngine:
         bs = self.config.block_size
         self.pool = BlockPool(num_blocks, bs, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.pool, self.config.max_num_seqs, self.config.max_num_batched_tokens, policy
+            self.pool,
+            self.config.max_num_seqs,
+            self.config.max_num_batched_tokens,
+            policy if policy is not None else default_policy(self.config),
         )
+        self.throughput = ThroughputMeter()
         self.runner = ModelRunner(self.model, num_blocks, bs, self.config.enforce_eager)
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
@@ -181,6 +188,13 @@ class LLMEngine:
             prefix_hit_tokens=pool.counters.prefix_hit_tokens,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.policy),
+            waiting_tokens=sum(
+                s.num_tokens - s.num_computed_tokens
+                for s in self.requests.values()
+                if s.status is Status.WAITING
+            ),
+            tokens_per_second=self.throughput.tokens_per_second(),
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
         )
 
     # -- the step --------------------------------------------------------------------
@@ -192,6 +206,7 @@ class LLMEngine:
             return deltas
         chunks = ModelRunner.order_chunks(plan.chunks)
         completing = [c.seq for c in chunks if c.completes]
+        started = time.perf_counter()
         try:
             logits = self.runner.execute(chunks)
         except Exception as exc:  # e.g. out of memory: fail this step's requests, go on
@@ -202,6 +217,7 @@ class LLMEngine:
         for row, seq in enumerate(completing):
             self._append_token(seq, row, result, step_deltas[seq.request_id])
         self.scheduler.policy.charge([self._usage(c, step_deltas) for c in chunks])
+        self.throughput.record(plan.num_tokens, time.perf_counter() - started)
         return deltas + list(step_deltas.values())
 
     def _apply_aborts(self) -> list[RequestDelta]:
@@ -311,3 +327,9 @@ class LLMEngine:
             output_tokens=len(d.new_token_ids),
             cached_tokens=d.cached_tokens,
         )
+
+
+def default_policy(config: EngineConfig) -> SchedulingPolicy:
+    if config.scheduling_policy == "fcfs":
+        return FCFSPolicy()
+    return VTCPolicy(*config.fair_share_token_weights)

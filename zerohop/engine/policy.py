@@ -53,6 +53,9 @@ class SchedulingPolicy(ABC):
         """Which running request to preempt when blocks run out (default: newest)."""
         return max(candidates, key=lambda s: s.arrival)
 
+    def admitted(self, seq: Sequence) -> None:  # noqa: B027 - optional hook
+        """`seq` left the waiting queue to run (after `remove`)."""
+
     def charge(self, usage: Seq[TokenUsage]) -> None:  # noqa: B027 - optional hook
         """Called once per step with the tokens every request processed."""
 

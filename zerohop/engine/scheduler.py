@@ -47,7 +47,7 @@ class Scheduler:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.policy = policy or FCFSPolicy()
+        self.policy = policy if policy is not None else FCFSPolicy()
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
@@ -97,6 +97,7 @@ class Scheduler:
             if not self.pool.can_admit(seq, hits, num_new):
                 return
             self.policy.remove(seq)
+            self.policy.admitted(seq)
             self.pool.admit(seq, hits, seq.num_tokens)
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = seq.num_computed_tokens

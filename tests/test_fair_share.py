@@ -1,0 +1,159 @@
+"""The Virtual Token Counter policy: fair share between tenants, weights, priority classes,
+and the lift that keeps an idle tenant from banking service; then the same in the engine."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
+from zerohop import LLM, SamplingParams
+from zerohop.engine.fair_share import BATCH, INTERACTIVE, VTCPolicy
+from zerohop.engine.policy import TokenUsage
+from zerohop.engine.sequence import Sequence
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+def seq(tenant: str, weight: float = 1.0, priority: int = INTERACTIVE, n: int = 8) -> Sequence:
+    return Sequence(f"{tenant}-{random.random()}", [1] * n, PARAMS, 4, tenant, weight, priority)
+
+
+def admit(policy: VTCPolicy, output_tokens: int = 0) -> Sequence:
+    """Admit the policy's choice (charged its prompt) and charge `output_tokens` of output."""
+    chosen = policy.peek()
+    assert chosen is not None
+    policy.remove(chosen)
+    policy.admitted(chosen)
+    policy.charge([TokenUsage(chosen.request_id, chosen.tenant, 0, output_tokens)])
+    return chosen
+
+
+def test_a_flooding_tenant_does_not_hold_back_another() -> None:
+    policy = VTCPolicy()
+    for _ in range(20):
+        policy.add(seq("flood"))
+    for _ in range(5):
+        assert admit(policy).tenant == "flood"
+    policy.add(seq("one"))
+    assert policy.counters["one"] == policy.counters["flood"] == 40, "lifted, not ahead"
+    assert [admit(policy).tenant for _ in range(2)] == ["flood", "one"], "ties: oldest first"
+    assert len(policy) == 14
+
+
+def test_service_follows_the_weights() -> None:
+    policy = VTCPolicy()
+    for _ in range(400):
+        policy.add(seq("light", weight=1.0))
+        policy.add(seq("heavy", weight=2.0))
+    served = Counter(admit(policy, output_tokens=3).tenant for _ in range(300))
+    assert abs(served["heavy"] / served["light"] - 2.0) < 0.05, served
+
+
+def test_output_tokens_weigh_double_by_default() -> None:
+    """Long prompts against long answers: per admission, 'reads' costs 24 (prompt 24), and
+    'writes' 24 as well (prompt 8 + 8 output tokens at weight 2): they alternate."""
+    policy = VTCPolicy()
+    for _ in range(50):
+        policy.add(seq("reads", n=24))
+        policy.add(seq("writes", n=8))
+    served = Counter()
+    for _ in range(60):
+        chosen = policy.peek()
+        assert chosen is not None
+        policy.remove(chosen)
+        policy.admitted(chosen)
+        output = 8 if chosen.tenant == "writes" else 0
+        policy.charge([TokenUsage(chosen.request_id, chosen.tenant, 0, output)])
+        served[chosen.tenant] += 1
+    assert served == {"reads": 30, "writes": 30}
+    assert policy.counters["reads"] == policy.counters["writes"] == 720
+
+
+def test_an_idle_tenant_cannot_bank_service() -> None:
+    policy = VTCPolicy()
+    for _ in range(30):
+        policy.add(seq("busy"))
+    for _ in range(20):
+        admit(policy)
+    assert policy.counters["busy"] == 160
+    policy.add(seq("late"))
+    assert policy.counters["late"] == 160, "lifted to the smallest backlogged counter"
+    for _ in range(5):
+        policy.add(seq("late"))
+    order = [admit(policy).tenant for _ in range(6)]
+    assert order == ["busy", "late"] * 3, order
+
+
+def test_the_lift_uses_the_last_admitted_tenant_when_nobody_waits() -> None:
+    policy = VTCPolicy()
+    policy.add(seq("a", n=500))
+    admit(policy)
+    policy.add(seq("b"))
+    assert policy.counters["b"] == 500
+
+
+def test_interactive_before_batch_and_batch_preempted_first() -> None:
+    policy = VTCPolicy()
+    background = [seq("bulk", priority=BATCH) for _ in range(3)]
+    for s in background:
+        policy.add(s)
+    policy.add(seq("bulk", priority=INTERACTIVE))
+    first = admit(policy, output_tokens=1000)
+    assert first.priority == INTERACTIVE, "interactive work is admitted first, whatever its counter"
+    chat = seq("chat")
+    assert policy.victim([chat, *background[:2]]) in background[:2]
+    heavy, light = seq("heavy"), seq("light")
+    policy.counters.update({"heavy": 900.0, "light": 10.0})
+    assert policy.victim([light, heavy]) is heavy, "within a class: the most-served tenant"
+
+
+def test_requeued_requests_resume_first() -> None:
+    policy = VTCPolicy()
+    first, second = seq("t"), seq("t")
+    policy.add(first)
+    policy.add(second)
+    assert admit(policy) is first
+    policy.requeue(first)
+    assert policy.peek() is first
+    policy.remove(second)  # an abort from the middle of a queue
+    assert len(policy) == 1 and policy.peek() is first
+
+
+# --- in the engine --------------------------------------------------------------------
+
+
+def _admission_order(llama_dir: Path, scheduling_policy: str) -> list[str]:
+    """Tenant A queues 6 requests, then B one; with room for one sequence at a time, the
+    order in which they start."""
+    llm = LLM(str(llama_dir), num_kv_blocks=64, max_num_seqs=1, scheduling_policy=scheduling_policy)
+    engine = llm.engine
+    rng = random.Random(3)
+    prompt = [BOS_ID] + [rng.randrange(4, VOCAB_SIZE) for _ in range(20)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    for i in range(6):
+        engine.add_request(f"a{i}", prompt, params, tenant="a")
+    started: list[str] = []
+    while engine.has_unfinished():
+        for delta in engine.step():
+            if delta.request_id not in started:
+                started.append(delta.request_id)
+        if len(started) == 1 and "b0" not in engine.requests and "b0" not in started:
+            engine.add_request("b0", prompt, params, tenant="b")
+    return started
+
+
+def test_the_engine_admits_the_least_served_tenant(llama_dir: Path) -> None:
+    vtc = _admission_order(llama_dir, "vtc")
+    # b is lifted to a's counter (a is backlogged); a0's later output tokens put a ahead.
+    assert vtc.index("b0") == 1, vtc
+    fcfs = _admission_order(llama_dir, "fcfs")
+    assert fcfs.index("b0") == 6, fcfs
+
+
+def test_an_unknown_policy_is_refused(llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        LLM(str(llama_dir), scheduling_policy="lottery")
