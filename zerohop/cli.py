@@ -34,6 +34,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         " too; none: all float32, as transformers computes)",
     )
     g.add_argument(
+        "--scheduling-policy",
+        default="vtc",
+        choices=["vtc", "fcfs"],
+        help="vtc: weighted fair share between tenants (Virtual Token Counter), interactive"
+        " before batch; fcfs: arrival order",
+    )
+    g.add_argument(
+        "--fair-share-token-weights",
+        default="1,2",
+        type=_token_weights,
+        metavar="IN,OUT",
+        help="what an input and an output token count for in fair share (default 1,2)",
+    )
+    g.add_argument(
         "--enforce-eager",
         action="store_true",
         help="run decode steps through the Python forward pass, not the one-call C++ step",
@@ -49,6 +63,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--debug-step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
 
 
+def _token_weights(text: str) -> tuple[float, float]:
+    try:
+        weights = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        weights = ()
+    if len(weights) != 2 or min(weights) < 0 or max(weights) == 0:
+        raise argparse.ArgumentTypeError("two non-negative numbers, not both 0, e.g. 1,2")
+    return weights  # type: ignore[return-value]
+
+
 def engine_options(args: argparse.Namespace) -> dict:
     return {
         "max_num_seqs": args.max_num_seqs,
@@ -60,6 +84,8 @@ def engine_options(args: argparse.Namespace) -> dict:
         "num_threads": args.num_threads,
         "quantization": args.quantization,
         "enforce_eager": args.enforce_eager,
+        "scheduling_policy": args.scheduling_policy,
+        "fair_share_token_weights": args.fair_share_token_weights,
         "max_model_len": args.max_model_len,
         "num_kv_blocks": args.num_kv_blocks,
         "step_delay": args.debug_step_delay,

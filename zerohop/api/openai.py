@@ -155,6 +155,7 @@ class OpenAIApi:
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens, top)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
+        call.wants_batch = request.wants_batch
         deltas = self.ctx.generate(call, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:
@@ -238,6 +239,7 @@ class OpenAIApi:
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
         rid = "cmpl-" + request_id.removeprefix("req_")
+        call.wants_batch = request.wants_batch
         deltas = self.ctx.generate(call, prompt, params, receive)
         async with contextlib.aclosing(deltas):
             if request.stream:

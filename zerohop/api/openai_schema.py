@@ -65,6 +65,13 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     skip_special_tokens: bool = True
     repetition_penalty: float | None = None
     min_p: float | None = None
+    # Scheduling: "flex" (OpenAI) or a vLLM `priority` above 0 runs the request as batch work.
+    service_tier: str | None = None
+    priority: int | None = None
+
+    @property
+    def wants_batch(self) -> bool:
+        return self.service_tier == "flex" or (self.priority or 0) > 0
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -76,7 +83,6 @@ class ChatRequest(_Common, kw_only=True):
     # Accepted and ignored: bookkeeping that does not change the output.
     metadata: Any = None
     store: Any = None
-    service_tier: Any = None
     parallel_tool_calls: Any = None
     prompt_cache_key: Any = None
     prompt_cache_retention: Any = None

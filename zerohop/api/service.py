@@ -18,6 +18,7 @@ from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_di
 from zerohop.api.errors import ApiError
 from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
 from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.fair_share import BATCH, INTERACTIVE
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.tokenizer import Tokenizer
@@ -147,7 +148,12 @@ class ServingContext:
         request_id = call.request_id
         params = await self.admit(call, prompt, params)
         identity = call.identity
-        options = {"tenant": identity.tenant.name, "weight": identity.tenant.weight}
+        batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
+        options = {
+            "tenant": identity.tenant.name,
+            "weight": identity.tenant.weight,
+            "priority": BATCH if batch else INTERACTIVE,
+        }
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))

@@ -62,6 +62,7 @@ class Call:
     reservation: Reservation | None = None
     rate_subjects: list[SubjectLimits] = field(default_factory=list)  # charged at admission
     admitted: bool = False
+    wants_batch: bool = False  # the request lowered itself to the batch class
     decision: str = "none"  # "admitted" | "clamped" | the refusal reason
     prompt_tokens: int = 0
     cached_tokens: int = 0
