@@ -158,6 +158,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
         grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
         body_deadline=BodyDeadline(args.body_timeout, args.body_min_rate),
+        max_queue_wait=args.max_queue_wait,
+        max_waiting=args.max_waiting,
         max_header_bytes=args.max_header_bytes,
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
@@ -218,6 +220,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_protection_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("protection (what a reverse proxy used to do)")
+    g.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=30.0,
+        help="refuse a request at once (Anthropic 529, OpenAI 503, gRPC UNAVAILABLE, with"
+        " retry-after) when its estimated queue wait is longer, in seconds (0: never)",
+    )
+    g.add_argument(
+        "--max-waiting",
+        type=int,
+        default=512,
+        help="refuse a request at once when this many are already waiting (0: no limit)",
+    )
     g.add_argument(
         "--max-connections", type=int, default=4096, help="open HTTP connections at most"
     )

@@ -18,6 +18,7 @@ import uvicorn
 from zerohop.api.app import create_app
 from zerohop.api.asgi import BodyDeadline
 from zerohop.api.guard import ConnectionGuard, GuardLimits, guarded_protocol, raise_file_limit
+from zerohop.api.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
 from zerohop.engine.checkpoint import open_checkpoint
@@ -45,6 +46,8 @@ class ServeOptions:
     grpc_max_concurrent_streams: int = 100
     body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
     max_header_bytes: int = 32 * 1024
+    max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
+    max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
 
 
 @dataclass(slots=True)
@@ -126,6 +129,7 @@ async def serve(options: ServeOptions) -> int:
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
+        admission=AdmissionControl(engine, options.max_queue_wait, options.max_waiting),
     )
     config = _uvicorn_config(options, ctx)
     config.load()

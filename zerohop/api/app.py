@@ -77,9 +77,10 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                extra = ctx.load_headers()
                 if gateway is not None:
-                    extra = rate_headers(gateway, call) + _clamp_header(call)
-                    message = {**message, "headers": [*message.get("headers", ()), *extra]}
+                    extra += rate_headers(gateway, call) + _clamp_header(call)
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
         try:

@@ -69,7 +69,9 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     async def _call(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
         """Authenticate the call, end it with the gRPC status for what went wrong, and
         hand it to the gateway's audit and metrics when it is over."""
-        call = Call(await _start(context), "grpc", client=context.peer(), http_version="2")
+        call = Call(
+            await _start(context, self.ctx), "grpc", client=context.peer(), http_version="2"
+        )
         gateway = self.ctx.gateway
         status, error_type = 200, None
         try:
@@ -83,6 +85,8 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             await context.abort(self._code(error), error.message)
         except ApiError as exc:
             status, error_type = exc.status, "api_error"
+            if exc.headers:  # retry-after on an overload refusal
+                context.set_trailing_metadata(_trailers(exc, None, call))
             await context.abort(self._code(exc), exc.message)
         except grpc.aio.AbortError:
             raise
@@ -155,10 +159,12 @@ def _trailers(error: ApiError, gateway: Gateway | None, call: Call) -> list[tupl
     return pairs
 
 
-async def _start(context: grpc.aio.ServicerContext) -> str:
-    """A request id for the call, sent at once as `request-id` metadata (for the logs)."""
+async def _start(context: grpc.aio.ServicerContext, ctx: ServingContext) -> str:
+    """A request id for the call, sent at once as `request-id` metadata (for the logs), with
+    the replica's load (`zerohop-queue-wait-ms`, ...)."""
     request_id = new_request_id()
-    await context.send_initial_metadata((("request-id", request_id),))
+    load = [(k.decode(), v.decode()) for k, v in ctx.load_headers()]
+    await context.send_initial_metadata((("request-id", request_id), *load))
     return request_id
 
 

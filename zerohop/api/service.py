@@ -16,6 +16,7 @@ from typing import Any
 
 from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
+from zerohop.api.overload import AdmissionControl
 from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import BATCH, INTERACTIVE
@@ -78,6 +79,7 @@ class ServingContext:
     connection_guard: Any = None  # zerohop.api.guard.ConnectionGuard, for the metrics
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
+    admission: AdmissionControl | None = None  # overload refusals and load headers
 
     @property
     def vocab_size(self) -> int:
@@ -87,6 +89,9 @@ class ServingContext:
     @property
     def ready(self) -> bool:
         return not self.draining and self.engine.dead is None
+
+    def load_headers(self) -> list[tuple[bytes, bytes]]:
+        return [] if self.admission is None else self.admission.load().headers()
 
     def check_model(self, name: str, call: Call | None = None) -> None:
         if name != self.model_name:
@@ -125,6 +130,8 @@ class ServingContext:
         """Rate limits and budget: refuse, or admit with max_tokens clamped to the budget."""
         if not self.ready:
             raise ApiError(529, "the server is shutting down or its engine is unavailable")
+        if self.admission is not None:  # before the gateway: a refusal costs no quota
+            self.admission.check(call.surface)
         if self.gateway is None:
             return params
         wanted = params.max_tokens or max(1, self.max_model_len - len(prompt))

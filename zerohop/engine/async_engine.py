@@ -46,6 +46,10 @@ class AsyncEngine:
         self.latest_stats: dict[str, Any] | None = None
         self.dead: str | None = None
         self._streams: dict[str, _Stream] = {}
+        # Requests sent whose first delta has not come back: the queue as this side sees it,
+        # current to the moment (the engine's own counters are a step old).
+        self._queued: dict[str, int] = {}  # request id -> prompt tokens
+        self.queued_tokens = 0
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._process: subprocess.Popen | None = None
@@ -90,9 +94,12 @@ class AsyncEngine:
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
         self._send(["add", request_id, prompt_token_ids, params_to_wire(params), options])
+        self._queued[request_id] = len(prompt_token_ids)
+        self.queued_tokens += len(prompt_token_ids)
         try:
             while True:
                 item = await stream.queue.get()
+                self._dequeue(request_id)
                 if isinstance(item, Exception):
                     raise item
                 yield item
@@ -100,9 +107,17 @@ class AsyncEngine:
                     stream.finished = True
                     return
         finally:
+            self._dequeue(request_id)
             self._streams.pop(request_id, None)
             if not stream.finished and not self.dead:
                 self._send(["abort", request_id])
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queued)
+
+    def _dequeue(self, request_id: str) -> None:
+        self.queued_tokens -= self._queued.pop(request_id, 0)
 
     def abort(self, request_id: str) -> None:
         if not self.dead:
