@@ -157,3 +157,48 @@ def test_the_engine_admits_the_least_served_tenant(llama_dir: Path) -> None:
 def test_an_unknown_policy_is_refused(llama_dir: Path) -> None:
     with pytest.raises(ValueError, match="scheduling_policy"):
         LLM(str(llama_dir), scheduling_policy="lottery")
+
+
+# --- through the API ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from tests.live_server import LiveServer
+
+    log = tmp_path_factory.mktemp("one_slot") / "server.log"
+    server = LiveServer(llama_dir, ["--max-num-seqs", "1", "--debug-step-delay", "0.02"])
+    yield server.start(log)
+    server.stop()
+
+
+@pytest.mark.parametrize("lowering", [{"service_tier": "flex"}, {"priority": 1}])
+def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) -> None:
+    """One sequence at a time: behind a running request, a batch request that arrived first
+    starts after an interactive one that arrived later."""
+    import asyncio
+    import time
+
+    import httpx
+
+    from tests.live_server import MODEL_NAME
+
+    async def run() -> dict[str, float]:
+        finished: dict[str, float] = {}
+        async with httpx.AsyncClient(base_url=one_slot_server.url, timeout=60) as client:
+
+            async def ask(name: str, max_tokens: int, **extra) -> None:
+                body = {"model": MODEL_NAME, "prompt": name, "max_tokens": max_tokens, **extra}
+                response = await client.post("/v1/completions", json={**body, "ignore_eos": True})
+                assert response.status_code == 200, response.text
+                finished[name] = time.monotonic()
+
+            hog = asyncio.create_task(ask("hog", 40))
+            await asyncio.sleep(0.3)
+            batch = asyncio.create_task(ask("batch", 2, **lowering))
+            await asyncio.sleep(0.3)
+            await asyncio.gather(hog, batch, ask("interactive", 2))
+        return finished
+
+    finished = asyncio.run(run())
+    assert finished["hog"] < finished["interactive"] < finished["batch"], finished
