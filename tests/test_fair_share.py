@@ -202,3 +202,29 @@ def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) ->
 
     finished = asyncio.run(run())
     assert finished["hog"] < finished["interactive"] < finished["batch"], finished
+
+
+def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> None:
+    policy = VTCPolicy()
+    bulk = [seq("bulk", priority=BATCH) for _ in range(3)]
+    for s in bulk:
+        policy.add(s)
+        policy.remove(s)
+        policy.admitted(s)
+    chat = seq("chat")
+    policy.add(chat)
+    assert policy.displace(chat, bulk) is bulk[-1], "batch yields to interactive (newest first)"
+
+    hogs = [seq("hog") for _ in range(4)]
+    for s in hogs:
+        policy.add(s)
+        policy.remove(s)
+        policy.admitted(s)
+    light = seq("light")
+    policy.add(light)
+    assert policy.displace(light, hogs) is hogs[-1], "over its share (4 of 4 slots)"
+    assert policy.displace(light, [*hogs[:2], light]) is None, "it holds a slot already"
+    other = seq("other")
+    policy.add(other)
+    assert policy.displace(other, [hogs[0], light]) is None, "nobody holds over its share"
+    assert policy.displace(seq("hog", priority=BATCH), hogs) is None, "batch never displaces"

@@ -15,11 +15,19 @@ Priority classes come first: class 0 (interactive) is admitted before class 1 (b
 preemption takes batch work first; within a class, fair share decides, ties going to the
 tenant whose next request arrived first. A preempted request is charged again when it is
 re-admitted: its recomputation is service too.
+
+Order alone does not help a tenant when every sequence slot is taken (`max_num_seqs`) by
+requests of equal length that end together: it would wait for the next batch of endings.
+So when slots are full, `displace` preempts one running request a step (by recompute) for
+the next waiting one: a batch request for interactive work; within a class, a request of
+the most-served tenant holding more than its weighted share of the slots, for a tenant that
+holds none.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
 from collections.abc import Sequence as Seq
 
 from zerohop.engine.policy import SchedulingPolicy, TokenUsage
@@ -77,6 +85,26 @@ class VTCPolicy(SchedulingPolicy):
     def admitted(self, seq: Sequence) -> None:
         self._last_admitted = seq.tenant
         self._add_service(seq.tenant, seq.num_tokens * self.input_weight)
+
+    def displace(self, waiting: Sequence, running: Seq[Sequence]) -> Sequence | None:
+        """Batch work yields its slot to interactive work. Within a class, a tenant with no
+        running request takes a slot from the most-served tenant holding more than its
+        weighted share of the slots, rounded up. The victim's tenant keeps at least one slot,
+        so it never displaces back."""
+        lower = [s for s in running if s.priority > waiting.priority]
+        if lower:
+            return self.victim(lower)
+        peers = [s for s in running if s.priority == waiting.priority]
+        if any(s.tenant == waiting.tenant for s in peers):
+            return None  # it holds a slot already: its next request waits its turn
+        held = Counter(s.tenant for s in peers)
+        total = sum(self.weights[t] for t in held) + self.weights[waiting.tenant]
+
+        def share(tenant: str) -> int:  # rounded up: a tenant keeps a slot it is due
+            return math.ceil(len(running) * self.weights[tenant] / total)
+
+        over = [s for s in peers if held[s.tenant] > share(s.tenant)]
+        return self.victim(over) if over else None
 
     def charge(self, usage: Seq[TokenUsage]) -> None:
         for u in usage:

@@ -53,6 +53,11 @@ class SchedulingPolicy(ABC):
         """Which running request to preempt when blocks run out (default: newest)."""
         return max(candidates, key=lambda s: s.arrival)
 
+    def displace(self, waiting: Sequence, running: Seq[Sequence]) -> Sequence | None:
+        """Every sequence slot is taken and `waiting` is next: a running request to preempt
+        so that it starts now, or None to let it wait for a slot (the default)."""
+        return None
+
     def admitted(self, seq: Sequence) -> None:  # noqa: B027 - optional hook
         """`seq` left the waiting queue to run (after `remove`)."""
 

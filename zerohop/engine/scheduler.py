@@ -59,10 +59,23 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        displaced = self._displace_for_waiting(out)
         budget = self._schedule_running(out, self.max_num_batched_tokens)
-        if not out.preempted:
+        if len(out.preempted) == displaced:  # no request was preempted for KV blocks
             self._schedule_waiting(out, budget)
         return out
+
+    def _displace_for_waiting(self, out: SchedulerOutput) -> int:
+        """With every slot taken, the policy may preempt one running request (per step) so
+        the next waiting one starts now instead of when a slot frees."""
+        if len(self.running) < self.max_num_seqs:
+            return 0
+        waiting = self.policy.peek()
+        victim = None if waiting is None else self.policy.displace(waiting, self.running)
+        if victim is None:
+            return 0
+        self._preempt(victim, out)
+        return 1
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled: set[int] = set()
