@@ -83,6 +83,7 @@ class Result:
     status: int
     ttft: float | None = None
     token_times: list[float] = field(default_factory=list)
+    error: str = ""
 
 
 class Load:
@@ -116,6 +117,9 @@ class Load:
         start = time.monotonic()
         async with self.client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
             result = Result(r.status_code)
+            if r.status_code != 200:
+                result.error = (await r.aread()).decode(errors="replace")
+                return result
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     now = time.monotonic()
@@ -128,7 +132,10 @@ class Load:
 
         async def loop() -> None:
             while not stop.is_set():
-                results.append(await self.request(key, self.args.long_tokens))
+                try:
+                    results.append(await self.request(key, self.args.long_tokens))
+                except httpx.HTTPError as exc:
+                    results.append(Result(0, error=repr(exc)))
 
         tasks = [asyncio.create_task(loop()) for _ in range(count)]
         await stop.wait()
@@ -141,7 +148,8 @@ class Load:
         ttfts = []
         for _ in range(self.args.probes):
             result = await self.request(key, self.args.probe_tokens)
-            assert result.status == 200 and result.ttft is not None, result.status
+            if result.status != 200 or result.ttft is None:
+                raise RuntimeError(f"probe failed: {result.status} {result.error}")
             ttfts.append(result.ttft)
         return ttfts
 

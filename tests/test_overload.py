@@ -98,6 +98,8 @@ def test_a_flood_is_served_or_refused_with_retry_after(small_queue: LiveServer) 
     assert health and set(health) == {200}
     ready = httpx.get(small_queue.url + "/ready")
     assert ready.status_code == 200, "overload is not ill health"
+    metrics = httpx.get(small_queue.url + "/metrics").text
+    assert 'zerohop_refusals_total{reason="overloaded"' in metrics, metrics[-2000:]
 
 
 async def _fill_the_queue(client: httpx.AsyncClient, tag: str) -> list[asyncio.Task]:
@@ -160,3 +162,53 @@ def test_grpc_reports_load_and_refuses_with_unavailable(small_queue: LiveServer)
     assert code == grpc.StatusCode.UNAVAILABLE
     assert int(initial["zerohop-waiting"]) >= MAX_WAITING
     assert int(trailing["retry-after"]) >= 1
+
+
+def _engine_with_queue(queued: list[tuple[str, int, int]]):
+    """A (never started) AsyncEngine holding this queue and a measured speed of 100 tok/s."""
+    from zerohop.engine.async_engine import AsyncEngine, Queued
+
+    engine = AsyncEngine()
+    engine.queued = {
+        f"r{i}": Queued(tokens, tenant, 1.0, priority)
+        for i, (tenant, tokens, priority) in enumerate(queued)
+    }
+    engine.latest_stats = {
+        "num_running": 0, "num_blocks": 10, "blocks_in_use": 5,
+        "tokens_per_second": 100.0, "max_num_batched_tokens": 2048,
+    }  # fmt: skip
+    return engine
+
+
+def test_a_flooding_tenant_is_refused_and_the_others_are_not() -> None:
+    from zerohop.api.errors import ApiError
+    from zerohop.api.overload import AdmissionControl
+    from zerohop.engine.async_engine import Queued
+
+    engine = _engine_with_queue([("flood", 100, 0)] * 10)
+    control = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100)
+    with pytest.raises(ApiError) as refused:
+        control.check("anthropic", Queued(100, "flood", 1.0, 0))
+    assert refused.value.status == 529 and refused.value.code == "overloaded"
+    assert dict(refused.value.headers)[b"retry-after"] == b"5"  # 10 s of wait, 5 allowed
+    control.check("openai", Queued(100, "light", 1.0, 0))  # its turn comes next: admitted
+    assert control.load().queue_wait == 10.0 and control.load().kv_usage == 0.5
+
+    fcfs = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100, fair_share=False)
+    with pytest.raises(ApiError) as refused:
+        fcfs.check("openai", Queued(100, "light", 1.0, 0))
+    assert refused.value.status == 503, "in arrival order the light tenant waits too"
+
+
+def test_batch_work_queued_does_not_refuse_interactive_work() -> None:
+    from zerohop.api.errors import ApiError
+    from zerohop.api.overload import AdmissionControl
+    from zerohop.engine.async_engine import Queued
+
+    engine = _engine_with_queue([("bulk", 500, 1)] * 4 + [("chat", 100, 0)])
+    control = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100)
+    control.check("openai", Queued(100, "chat2", 1.0, 0))  # behind 100 interactive tokens
+    with pytest.raises(ApiError):
+        control.check("openai", Queued(100, "bulk", 1.0, 1))  # behind all of it
+    with pytest.raises(ApiError, match="already waiting"):
+        AdmissionControl(engine, max_waiting=5).check("openai", Queued(1, "x", 1.0, 0))

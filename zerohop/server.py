@@ -129,7 +129,12 @@ async def serve(options: ServeOptions) -> int:
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
-        admission=AdmissionControl(engine, options.max_queue_wait, options.max_waiting),
+        admission=AdmissionControl(
+            engine,
+            options.max_queue_wait,
+            options.max_waiting,
+            fair_share=(options.engine_options or {}).get("scheduling_policy", "vtc") == "vtc",
+        ),
     )
     config = _uvicorn_config(options, ctx)
     config.load()

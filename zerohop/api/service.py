@@ -17,7 +17,7 @@ from typing import Any
 from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
 from zerohop.api.overload import AdmissionControl
-from zerohop.engine.async_engine import AsyncEngine, EngineDeadError
+from zerohop.engine.async_engine import AsyncEngine, EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import BATCH, INTERACTIVE
 from zerohop.engine.outputs import RequestDelta
@@ -44,6 +44,17 @@ def api_error(error: GatewayError) -> ApiError:
     codes = {401: "invalid_api_key", 403: "model_not_allowed", 429: "rate_limit_exceeded"}
     code = error.code or codes.get(error.status)
     return ApiError(error.status, error.message, code=code, headers=headers)
+
+
+def engine_options(call: Call) -> dict[str, Any]:
+    """The scheduler's view of the caller: tenant, fair-share weight, priority class."""
+    identity = call.identity
+    batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
+    return {
+        "tenant": identity.tenant.name,
+        "weight": identity.tenant.weight,
+        "priority": BATCH if batch else INTERACTIVE,
+    }
 
 
 def sampling_params(
@@ -131,7 +142,13 @@ class ServingContext:
         if not self.ready:
             raise ApiError(529, "the server is shutting down or its engine is unavailable")
         if self.admission is not None:  # before the gateway: a refusal costs no quota
-            self.admission.check(call.surface)
+            options = engine_options(call)
+            request = Queued(len(prompt), options["tenant"], options["weight"], options["priority"])
+            try:
+                self.admission.check(call.surface, request)
+            except ApiError:
+                call.decision = "overloaded"  # counted in zerohop_refusals, audited
+                raise
         if self.gateway is None:
             return params
         wanted = params.max_tokens or max(1, self.max_model_len - len(prompt))
@@ -154,13 +171,7 @@ class ServingContext:
         """
         request_id = call.request_id
         params = await self.admit(call, prompt, params)
-        identity = call.identity
-        batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
-        options = {
-            "tenant": identity.tenant.name,
-            "weight": identity.tenant.weight,
-            "priority": BATCH if batch else INTERACTIVE,
-        }
+        options = engine_options(call)
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))

@@ -31,6 +31,16 @@ class EngineDeadError(RequestFailedError):
     """The engine process has exited; no request can be served."""
 
 
+@dataclass(slots=True, frozen=True)
+class Queued:
+    """A request sent to the engine whose first delta has not come back."""
+
+    prompt_tokens: int
+    tenant: str
+    weight: float
+    priority: int
+
+
 @dataclass(slots=True)
 class _Stream:
     queue: asyncio.Queue
@@ -48,8 +58,9 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         # Requests sent whose first delta has not come back: the queue as this side sees it,
         # current to the moment (the engine's own counters are a step old).
-        self._queued: dict[str, int] = {}  # request id -> prompt tokens
-        self.queued_tokens = 0
+        # Requests sent whose first delta has not come back: the queue as this side sees it,
+        # current to the moment (the engine's own counters are a step old).
+        self.queued: dict[str, Queued] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
         self._process: subprocess.Popen | None = None
@@ -94,8 +105,12 @@ class AsyncEngine:
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
         self._send(["add", request_id, prompt_token_ids, params_to_wire(params), options])
-        self._queued[request_id] = len(prompt_token_ids)
-        self.queued_tokens += len(prompt_token_ids)
+        self.queued[request_id] = Queued(
+            len(prompt_token_ids),
+            options.get("tenant", "default"),
+            options.get("weight", 1.0),
+            options.get("priority", 0),
+        )
         try:
             while True:
                 item = await stream.queue.get()
@@ -112,12 +127,8 @@ class AsyncEngine:
             if not stream.finished and not self.dead:
                 self._send(["abort", request_id])
 
-    @property
-    def num_queued(self) -> int:
-        return len(self._queued)
-
     def _dequeue(self, request_id: str) -> None:
-        self.queued_tokens -= self._queued.pop(request_id, 0)
+        self.queued.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         if not self.dead:

@@ -280,7 +280,7 @@ class GatewayMetrics:
                 family.add_metric((tenant,), value)
             yield family
         family = CounterMetricFamily(
-            "zerohop_refusals", "Requests refused by a limit, budget or authentication.",
+            "zerohop_refusals", "Requests refused by a limit, budget, authentication or overload.",
             labels=("reason", "tenant"),
         )  # fmt: skip
         for labels, value in refusals.items():
