@@ -9,8 +9,10 @@ every request streams from /v1/completions.
   idle          tenant B alone, one request at a time: TTFT p50 (the baseline)
   flood         tenant A keeps 32 long requests in flight; B sends one at a time: B's TTFT
                 p50 under VTC and under FCFS (a server of each)
-  weights       tenants of weight 1 and 2 each keep 32 requests in flight: the ratio of
-                output tokens each received in the measured window (target 2, within 10%)
+  weights       tenants of weight 1 and 2 each keep 32 requests in flight (outputs of 16-64
+                tokens, so they do not end in step): the ratio of output tokens each
+                received in the measured window (target 2, within 10%), on a server
+                with --max-queue-wait 0 (the engine's shares, not admission)
   batch         a batch-class key keeps 32 in flight; an interactive key sends one at a
                 time: its TTFT p50 against idle
   refusals      a server whose queue is held full (--max-waiting 1): requests refused per
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-tokens", type=int, default=128, help="output of the flooding requests")
     p.add_argument("--probe-tokens", type=int, default=8, help="output of the one-at-a-time ones")
     p.add_argument("--probes", type=int, default=8, help="one-at-a-time requests per scenario")
-    p.add_argument("--window", type=float, default=40.0, help="seconds measured for weights")
+    p.add_argument("--window", type=float, default=60.0, help="seconds measured for weights")
     p.add_argument("--refusals", type=int, default=2000)
+    p.add_argument("--only", default=None, help="comma-separated scenarios (default: all)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "fairness.json")
     return p.parse_args(argv)
 
@@ -84,6 +88,7 @@ class Result:
     ttft: float | None = None
     token_times: list[float] = field(default_factory=list)
     error: str = ""
+    retry_after: float = 0.0
 
 
 class Load:
@@ -119,6 +124,7 @@ class Load:
             result = Result(r.status_code)
             if r.status_code != 200:
                 result.error = (await r.aread()).decode(errors="replace")
+                result.retry_after = float(r.headers.get("retry-after", 0))
                 return result
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
@@ -127,15 +133,23 @@ class Load:
                     result.token_times.append(now)
         return result
 
-    async def keep_in_flight(self, key: str, count: int, stop: asyncio.Event) -> list[Result]:
+    async def keep_in_flight(
+        self, key: str, count: int, stop: asyncio.Event, lengths: tuple[int, int] | None = None
+    ) -> list[Result]:
+        """`count` requests of `key` in flight until `stop`: each --long-tokens long, or of a
+        length drawn from `lengths` (which keeps them from ending all at once)."""
         results: list[Result] = []
+
+        def length() -> int:
+            return self.args.long_tokens if lengths is None else self.rng.randint(*lengths)
 
         async def loop() -> None:
             while not stop.is_set():
                 try:
-                    results.append(await self.request(key, self.args.long_tokens))
+                    results.append(await self.request(key, length()))
                 except httpx.HTTPError as exc:
                     results.append(Result(0, error=repr(exc)))
+                await asyncio.sleep(results[-1].retry_after)  # as the SDKs do on 503/529
 
         tasks = [asyncio.create_task(loop()) for _ in range(count)]
         await stop.wait()
@@ -175,10 +189,11 @@ class Load:
         await asyncio.sleep(self.args.window)
         end = time.monotonic()
         stop.set()
-        tokens = {}
+        tokens: dict = {}
         for key, task in runs.items():
             results = await task
             tokens[key] = sum(start <= t < end for r in results for t in r.token_times)
+            tokens[f"{key}_statuses"] = dict(Counter(str(r.status) for r in results))
         return {**tokens, "ratio": tokens["heavy"] / max(1, tokens["light"])}
 
 
@@ -200,7 +215,7 @@ async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> di
     headers = {"authorization": f"Bearer {keys['chat']}"}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        long = {"model": MODEL, "prompt": "hold", "max_tokens": 100000, "ignore_eos": True}
+        long = {"model": MODEL, "prompt": "hold", "max_tokens": 4000, "ignore_eos": True}
         holds = [
             asyncio.create_task(client.post("/v1/completions", json=long, headers=headers))
             for _ in range(2)
@@ -227,7 +242,7 @@ async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> di
     refused = statuses.count(503)
     return {
         "refused": refused,
-        "other": len(statuses) - refused,
+        "statuses": {str(k): v for k, v in sorted(Counter(statuses).items())},
         "per_second": refused / wall,
         "api_cpu_seconds": cpu,
         "per_cpu_second": refused / cpu if cpu > 0 else None,
@@ -241,9 +256,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+SCENARIOS = ("idle", "flood", "batch", "weights", "fcfs", "refusals")
+
+
 def run(args: argparse.Namespace) -> dict:
     from zerohop.engine.checkpoint import open_checkpoint
 
+    wanted = set(args.only.split(",")) if args.only else set(SCENARIOS)
     prompts = TextPrompts.for_tokenizer(open_checkpoint(default_model()).tokenizer())
     log_dir = args.out.parent
     report: dict = {"max_num_seqs": args.max_num_seqs, "threads": args.threads}
@@ -252,43 +271,54 @@ def run(args: argparse.Namespace) -> dict:
         keys = make_keys(db)
         with serve("vtc", args, db, log_dir) as server:
             load = Load(server.url, keys, prompts, args)
-            report["idle_ttft_ms"] = p50(load.run(load.probe, "probe"))
-            print(f"  idle: TTFT p50 {report['idle_ttft_ms']:.0f} ms")
-            report["vtc_flood_ttft_ms"] = p50(load.run(load.under, {"flood": 32}, "probe"))
-            print(f"  flood, VTC: B's TTFT p50 {report['vtc_flood_ttft_ms']:.0f} ms")
-            report["batch_ttft_ms"] = p50(load.run(load.under, {"bulk": 32}, "chat"))
-            print(f"  batch flood: interactive TTFT p50 {report['batch_ttft_ms']:.0f} ms")
-            report["weights"] = load.run(load.weighted)
-            print(f"  weights 1:2: output tokens {report['weights']}")
-        with serve("fcfs", args, db, log_dir) as server:
-            load = Load(server.url, keys, prompts, args)
-            report["fcfs_flood_ttft_ms"] = p50(load.run(load.under, {"flood": 32}, "probe"))
-            print(f"  flood, FCFS: B's TTFT p50 {report['fcfs_flood_ttft_ms']:.0f} ms")
-        extra = ["--max-waiting", "1", "--max-num-seqs", "1"]
-        with serve("vtc", args, db, log_dir, extra) as server:
-            api_pid = server_pids(server.process.pid)["api"]
-            report["refusals"] = asyncio.run(refusal_cost(server.url, keys, api_pid, args))
-            print(f"  refusals: {report['refusals']}")
+            if "idle" in wanted:
+                report["idle_ttft_ms"] = p50(load.run(load.probe, "probe"))
+                print(f"  idle_ttft_ms: {report['idle_ttft_ms']}")
+            if "flood" in wanted:
+                report["vtc_flood_ttft_ms"] = p50(load.run(load.under, {"flood": 32}, "probe"))
+                print(f"  vtc_flood_ttft_ms: {report['vtc_flood_ttft_ms']}")
+            if "batch" in wanted:
+                report["batch_ttft_ms"] = p50(load.run(load.under, {"bulk": 32}, "chat"))
+                print(f"  batch_ttft_ms: {report['batch_ttft_ms']}")
+        if "weights" in wanted:  # shares of the engine alone: no overload refusals
+            with serve("vtc", args, db, log_dir, ["--max-queue-wait", "0"]) as server:
+                load = Load(server.url, keys, prompts, args)
+                report["weights"] = load.run(load.weighted)
+                print(f"  weights: {report['weights']}")
+        if "fcfs" in wanted:
+            with serve("fcfs", args, db, log_dir) as server:
+                load = Load(server.url, keys, prompts, args)
+                report["fcfs_flood_ttft_ms"] = p50(load.run(load.under, {"flood": 32}, "probe"))
+                print(f"  fcfs_flood_ttft_ms: {report['fcfs_flood_ttft_ms']}")
+        if "refusals" in wanted:
+            extra = ["--max-waiting", "1", "--max-num-seqs", "1"]
+            with serve("vtc", args, db, log_dir, extra) as server:
+                api_pid = server_pids(server.process.pid)["api"]
+                report["refusals"] = asyncio.run(refusal_cost(server.url, keys, api_pid, args))
+                print(f"  refusals: {report['refusals']}")
     return report
 
 
 def print_report(report: dict) -> None:
-    idle = report["idle_ttft_ms"]
-    refusals = report["refusals"]
-    rows = [
-        ["B's TTFT p50, idle", f"{idle:.0f} ms", "1.00x"],
-        ["B's TTFT p50, A flooding, VTC", f"{report['vtc_flood_ttft_ms']:.0f} ms",
-         f"{report['vtc_flood_ttft_ms'] / idle:.2f}x idle (target <= 2)"],
-        ["B's TTFT p50, A flooding, FCFS", f"{report['fcfs_flood_ttft_ms']:.0f} ms",
-         f"{report['fcfs_flood_ttft_ms'] / idle:.2f}x idle"],
-        ["interactive TTFT p50, batch flooding", f"{report['batch_ttft_ms']:.0f} ms",
-         f"{report['batch_ttft_ms'] / idle:.2f}x idle (target <= 2)"],
-        ["output tokens, weight 2 : weight 1", f"{report['weights']['ratio']:.2f}",
-         "target 2.00 +- 10%"],
-        ["overload refusals", f"{refusals['per_second']:.0f} /s",
-         f"{refusals['per_cpu_second'] or 0:.0f} per API CPU second"],
-    ]  # fmt: skip
-    print_table(["measure", "value", "against"], rows)
+    idle = report.get("idle_ttft_ms")
+    rows = [["TTFT p50, idle", f"{idle:.0f} ms", ""]] if idle else []
+    for key, label in (
+        ("vtc_flood_ttft_ms", "B's TTFT p50, A flooding, VTC (target <= 2x idle)"),
+        ("fcfs_flood_ttft_ms", "B's TTFT p50, A flooding, FCFS"),
+        ("batch_ttft_ms", "interactive TTFT p50, batch flooding (target <= 2x idle)"),
+    ):
+        if key in report:
+            ratio = f"{report[key] / idle:.2f}x idle" if idle else ""
+            rows.append([label, f"{report[key]:.0f} ms", ratio])
+    if "weights" in report:
+        w = report["weights"]
+        rows.append(["output tokens, weight 2 : weight 1 (target 2 +- 10%)", f"{w['ratio']:.2f}",
+                     f"{w['heavy']} : {w['light']}"])  # fmt: skip
+    if "refusals" in report:
+        r = report["refusals"]
+        rows.append(["overload refusals", f"{r['per_second']:.0f} /s",
+                     f"{r['per_cpu_second'] or 0:.0f} per API-process CPU second"])  # fmt: skip
+    print_table(["measure", "value", ""], rows)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
