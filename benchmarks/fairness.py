@@ -185,16 +185,30 @@ class Load:
             k: asyncio.create_task(self.keep_in_flight(k, 32, stop)) for k in ("light", "heavy")
         }
         await asyncio.sleep(10.0)  # warm-up: both backlogged
-        start = time.monotonic()
+        start, before = time.monotonic(), await self.served_tokens()
         await asyncio.sleep(self.args.window)
-        end = time.monotonic()
+        end, after = time.monotonic(), await self.served_tokens()
         stop.set()
         tokens: dict = {}
         for key, task in runs.items():
             results = await task
             tokens[key] = sum(start <= t < end for r in results for t in r.token_times)
             tokens[f"{key}_statuses"] = dict(Counter(str(r.status) for r in results))
+        server = {t: after.get(t, 0) - before.get(t, 0) for t in ("heavy", "light")}
+        tokens["server_output_tokens"] = server  # of requests that ended in the window
+        tokens["server_ratio"] = server["heavy"] / max(1, server["light"])
         return {**tokens, "ratio": tokens["heavy"] / max(1, tokens["light"])}
+
+    async def served_tokens(self) -> dict[str, float]:
+        """zerohop_output_tokens_total by tenant, from /metrics."""
+        text = (await self.client.get("/metrics")).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("zerohop_output_tokens_total{"):
+                labels, _, value = line.rpartition(" ")
+                tenant = labels.split('tenant="', 1)[1].split('"', 1)[0]
+                out[tenant] = float(value)
+        return out
 
 
 def p50(values: list[float]) -> float:
