@@ -1,0 +1,73 @@
+"""Choosing a replica: prefix affinity by rendezvous hashing, bounded by load.
+
+Requests that share a prompt prefix (a system prompt, a conversation so far) should land on
+the replica whose prefix cache holds it. Rendezvous (highest-random-weight) hashing ranks the
+replicas for each prefix: every client ranks them the same way without coordinating, and
+when a replica leaves, only the prefixes it ranked first move. The key is the prompt's first
+`prefix_chars` characters, cut down to a multiple of `block_chars` (about one KV block of
+text), so prompts that differ only after their shared part hash alike.
+
+Affinity yields to load: when the preferred replica reports a queue wait more than
+`wait_slack_ms` above the least-loaded healthy replica's, or has `in_flight_slack` more of
+this client's requests in flight, the less loaded of two candidates is taken (the preferred
+one and another at random: power of two choices), which bounds the imbalance without
+giving up affinity while loads are close.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zerohop.client.replica import Replica
+
+
+@dataclass(slots=True, frozen=True)
+class AffinityPolicy:
+    prefix_chars: int = 2048
+    block_chars: int = 64
+    wait_slack_ms: float = 500.0
+    in_flight_slack: int = 4
+
+    def key(self, prompt: str) -> bytes:
+        cut = min(len(prompt), self.prefix_chars)
+        cut -= cut % self.block_chars
+        return prompt[: cut or len(prompt)].encode()
+
+    def choose(
+        self, prompt: str, replicas: Sequence[Replica], rng: random.Random | None = None
+    ) -> tuple[Replica, bool]:
+        """The replica for `prompt`, and whether affinity chose it (False: load did)."""
+        usable = [r for r in replicas if r.breaker.allows()]
+        if not usable:
+            raise LookupError("no replica is available (all are down or unknown)")
+        ranked = rank(self.key(prompt), usable)
+        preferred = ranked[0]
+        if len(ranked) == 1 or not self._overloaded(preferred, ranked):
+            return preferred, True
+        other = (rng or random).choice(ranked[1:])
+        return (other, False) if _load(other) < _load(preferred) else (preferred, True)
+
+    def _overloaded(self, replica: Replica, replicas: Sequence[Replica]) -> bool:
+        least_wait = min(r.queue_wait_ms for r in replicas)
+        least_in_flight = min(r.in_flight for r in replicas)
+        return (
+            replica.queue_wait_ms > least_wait + self.wait_slack_ms
+            or replica.in_flight > least_in_flight + self.in_flight_slack
+        )
+
+
+def rank(key: bytes, replicas: Sequence[Replica]) -> list[Replica]:
+    """Replicas from the most to the least preferred for `key` (rendezvous hashing)."""
+    return sorted(replicas, key=lambda r: _weight(key, r.url), reverse=True)
+
+
+def _weight(key: bytes, url: str) -> int:
+    digest = hashlib.blake2b(key + b"\0" + url.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _load(replica: Replica) -> tuple[float, int]:
+    return replica.queue_wait_ms, replica.in_flight
