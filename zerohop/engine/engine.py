@@ -25,7 +25,7 @@ from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import ScheduledChunk, Scheduler
-from zerohop.engine.sequence import Sequence, Status
+from zerohop.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,6 @@ class LLMEngine:
             prefix_hit_tokens=pool.counters.prefix_hit_tokens,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.policy),
-            waiting_tokens=sum(
-                s.num_tokens - s.num_computed_tokens
-                for s in self.requests.values()
-                if s.status is Status.WAITING
-            ),
             tokens_per_second=self.throughput.tokens_per_second(),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
         )

@@ -35,6 +35,5 @@ class EngineStats:
     prefix_hit_tokens: int
     num_running: int
     num_waiting: int
-    waiting_tokens: int = 0  # tokens the waiting requests still need computed
     tokens_per_second: float = 0.0  # tokens computed per second of step time, last seconds
     max_num_batched_tokens: int = 0
