@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerohop.engine.attention import AttentionBatch
+from zerohop.engine.fused import kernel_inputs
 from zerohop.engine.linear import SMALL_BATCH, Linear, kernel_weight
 
 if TYPE_CHECKING:
@@ -39,10 +40,7 @@ class DecodeStep:
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
         assert attn.decode is not None
-        model = self.model
-        hidden = model.embed(input_ids).contiguous()
-        cos = model.rotary.cos.index_select(0, positions)
-        sin = model.rotary.sin.index_select(0, positions)
+        hidden, cos, sin = kernel_inputs(self.model, input_ids, positions)
         decode = attn.decode
         return self.run(
             hidden, cos, sin, attn.slot_mapping, decode.key_slots, decode.context_lens, logits_rows

@@ -28,6 +28,16 @@ class FusedOps:
         return cls(module.rms_norm, module.rotate, module.silu_mul)
 
 
+def kernel_inputs(
+    model: CausalLM, input_ids: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernels take for a step: contiguous hidden states, and cos and sin [T, D]."""
+    hidden = model.embed(input_ids).contiguous()
+    cos = model.rotary.cos.index_select(0, positions)
+    sin = model.rotary.sin.index_select(0, positions)
+    return hidden, cos, sin
+
+
 def fused_forward(
     model: CausalLM,
     ops: FusedOps,
@@ -38,9 +48,7 @@ def fused_forward(
     logits_rows: torch.Tensor,
 ) -> torch.Tensor:
     eps = model.config.rms_norm_eps
-    hidden = model.embed(input_ids).contiguous()
-    cos = model.rotary.cos.index_select(0, positions)
-    sin = model.rotary.sin.index_select(0, positions)
+    hidden, cos, sin = kernel_inputs(model, input_ids, positions)
     layers = model.layers
 
     def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
