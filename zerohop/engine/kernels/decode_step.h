@@ -22,27 +22,38 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w);
 // One weight matrix as zerohop's kernels hold it: "f32" (w), "q8_0" (qs, d), "q4_1" (qs, d, m).
 class Product {
  public:
+  // Each kind's value is the number of tensors it holds.
+  enum class Kind : size_t { kF32 = 1, kQ8_0 = 2, kQ4_1 = 3 };
+
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
           c10::optional<torch::Tensor> bias)
-      : tensors_(std::move(tensors)), bias_(std::move(bias)) {
-    const size_t expected = kind == "f32" ? 1 : kind == "q8_0" ? 2 : kind == "q4_1" ? 3 : 0;
-    TORCH_CHECK(expected > 0, "unknown product kind ", kind);
+      : kind_(parse(kind)), tensors_(std::move(tensors)), bias_(std::move(bias)) {
+    const auto expected = static_cast<size_t>(kind_);
     TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
-    kind_ = expected;
   }
 
   torch::Tensor operator()(const torch::Tensor& x) const {
-    torch::Tensor out = kind_ == 1   ? f32_linear(x, tensors_[0])
-                        : kind_ == 2 ? q8_0_linear(x, tensors_[0], tensors_[1])
-                                     : q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]);
+    torch::Tensor out;
+    switch (kind_) {
+      case Kind::kF32: out = f32_linear(x, tensors_[0]); break;
+      case Kind::kQ8_0: out = q8_0_linear(x, tensors_[0], tensors_[1]); break;
+      case Kind::kQ4_1: out = q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]); break;
+    }
     if (bias_) out.add_(*bias_);
     return out;
   }
 
-  bool is_float() const { return kind_ == 1; }
+  bool is_float() const { return kind_ == Kind::kF32; }
 
  private:
-  size_t kind_ = 0;
+  static Kind parse(const std::string& kind) {
+    if (kind == "f32") return Kind::kF32;
+    if (kind == "q8_0") return Kind::kQ8_0;
+    TORCH_CHECK(kind == "q4_1", "unknown product kind ", kind);
+    return Kind::kQ4_1;
+  }
+
+  Kind kind_;
   std::vector<torch::Tensor> tensors_;
   c10::optional<torch::Tensor> bias_;
 };
