@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -42,7 +43,7 @@ from pathlib import Path
 import httpx
 from _common import ROOT, TextPrompts, default_model, print_table, write_json
 from serve import server_pids
-from vs_llamacpp import CommandServer
+from vs_llamacpp import CommandServer, process_ticks
 
 MODEL = "default"
 KEYS = {  # name: (tenant, weight, priority)
@@ -268,10 +269,7 @@ async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> di
 
 
 def _cpu_seconds(pid: int) -> float:
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 SCENARIOS = ("idle", "flood", "batch", "weights", "fcfs", "refusals")

@@ -204,22 +204,23 @@ def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) ->
     assert finished["hog"] < finished["interactive"] < finished["batch"], finished
 
 
-def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> None:
-    policy = VTCPolicy()
-    bulk = [seq("bulk", priority=BATCH) for _ in range(3)]
-    for s in bulk:
+def start(policy: VTCPolicy, running: list[Sequence]) -> list[Sequence]:
+    """`running` through the queue and admitted, as the scheduler would."""
+    for s in running:
         policy.add(s)
         policy.remove(s)
         policy.admitted(s)
+    return running
+
+
+def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> None:
+    policy = VTCPolicy()
+    bulk = start(policy, [seq("bulk", priority=BATCH) for _ in range(3)])
     chat = seq("chat")
     policy.add(chat)
     assert policy.displace(chat, bulk) is bulk[-1], "batch yields to interactive (newest first)"
 
-    hogs = [seq("hog") for _ in range(4)]
-    for s in hogs:
-        policy.add(s)
-        policy.remove(s)
-        policy.admitted(s)
+    hogs = start(policy, [seq("hog") for _ in range(4)])
     light = seq("light")
     policy.add(light)
     assert policy.displace(light, hogs) is hogs[-1], "over its share (4 of 4 slots)"
