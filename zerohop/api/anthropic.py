@@ -56,6 +56,7 @@ _DELTA_PREFIX = (
     b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
 )
 _DELTA_SUFFIX = b"}}\n\n"
+_DELTA_SUFFIX_IDS = b'},"token_ids":'  # `return_token_ids`: the event's tokens follow
 _BLOCK_START = (
     b"event: content_block_start\n"
     b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
@@ -89,11 +90,12 @@ class AnthropicSurface:
     async def messages(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_messages(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
-        prompt = self.prompt(request)
+        continues = request.continue_token_ids
+        prompt = self.ctx.continued(self.prompt(request), continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         params = _sampling_params(request)
-        state = _Run(call.request_id, prompt, request.model)
-        generation = self.ctx.generate(call, prompt, params, receive)
+        state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
+        generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
                 await state.stream(deltas, send)
@@ -118,8 +120,9 @@ class AnthropicSurface:
 class _Run:
     """One generation request's response, streamed as SSE events or sent whole."""
 
-    def __init__(self, rid: str, prompt: list[int], model: str) -> None:
+    def __init__(self, rid: str, prompt: list[int], model: str, token_ids: bool) -> None:
         self.rid, self.model = rid, model
+        self.suffix = _DELTA_SUFFIX_IDS if token_ids else None
         self.num_prompt = len(prompt)
         self.cached = 0
         self.output_tokens = 0
@@ -152,9 +155,7 @@ class _Run:
         try:
             while True:
                 if delta.new_token_ids:  # one event per token, even one with no text yet
-                    await send_chunk(
-                        send, _DELTA_PREFIX + orjson.dumps(delta.new_text) + _DELTA_SUFFIX
-                    )
+                    await send_chunk(send, self._delta_event(delta))
                 if delta.finished:
                     break
                 delta = await anext(deltas)
@@ -169,6 +170,12 @@ class _Run:
         end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
         end["usage"] = self._usage()
         await end_stream(send, _BLOCK_STOP + _event("message_delta", end) + _MESSAGE_STOP)
+
+    def _delta_event(self, delta: RequestDelta) -> bytes:
+        text = orjson.dumps(delta.new_text)
+        if self.suffix is None:
+            return _DELTA_PREFIX + text + _DELTA_SUFFIX
+        return _DELTA_PREFIX + text + self.suffix + orjson.dumps(delta.new_token_ids) + b"}\n\n"
 
     def _count(self, delta: RequestDelta) -> None:
         self.output_tokens += len(delta.new_token_ids)

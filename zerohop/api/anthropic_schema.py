@@ -66,6 +66,10 @@ class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=Tr
     service_tier: Literal["auto", "standard_only"] | None = None
     speed: Literal["standard", "fast"] | None = None
     inference_geo: str | None = None
+    # zerohop's failover extensions (zerohop.client sends them): each text event carries the
+    # ids of its tokens, and a request can continue another replica's partial answer.
+    return_token_ids: bool = False
+    continue_token_ids: list[int] | None = None
 
 
 _MESSAGES = msgspec.json.Decoder(MessagesRequest)

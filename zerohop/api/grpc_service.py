@@ -107,13 +107,15 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     ) -> None:
         ctx = self.ctx
         ctx.check_model(request.model, call)
-        prompt = self._prompt(request)
+        continues = list(request.continue_token_ids)
+        prompt = ctx.continued(self._prompt(request), continues)
         params = _sampling_params(request)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
+        generation = ctx.generate(call, prompt, params, continues=continues)
         # A cancelled or timed-out call raises CancelledError at one of these awaits;
         # closing the iterator then aborts the request in the engine.
-        async with contextlib.aclosing(ctx.generate(call, prompt, params)) as deltas:
+        async with contextlib.aclosing(generation) as deltas:
             async for delta in deltas:
                 completion_tokens += len(delta.new_token_ids)
                 if delta.new_token_ids or delta.new_text or delta.finished:

@@ -149,19 +149,21 @@ class OpenAIApi:
         request = await self._read(scope, receive, ChatRequest)
         check_chat(request)
         self.ctx.check_model(request.model, call)
-        prompt = self.ctx.encode_chat(chat_messages(request))
+        continues = request.continue_token_ids
+        prompt = self.ctx.continued(self.ctx.encode_chat(chat_messages(request)), continues)
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens, top)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        deltas = self.ctx.generate(call, prompt, params, receive)
+        deltas = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
                 stream = ChatStream(rid, request.model, usage, len(prompt), top)
+                stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, send, request_id)
             else:
                 await self._chat_once(
@@ -233,6 +235,8 @@ class OpenAIApi:
         self.ctx.check_model(request.model, call)
         given = completion_prompt(request, self.ctx.vocab_size)
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
+        continues = request.continue_token_ids
+        prompt = self.ctx.continued(prompt, continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         params = sampling_params(request, request.max_tokens, request.logprobs)
         echo = ""
@@ -240,12 +244,13 @@ class OpenAIApi:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
         rid = "cmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        deltas = self.ctx.generate(call, prompt, params, receive)
+        deltas = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
                 stream = CompletionStream(rid, request.model, usage, len(prompt), echo)
+                stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, send, request_id)
             else:
                 await self._complete_once(

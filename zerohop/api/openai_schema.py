@@ -68,6 +68,10 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Scheduling: "flex" (OpenAI) or a vLLM `priority` above 0 runs the request as batch work.
     service_tier: str | None = None
     priority: int | None = None
+    # vLLM's `return_token_ids` (each chunk's choice carries its tokens' ids) and zerohop's
+    # failover extension: continue another replica's partial answer from its token ids.
+    return_token_ids: bool = False
+    continue_token_ids: list[int] | None = None
 
     @property
     def wants_batch(self) -> bool:

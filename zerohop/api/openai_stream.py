@@ -81,6 +81,7 @@ class Stream:
         self.tail = (b',"usage":null' if include_usage else b"") + b"}\n\n"
         self.include_usage = include_usage
         self.totals = Totals(prompt_tokens)
+        self.token_ids = False  # vLLM's `return_token_ids`: each choice carries its tokens
 
     def opening(self) -> bytes:
         return b""
@@ -92,11 +93,12 @@ class Stream:
             return b""
         text = orjson.dumps(delta.new_text)
         logprobs = self.logprobs(api, delta) if delta.new_logprobs is not None else None
-        if logprobs is None:
+        if logprobs is None and not self.token_ids:
             return self.prefix + text + self.suffix
+        ids = b',"token_ids":' + orjson.dumps(delta.new_token_ids) if self.token_ids else b""
         return (
-            self.prefix + text + self.text_close + b',"logprobs":' + logprobs
-            + b',"finish_reason":null}]' + self.tail
+            self.prefix + text + self.text_close + b',"logprobs":' + (logprobs or b"null")
+            + b',"finish_reason":null' + ids + b"}]" + self.tail
         )  # fmt: skip
 
     def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:

@@ -120,6 +120,17 @@ class ServingContext:
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
+    def continued(self, prompt: list[int], continues: list[int] | None) -> list[int]:
+        """The prompt followed by the partial answer a request continues (`continue_token_ids`,
+        sent by zerohop.client when the replica that began the answer failed)."""
+        if not continues:
+            return prompt
+        vocab = self.vocab_size
+        if any(not 0 <= t < vocab for t in continues):
+            message = f"continue_token_ids: token ids must be in [0, {vocab})"
+            raise ApiError(400, message, param="continue_token_ids")
+        return prompt + continues
+
     def check_lengths(self, prompt_tokens: int, max_tokens: int | None) -> None:
         """400 with the numbers when the prompt, or prompt plus max_tokens, overflows."""
         limit = self.max_model_len
@@ -163,15 +174,19 @@ class ServingContext:
         prompt: list[int],
         params: SamplingParams,
         receive: Receive | None = None,
+        continues: list[int] | None = None,
     ) -> AsyncIterator[RequestDelta]:
         """The engine's deltas for one request; engine-side rejections become ApiErrors.
 
         With an ASGI `receive`, a client that goes away aborts the request in the engine.
         Each step's tokens are charged to the caller's limits and budget as they come.
+        `continues`: the end of `prompt` is a partial answer to resume (see `continued`).
         """
         request_id = call.request_id
         params = await self.admit(call, prompt, params)
         options = engine_options(call)
+        if continues:
+            options["continues"] = continues
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))

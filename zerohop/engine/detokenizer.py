@@ -75,6 +75,12 @@ class IncrementalDetokenizer:
         self._prefix_text = self._decode(self._ids)
         return self._emit(new_text, final=False)
 
+    def replay(self, token_ids: Sequence[int]) -> None:
+        """Take tokens whose text was already sent (by another replica, before a failover):
+        afterwards the next token's text continues exactly where that text stopped."""
+        for token_id in token_ids:
+            self.push(token_id)
+
     def flush(self) -> str:
         """End of the request: the text still held back (an incomplete character decodes
         as U+FFFD, as in a full decode). Empty after a stop string matched."""

@@ -133,7 +133,10 @@ class LLMEngine:
         weight: float = 1.0,
         priority: int = 0,
         cache_salt: str | None = None,
+        continues: list[int] | None = None,
     ) -> None:
+        """`continues`: the prompt ends with these output tokens of an interrupted answer
+        (a client's failover); they are not sent again, and the text resumes after them."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         seq = Sequence(
@@ -151,6 +154,9 @@ class LLMEngine:
         seq.detokenizer = IncrementalDetokenizer(
             self.tokenizer, params.stop or [], params.skip_special_tokens
         )
+        if continues:
+            assert prompt_token_ids[len(prompt_token_ids) - len(continues) :] == continues
+            seq.detokenizer.replay(continues)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
