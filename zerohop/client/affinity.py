@@ -17,6 +17,7 @@ giving up affinity while loads are close.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ class AffinityPolicy:
         self, prompt: str, replicas: Sequence[Replica], rng: random.Random | None = None
     ) -> tuple[Replica, bool]:
         """The replica for `prompt`, and whether affinity chose it (False: load did)."""
-        usable = [r for r in replicas if r.breaker.allows()]
+        usable = [r for r in replicas if r.usable]
         if not usable:
             raise LookupError("no replica is available (all are down or unknown)")
         ranked = rank(self.key(prompt), usable)
@@ -71,3 +72,19 @@ def _weight(key: bytes, url: str) -> int:
 
 def _load(replica: Replica) -> tuple[float, int]:
     return replica.queue_wait_ms, replica.in_flight
+
+
+class RoundRobinPolicy:
+    """Each request to the next usable replica in turn, whatever its prompt: the baseline
+    that prefix affinity is measured against (`benchmarks/affinity.py`)."""
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def choose(
+        self, prompt: str, replicas: Sequence[Replica], rng: random.Random | None = None
+    ) -> tuple[Replica, bool]:
+        usable = sorted((r for r in replicas if r.usable), key=lambda r: r.url)
+        if not usable:
+            raise LookupError("no replica is available (all are down or unknown)")
+        return usable[next(self._turn) % len(usable)], False

@@ -44,6 +44,21 @@ class CircuitBreaker:
 
 
 @dataclass(slots=True)
+class ReplicaStats:
+    """What this client did with one replica (readable from Python, and logged)."""
+
+    requests: int = 0  # attempts sent there, continuations included
+    failures: int = 0  # attempts that failed there (connect error, reset, 5xx, overload)
+    failovers: int = 0  # requests moved away from it after a failure, before or mid-stream
+    resumes: int = 0  # of those, streams that broke mid-answer and went on elsewhere
+    by_affinity: int = 0  # attempts that went there because their prefix ranks it first
+
+    @property
+    def affinity_ratio(self) -> float:
+        return self.by_affinity / self.requests if self.requests else 0.0
+
+
+@dataclass(slots=True)
 class Replica:
     url: str
     queue_wait_ms: float = 0.0
@@ -52,6 +67,13 @@ class Replica:
     kv_usage: float = 0.0
     in_flight: int = 0  # this client's requests there now
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    ready: bool | None = None  # the background health check's latest answer (None: not yet)
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+
+    @property
+    def usable(self) -> bool:
+        """Whether new requests may go there: not reported unready, breaker letting through."""
+        return self.ready is not False and self.breaker.allows()
 
     def observe(self, headers: Mapping[str, str]) -> None:
         """Take the load a response reported (missing or malformed values are kept)."""

@@ -1,0 +1,239 @@
+"""zerohop.client against real replicas on 127.0.0.1: a replica killed mid-stream (SIGKILL)
+or drained (SIGTERM) under load, and replicas found by a watched file and by DNS.
+
+Four replicas of the tiny model are started once; each test uses those it needs. The
+engines sleep a little after each step, so 32 streams are all mid-answer when one dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from tests.dns_server import DnsServer
+from tests.live_server import MODEL_NAME, LiveServer, started_together
+from zerohop.client import ReplicaPool, async_http_client, http_client
+from zerohop.client.affinity import rank
+from zerohop.client.surfaces import Messages
+from zerohop.engine.llm import LLM
+from zerohop.engine.sampling_params import SamplingParams
+
+GREEDY = {"temperature": 0}
+MAX_TOKENS = 24
+STEP_DELAY = "0.04"  # seconds the engines sleep after each step: streams last about a second
+
+
+@pytest.fixture(scope="module")
+def fleet(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    specs = {f"replica{i}": ["--debug-step-delay", STEP_DELAY] for i in range(4)}
+    with started_together(llama_dir, specs, tmp_path_factory) as servers:
+        yield [servers[f"replica{i}"] for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def offline(llama_dir: Path) -> LLM:
+    return LLM(llama_dir, num_kv_blocks=256)
+
+
+def expected_text(offline: LLM, question: str) -> tuple[str, int]:
+    prompt = offline.tokenizer.encode_chat(user(question))
+    output = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
+    return output.text, len(output.token_ids)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def alive(fleet: list[LiveServer]) -> list[LiveServer]:
+    return [server for server in fleet if server.process.poll() is None]
+
+
+def sdk(pool: ReplicaPool) -> anthropic.AsyncAnthropic:
+    # max_retries=0: any error the transport let through would reach the test.
+    return anthropic.AsyncAnthropic(
+        base_url="http://zerohop",
+        api_key="unused",
+        max_retries=0,
+        http_client=async_http_client(pool=pool),
+    )
+
+
+async def stream_answer(
+    client: anthropic.AsyncAnthropic, question: str, started: asyncio.Event | None = None
+) -> tuple[str, int]:
+    """(text, output tokens the final usage reports) of one streamed answer."""
+    pieces: list[str] = []
+    async with client.messages.stream(
+        model=MODEL_NAME, max_tokens=MAX_TOKENS, extra_body=GREEDY, messages=user(question)
+    ) as stream:
+        async for text in stream.text_stream:
+            pieces.append(text)
+            if started is not None and len(pieces) >= 3:
+                started.set()
+        final = await stream.get_final_message()
+    return "".join(pieces), final.usage.output_tokens
+
+
+def prompts_ranking_first(pool: ReplicaPool, url: str, count: int) -> list[str]:
+    """Questions whose prefix affinity prefers the replica at `url`."""
+    questions = (f"Question {i}: what do you know about the number {i}?" for i in range(10**4))
+    replicas = list(pool.replicas.values())
+    chosen = []
+    for question in questions:
+        key = pool.affinity.key(Messages({"messages": user(question)}).prompt_text())
+        if rank(key, replicas)[0].url == url:
+            chosen.append(question)
+            if len(chosen) == count:
+                return chosen
+    raise AssertionError("no prompt ranks this replica first")
+
+
+def test_sigkill_mid_stream_loses_no_answer(fleet: list[LiveServer], offline: LLM) -> None:
+    servers = [fleet[0], fleet[2], fleet[3]]
+    victims = {fleet[2].url: fleet[2], fleet[3].url: fleet[3]}
+    pool = ReplicaPool([s.url for s in servers], health_interval=0.5)
+    questions = [f"Tell me a story about the number {i}." for i in range(32)]
+
+    async def run() -> tuple[list[tuple[str, int]], str]:
+        client = sdk(pool)
+        events = [asyncio.Event() for _ in questions]
+        tasks = [
+            asyncio.create_task(stream_answer(client, q, e))
+            for q, e in zip(questions, events, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+        in_flight = {url: r.in_flight for url, r in pool.replicas.items() if url in victims}
+        victim = max(in_flight, key=in_flight.get)
+        assert in_flight[victim] >= 3, in_flight
+        victims[victim].process.kill()
+        answers = await asyncio.gather(*tasks)
+        await client.close()
+        return answers, victim
+
+    try:
+        answers, victim = asyncio.run(run())
+        stats = pool.stats()
+    finally:
+        pool.close()
+    for question, (text, output_tokens) in zip(questions, answers, strict=True):
+        want_text, want_tokens = expected_text(offline, question)
+        assert text == want_text, question
+        assert output_tokens == want_tokens, "usage counts each token once"
+    assert stats[victim]["resumes"] >= 3
+    assert stats[victim]["breaker"] == "open" or stats[victim]["ready"] is False
+
+
+def test_sigterm_drains_streams_and_new_requests_go_elsewhere(
+    fleet: list[LiveServer], offline: LLM
+) -> None:
+    keeper, leaver = fleet[0], fleet[1]
+    pool = ReplicaPool([keeper.url, leaver.url], health_interval=0.2)
+    on_leaver = prompts_ranking_first(pool, leaver.url, 4)  # within the in-flight slack
+    later = [f"A later question, number {i}." for i in range(6)]
+
+    async def run() -> tuple[list, list]:
+        client = sdk(pool)
+        events = [asyncio.Event() for _ in on_leaver]
+        tasks = [
+            asyncio.create_task(stream_answer(client, q, e))
+            for q, e in zip(on_leaver, events, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+        leaver.process.terminate()  # SIGTERM: drain
+        after = await asyncio.gather(*(stream_answer(client, q) for q in later))
+        draining = await asyncio.gather(*tasks)
+        await client.close()
+        return draining, after
+
+    try:
+        requests_before = pool.replicas[leaver.url].stats.requests
+        draining, after = asyncio.run(run())
+        stats = pool.stats()
+    finally:
+        pool.close()
+    assert leaver.process.wait(timeout=30) == 0
+    for question, (text, tokens) in zip(on_leaver + later, draining + after, strict=True):
+        assert (text, tokens) == expected_text(offline, question), question
+    assert stats[leaver.url]["resumes"] == 0, "its streams finished where they were"
+    # New requests went to the keeper: straight away, or after the leaver refused them.
+    sent_to_leaver = stats[leaver.url]["requests"] - requests_before - len(on_leaver)
+    assert sent_to_leaver == stats[leaver.url]["failures"], stats
+
+
+def first_landing(client, pool: ReplicaPool, url: str, timeout: float) -> float | None:
+    """Seconds until a request lands on `url`, sending one every 0.1 s; None on timeout."""
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < timeout:
+        i += 1
+        client.messages.create(
+            model=MODEL_NAME, max_tokens=1, extra_body=GREEDY, messages=user(f"ping {i}")
+        )
+        if pool.replicas.get(url) and pool.replicas[url].stats.requests:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    return None
+
+
+def sync_sdk(pool: ReplicaPool) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url="http://zerohop",
+        api_key="unused",
+        max_retries=0,
+        http_client=http_client(pool=pool),
+    )
+
+
+def test_a_replica_added_to_the_file_gets_traffic_within_5_s(fleet, tmp_path: Path) -> None:
+    first, second = alive(fleet)[:2]
+    listing = tmp_path / "replicas.txt"
+    listing.write_text(f"# the fleet\n{first.url}\n")
+    pool = ReplicaPool(f"file:{listing}", refresh_interval=0.5)
+    try:
+        client = sync_sdk(pool)
+        assert first_landing(client, pool, first.url, 5) is not None
+        replace(listing, f"{first.url}\n{second.url}\n")
+        elapsed = first_landing(client, pool, second.url, 5)
+        assert elapsed is not None and elapsed < 5
+        replace(listing, f"{second.url}\n")  # the first one leaves: drained from the pool
+        time.sleep(1.5)
+        before = pool.stats()
+        assert first.url not in before
+        for i in range(5):
+            client.messages.create(
+                model=MODEL_NAME, max_tokens=1, extra_body=GREEDY, messages=user(f"after {i}")
+            )
+        assert pool.stats()[second.url]["requests"] == before[second.url]["requests"] + 5
+    finally:
+        pool.close()
+
+
+def replace(path: Path, text: str) -> None:
+    """Rewrite a file in one step, as an operator's tooling should (write, then rename)."""
+    staging = path.with_suffix(".new")
+    staging.write_text(text)
+    os.replace(staging, path)
+
+
+def test_a_replica_added_to_dns_gets_traffic_within_5_s(fleet) -> None:
+    first, second = alive(fleet)[:2]
+    srv = "_http._tcp.zerohop.test"
+    with DnsServer() as dns:
+        dns.set_a("pods.zerohop.test", ["127.0.0.1"])
+        dns.set_srv(srv, [(0, 50, first.port, "pods.zerohop.test")])
+        pool = ReplicaPool(f"dns+srv://{srv}?nameserver={dns.nameserver}", refresh_interval=0.5)
+        try:
+            client = sync_sdk(pool)
+            assert first_landing(client, pool, first.url, 5) is not None
+            records = [(0, 50, first.port, "pods.zerohop.test")]
+            dns.set_srv(srv, [*records, (0, 50, second.port, "pods.zerohop.test")])
+            elapsed = first_landing(client, pool, second.url, 5)
+            assert elapsed is not None and elapsed < 5
+        finally:
+            pool.close()

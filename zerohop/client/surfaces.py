@@ -1,0 +1,272 @@
+"""What the client reads of each API: the prompt (for affinity), and streams it can resume.
+
+A streamed answer is followed event by event: the token ids each event carries (the request
+asks for `return_token_ids`), and whether the terminal event came. When the replica fails
+mid-stream, `continuation` is the same request with `continue_token_ids` (the tokens the
+caller already has) and `max_tokens` lowered by as many; the continuing replica's events are
+then rewritten so the caller sees one stream: its preamble (`message_start`, the role chunk)
+is dropped, ids stay the first replica's, and usage counts every output token once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+RETRYABLE_ERROR_TYPES = {"api_error", "overloaded_error", "server_error"}
+
+
+class UpstreamFailed(Exception):
+    """The replica ended the stream without finishing the answer."""
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Whole SSE events (each ending in a blank line) from a byte stream."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while (end := buffer.find(b"\n\n")) != -1:
+            yield buffer[: end + 2]
+            buffer = buffer[end + 2 :]
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The `data:` field of one SSE event (None for comments and pings without data)."""
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+class Surface:
+    """One request on one API surface; `feed` follows its stream across replicas."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+        self.streaming = bool(payload.get("stream"))
+        self.token_ids: list[int] = []  # output tokens the caller has
+        self.base = 0  # of them, those sent before the current replica took over
+        self.started = False  # the caller has the stream's preamble
+        self.resumed = False  # the current replica continues another's answer
+        self.done = False
+
+    def prompt_text(self) -> str:
+        raise NotImplementedError
+
+    def first_body(self) -> dict[str, Any]:
+        if not self.streaming:
+            return self.payload
+        return {**self.payload, "return_token_ids": True}
+
+    def continuation(self) -> dict[str, Any] | None:
+        """The request that continues the answer on another replica; None when nothing is
+        left to generate (the caller then gets `finish()`)."""
+        self.resumed, self.base = self.started, len(self.token_ids)
+        if not self.token_ids:
+            return self.first_body()
+        body = {**self.first_body(), "continue_token_ids": self.token_ids}
+        limit = self.limit_field()
+        if limit is not None:
+            left = int(body.get(limit) or self.default_limit()) - len(self.token_ids)
+            if left < 1:
+                return None
+            body[limit] = left
+        return body
+
+    def limit_field(self) -> str | None:
+        return "max_tokens"
+
+    def default_limit(self) -> int:
+        raise NotImplementedError
+
+    def feed(self, event: bytes) -> bytes:
+        """Follow one upstream event; return what the caller gets of it (maybe nothing).
+        Raises UpstreamFailed for an error the next replica can do better on."""
+        raise NotImplementedError
+
+    def finish(self) -> bytes:
+        """The stream's end, when the answer ran out of tokens exactly at a failover."""
+        raise NotImplementedError
+
+
+class Messages(Surface):
+    """Anthropic `POST /v1/messages`."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload)
+        self.first_usage: dict[str, int] = {}
+
+    def prompt_text(self) -> str:
+        system = self.payload.get("system") or ""
+        parts = [_text(system)] + [_text(m.get("content")) for m in _list(self.payload, "messages")]
+        return "\n".join(parts)
+
+    def default_limit(self) -> int:
+        return int(self.payload["max_tokens"])
+
+    def feed(self, event: bytes) -> bytes:
+        data = event_data(event)
+        if data is None:
+            return event
+        message = orjson.loads(data)
+        kind = message.get("type")
+        if kind == "error":
+            if message.get("error", {}).get("type") in RETRYABLE_ERROR_TYPES:
+                raise UpstreamFailed(message["error"].get("message", "error event"))
+            self.done = True
+            return event
+        if kind == "message_start":
+            if self.resumed:
+                return b""
+            self.started = True
+            self.first_usage = message["message"].get("usage", {})
+        elif kind in ("content_block_start", "ping") and self.resumed:
+            return b""
+        elif kind == "content_block_delta":
+            self.token_ids.extend(message.get("token_ids", ()))
+        elif kind == "message_delta" and self.resumed:
+            usage = message.get("usage", {})
+            output = self.base + usage.get("output_tokens", 0)
+            message["usage"] = {**usage, **self.first_usage, "output_tokens": output}
+            return _event("message_delta", message)
+        elif kind == "message_stop":
+            self.done = True
+        return event
+
+    def finish(self) -> bytes:
+        usage = {**self.first_usage, "output_tokens": len(self.token_ids)}
+        end = {"delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage}
+        return (
+            _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + _event("message_delta", {"type": "message_delta", **end})
+            + _event("message_stop", {"type": "message_stop"})
+        )
+
+
+class _OpenAI(Surface):
+    """Shared by chat completions and completions: chunks, usage and `[DONE]`."""
+
+    text_key = ""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload)
+        self.head: dict[str, Any] = {}  # the first replica's id, created and model
+
+    def feed(self, event: bytes) -> bytes:
+        data = event_data(event)
+        if data is None:
+            return event
+        if data == b"[DONE]":
+            self.done = True
+            return event
+        chunk = orjson.loads(data)
+        if "error" in chunk:
+            if chunk["error"].get("type") in RETRYABLE_ERROR_TYPES:
+                raise UpstreamFailed(chunk["error"].get("message", "error chunk"))
+            self.done = True
+            return event
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            self.token_ids.extend(choice.get("token_ids") or ())
+        if not self.resumed:
+            if not self.started:
+                self.started = True
+                self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
+            return event
+        if any("role" in (c.get("delta") or {}) for c in choices):
+            return b""  # the continuing replica's opening chunk
+        if chunk.get("usage"):
+            chunk["usage"] = self._usage(chunk["usage"])
+        return b"data: " + orjson.dumps({**chunk, **self.head}) + b"\n\n"
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt = usage["prompt_tokens"] - self.base  # it counted the continued tokens as prompt
+        completion = self.base + usage["completion_tokens"]
+        return {
+            **usage,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def finish(self) -> bytes:
+        choice = {"index": 0, "finish_reason": "length", "logprobs": None, **self.empty_choice()}
+        chunk = {**self.head, "object": self.object_name, "choices": [choice]}
+        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+    object_name = ""
+
+    def empty_choice(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ChatCompletions(_OpenAI):
+    object_name = "chat.completion.chunk"
+
+    def prompt_text(self) -> str:
+        return "\n".join(_text(m.get("content")) for m in _list(self.payload, "messages"))
+
+    def limit_field(self) -> str | None:
+        for name in ("max_completion_tokens", "max_tokens"):
+            if self.payload.get(name) is not None:
+                return name
+        return None  # no limit: up to the context length, wherever it continues
+
+    def empty_choice(self) -> dict[str, Any]:
+        return {"delta": {}}
+
+
+class Completions(_OpenAI):
+    object_name = "text_completion"
+
+    def prompt_text(self) -> str:
+        prompt = self.payload.get("prompt")
+        return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+    def default_limit(self) -> int:
+        return 16  # the API's default max_tokens
+
+    def continuation(self) -> dict[str, Any] | None:
+        body = super().continuation()
+        return body if body is None or not self.token_ids else {**body, "echo": False}
+
+    def empty_choice(self) -> dict[str, Any]:
+        return {"text": ""}
+
+
+SURFACES: dict[str, type[Surface]] = {
+    "/v1/messages": Messages,
+    "/v1/chat/completions": ChatCompletions,
+    "/v1/completions": Completions,
+}
+
+
+def surface_for(method: str, path: str, body: bytes) -> Surface | None:
+    """The surface of a generation request, or None for anything else (forwarded as is)."""
+    path = path.rstrip("/")
+    kind = next((k for suffix, k in SURFACES.items() if path.endswith(suffix)), None)
+    if method != "POST" or kind is None:
+        return None
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # the replica answers it with a proper 400
+    return kind(payload) if isinstance(payload, dict) else None
+
+
+def _list(payload: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    value = payload.get(name)
+    return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
