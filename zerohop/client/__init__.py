@@ -11,6 +11,7 @@ SDKs all of this unchanged:
 """
 
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
+from zerohop.client.api import ApiStatusError, AsyncClient, Client
 from zerohop.client.failover import FailoverPolicy
 from zerohop.client.pool import ReplicaPool
 from zerohop.client.transport import (
@@ -22,7 +23,10 @@ from zerohop.client.transport import (
 
 __all__ = [
     "AffinityPolicy",
+    "ApiStatusError",
+    "AsyncClient",
     "AsyncFailoverTransport",
+    "Client",
     "FailoverPolicy",
     "FailoverTransport",
     "ReplicaPool",
