@@ -1,7 +1,7 @@
 """zerohop.client against real replicas on 127.0.0.1: a replica killed mid-stream (SIGKILL)
 or drained (SIGTERM) under load, and replicas found by a watched file and by DNS.
 
-Four replicas of the tiny model are started once; each test uses those it needs. The
+Five replicas of the tiny model are started once; each test uses those it needs. The
 engines sleep a little after each step, so 32 streams are all mid-answer when one dies.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.dns_server import DnsServer
 from tests.live_server import MODEL_NAME, LiveServer, started_together
-from zerohop.client import ReplicaPool, async_http_client, http_client
+from zerohop.client import AsyncClient, ReplicaPool, async_http_client, http_client
 from zerohop.client.affinity import rank
 from zerohop.client.surfaces import Messages
 from zerohop.engine.llm import LLM
@@ -30,9 +30,9 @@ STEP_DELAY = "0.04"  # seconds the engines sleep after each step: streams last a
 
 @pytest.fixture(scope="module")
 def fleet(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    specs = {f"replica{i}": ["--debug-step-delay", STEP_DELAY] for i in range(4)}
+    specs = {f"replica{i}": ["--debug-step-delay", STEP_DELAY] for i in range(5)}
     with started_together(llama_dir, specs, tmp_path_factory) as servers:
-        yield [servers[f"replica{i}"] for i in range(4)]
+        yield [servers[f"replica{i}"] for i in range(5)]
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +164,64 @@ def test_sigterm_drains_streams_and_new_requests_go_elsewhere(
     # New requests went to the keeper: straight away, or after the leaver refused them.
     sent_to_leaver = stats[leaver.url]["requests"] - requests_before - len(on_leaver)
     assert sent_to_leaver == stats[leaver.url]["failures"], stats
+
+
+def test_grpc_replica_killed_mid_stream(fleet: list[LiveServer], offline: LLM) -> None:
+    """SDK streams through `grpc://` replicas, and the own API's gRPC `generate`."""
+    survivor, victim = (f"grpc://127.0.0.1:{s.grpc_port}" for s in (fleet[0], fleet[4]))
+    pool = ReplicaPool([survivor, victim], health_interval=0.5)
+    questions = prompts_ranking_first(pool, victim, 4)
+    texts = [
+        t for t in (f"Once upon a time {i}" for i in range(999)) if ranks_first(pool, t, victim)
+    ]
+
+    async def generate(client: AsyncClient, prompt: str, started: asyncio.Event) -> list[int]:
+        ids: list[int] = []
+        fields = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS}
+        async for reply in client.generate(**fields, temperature=0, ignore_eos=True):
+            ids.extend(reply.token_ids)
+            if len(ids) >= 3:
+                started.set()
+        assert reply.usage.completion_tokens == len(ids)
+        return ids
+
+    async def run() -> tuple[list, list]:
+        client, own = sdk(pool), AsyncClient(pool=pool)
+        events = [asyncio.Event() for _ in range(6)]
+        streams = [
+            asyncio.create_task(stream_answer(client, q, e))
+            for q, e in zip(questions, events[:4], strict=True)
+        ]
+        generated = [
+            asyncio.create_task(generate(own, t, e))
+            for t, e in zip(texts[:2], events[4:], strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+        fleet[4].process.kill()
+        answers = await asyncio.gather(*streams)
+        ids = await asyncio.gather(*generated)
+        await client.close()
+        await own.http.aclose()
+        return answers, ids
+
+    try:
+        answers, generated = asyncio.run(run())
+        stats = pool.stats()
+    finally:
+        pool.close()
+    for question, answer in zip(questions, answers, strict=True):
+        assert answer == expected_text(offline, question), question
+    for text, ids in zip(texts[:2], generated, strict=True):
+        prompt = offline.tokenizer.encode(text)
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        assert ids == offline.generate(prompt, params)[0].token_ids, text
+    # Every answer the victim was giving went on elsewhere (one of the six may have gone to
+    # the survivor from the start: the victim was 4 in flight ahead, the load bound).
+    assert stats[victim]["resumes"] == stats[victim]["requests"] >= 5
+
+
+def ranks_first(pool: ReplicaPool, prompt: str, url: str) -> bool:
+    return rank(pool.affinity.key(prompt), list(pool.replicas.values()))[0].url == url
 
 
 def first_landing(client, pool: ReplicaPool, url: str, timeout: float) -> float | None:
