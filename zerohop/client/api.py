@@ -26,7 +26,8 @@ from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
 from zerohop.client.failover import FailoverPolicy
-from zerohop.client.pool import ReplicaPool, Replicas, grpc_target
+from zerohop.client.health import grpc_channel
+from zerohop.client.pool import ReplicaPool, Replicas
 from zerohop.client.surfaces import event_data, sse_events
 from zerohop.client.transport import async_http_client
 
@@ -135,7 +136,7 @@ class AsyncClient:
             if request.HasField("max_tokens"):
                 continued.max_tokens = request.max_tokens - len(received)
         metadata = [("authorization", f"Bearer {self.api_key}")] if self.api_key else []
-        async with grpc.aio.insecure_channel(grpc_target(url)) as channel:
+        async with grpc_channel(url) as channel:
             stub = pb_grpc.ZerohopStub(channel)
             async for reply in stub.Generate(continued, metadata=metadata):
                 yield reply

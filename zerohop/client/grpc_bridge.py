@@ -21,7 +21,7 @@ import orjson
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.failover import AsyncUpstream, RawBytes
-from zerohop.client.pool import grpc_target
+from zerohop.client.health import grpc_channel
 from zerohop.client.replica import Replica
 from zerohop.client.surfaces import SURFACES, Messages
 
@@ -70,7 +70,7 @@ class GrpcBridge(AsyncUpstream):
     def _channel(self, url: str) -> grpc.aio.Channel:
         channel = self.channels.get(url)
         if channel is None:
-            channel = self.channels[url] = grpc.aio.insecure_channel(grpc_target(url))
+            channel = self.channels[url] = grpc_channel(url)
         return channel
 
     async def aclose(self) -> None:

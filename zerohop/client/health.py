@@ -17,6 +17,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from zerohop.client.replica import CLOSED, Replica
 
+
+def grpc_channel(url: str) -> grpc.aio.Channel:
+    """A channel to a `grpc://` (plaintext) or `grpcs://` (TLS) replica."""
+    target = url.split("://", 1)[1]
+    if url.startswith("grpcs://"):
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
+    return grpc.aio.insecure_channel(target)
+
+
 log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -42,11 +51,11 @@ async def poll_http(replica: Replica, http: httpx2.AsyncClient, interval: float)
         await asyncio.sleep(interval)
 
 
-async def watch_grpc(replica: Replica, target: str, retry_after: float) -> None:
+async def watch_grpc(replica: Replica, retry_after: float) -> None:
     """Follow grpc.health.v1 Watch until cancelled; a broken stream means not ready, and the
     watch is started again after `retry_after` seconds."""
     while True:
-        channel = grpc.aio.insecure_channel(target)
+        channel = grpc_channel(replica.url)
         try:
             stub = health_pb2_grpc.HealthStub(channel)
             async for reply in stub.Watch(health_pb2.HealthCheckRequest(service="")):

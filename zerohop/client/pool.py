@@ -15,7 +15,6 @@ import contextlib
 import logging
 import random
 import threading
-import urllib.parse
 from collections.abc import Coroutine, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
@@ -41,12 +40,6 @@ def as_source(replicas: Replicas) -> Source:
     return replicas
 
 
-def grpc_target(url: str) -> str:
-    """`host:port` of a `grpc://` replica URL."""
-    parts = urllib.parse.urlsplit(url)
-    return parts.netloc
-
-
 class ReplicaPool:
     def __init__(
         self,
@@ -55,8 +48,12 @@ class ReplicaPool:
         affinity: AffinityPolicy | RoundRobinPolicy | None = None,
         refresh_interval: float = 2.0,
         health_interval: float = 1.0,
+        verify: bool | str = True,
     ) -> None:
+        """`verify`: TLS certificate checks for `https://` replicas (False, or a CA bundle's
+        path), for requests and health checks alike."""
         self.source = as_source(replicas)
+        self.verify = verify
         self.affinity = affinity or AffinityPolicy()
         self.refresh_interval = refresh_interval
         self.health_interval = health_interval
@@ -125,7 +122,7 @@ class ReplicaPool:
             self._loop.close()
 
     async def _main(self) -> None:
-        async with httpx2.AsyncClient(verify=False) as http:
+        async with httpx2.AsyncClient(verify=self.verify) as http:
             self._http = http
             refresher = asyncio.create_task(self._refresh_forever())
             await self._stop.wait()
@@ -165,7 +162,7 @@ class ReplicaPool:
 
     def _check(self, replica: Replica) -> Coroutine[Any, Any, None]:
         if replica.url.startswith("grpc"):
-            return watch_grpc(replica, grpc_target(replica.url), self.health_interval)
+            return watch_grpc(replica, self.health_interval)
         return poll_http(replica, self._http, self.health_interval)
 
 

@@ -31,7 +31,10 @@ class AsyncFailoverTransport(httpx2.AsyncBaseTransport):
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
         self.failover = Failover(
-            pool, policy or FailoverPolicy(), httpx2.AsyncHTTPTransport(verify=False), GrpcBridge()
+            pool,
+            policy or FailoverPolicy(),
+            httpx2.AsyncHTTPTransport(verify=pool.verify),
+            GrpcBridge(),
         )
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -51,7 +54,10 @@ class FailoverTransport(httpx2.BaseTransport):
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
         self.failover = Failover(
-            pool, policy or FailoverPolicy(), httpx2.AsyncHTTPTransport(verify=False), GrpcBridge()
+            pool,
+            policy or FailoverPolicy(),
+            httpx2.AsyncHTTPTransport(verify=pool.verify),
+            GrpcBridge(),
         )
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
