@@ -208,6 +208,7 @@ class _ResumingStream(httpx2.AsyncByteStream):
                     if out := surface.feed(event):
                         yield out
                     if surface.done:
+                        self._release()  # not in flight there any more, whenever it is closed
                         return
                 raise UpstreamFailed("the stream ended before the answer did")
             except (httpx2.TransportError, UpstreamFailed) as exc:
@@ -247,8 +248,11 @@ class _ResumingStream(httpx2.AsyncByteStream):
         error = {"error": {"message": message, "type": "server_error", "code": "overloaded"}}
         return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
 
-    async def aclose(self) -> None:
-        await self.upstream.aclose()
+    def _release(self) -> None:
         if self.replica is not None:
             self.call.pool.release(self.replica)
             self.replica = None
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+        self._release()
