@@ -23,6 +23,11 @@ from zerohop.client.pool import ReplicaPool, Replicas
 DEFAULT_TIMEOUT = httpx2.Timeout(600.0, connect=2.0)  # connect fast: another replica waits
 
 
+def _failover(pool: ReplicaPool, policy: FailoverPolicy | None) -> Failover:
+    http = httpx2.AsyncHTTPTransport(verify=pool.verify)
+    return Failover(pool, policy or FailoverPolicy(), http, GrpcBridge())
+
+
 class AsyncFailoverTransport(httpx2.AsyncBaseTransport):
     """For `httpx2.AsyncClient`, in the caller's event loop."""
 
@@ -30,12 +35,7 @@ class AsyncFailoverTransport(httpx2.AsyncBaseTransport):
         self, pool: ReplicaPool, policy: FailoverPolicy | None = None, owns_pool: bool = False
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
-        self.failover = Failover(
-            pool,
-            policy or FailoverPolicy(),
-            httpx2.AsyncHTTPTransport(verify=pool.verify),
-            GrpcBridge(),
-        )
+        self.failover = _failover(pool, policy)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         return await self.failover.send(request)
@@ -53,12 +53,7 @@ class FailoverTransport(httpx2.BaseTransport):
         self, pool: ReplicaPool, policy: FailoverPolicy | None = None, owns_pool: bool = False
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
-        self.failover = Failover(
-            pool,
-            policy or FailoverPolicy(),
-            httpx2.AsyncHTTPTransport(verify=pool.verify),
-            GrpcBridge(),
-        )
+        self.failover = _failover(pool, policy)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         body = request.read()
