@@ -51,9 +51,13 @@ def test_load_overrides_affinity_only_when_well_above_the_others() -> None:
     prompt = conversation(3, "hi")
     preferred, by_affinity = policy.choose(prompt, pool)
     assert by_affinity
-    preferred.queue_wait_ms = 300.0  # within the slack: affinity holds
+    preferred.queue_wait_ms = 900.0  # within the slack: affinity holds
     assert policy.choose(prompt, pool) == (preferred, True)
-    preferred.queue_wait_ms = 5000.0
+    for other in pool:
+        other.queue_wait_ms = 3000.0 if other is not preferred else 6500.0
+    assert policy.choose(prompt, pool) == (preferred, True), "all busy: no reason to move"
+    for other in pool:
+        other.queue_wait_ms = 0.0 if other is not preferred else 5000.0
     chosen, by_affinity = policy.choose(prompt, pool, random.Random(1))
     assert chosen is not preferred and not by_affinity
     preferred.queue_wait_ms = 0.0

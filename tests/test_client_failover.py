@@ -86,7 +86,7 @@ def prompts_ranking_first(pool: ReplicaPool, url: str, count: int) -> list[str]:
     replicas = list(pool.replicas.values())
     chosen = []
     for question in questions:
-        key = pool.affinity.key(Messages({"messages": user(question)}).prompt_text())
+        key = pool.affinity.key(Messages({"messages": user(question)}).affinity_text())
         if rank(key, replicas)[0].url == url:
             chosen.append(question)
             if len(chosen) == count:

@@ -7,11 +7,17 @@ when a replica leaves, only the prefixes it ranked first move. The key is the pr
 `prefix_chars` characters, cut down to a multiple of `block_chars` (about one KV block of
 text), so prompts that differ only after their shared part hash alike.
 
-Affinity yields to load: when the preferred replica reports a queue wait more than
-`wait_slack_ms` above the least-loaded healthy replica's, or has `in_flight_slack` more of
-this client's requests in flight, the less loaded of two candidates is taken (the preferred
-one and another at random: power of two choices), which bounds the imbalance without
-giving up affinity while loads are close.
+The key is the conversation's opening (see `surfaces.Surface.affinity_text`): the system
+prompt and first user turn, which every later turn of the conversation starts with.
+
+Affinity yields to load, but only when that pays: leaving the preferred replica costs a
+prefix-cache miss, a whole prefill of the shared prefix (seconds on a CPU for a long system
+prompt). So the preferred replica counts as overloaded only when its reported queue wait is
+more than `wait_ratio` times the least-loaded healthy replica's plus `wait_slack_ms` (waits
+that are all high together are no reason to move), or when it has `in_flight_slack` more of
+this client's requests in flight. Then the less loaded of two candidates is taken (the
+preferred one and another at random: power of two choices), which bounds the imbalance
+without giving up affinity while loads are close.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from zerohop.client.replica import Replica
 class AffinityPolicy:
     prefix_chars: int = 2048
     block_chars: int = 64
-    wait_slack_ms: float = 500.0
+    wait_slack_ms: float = 1000.0
+    wait_ratio: float = 2.0
     in_flight_slack: int = 4
 
     def key(self, prompt: str) -> bytes:
@@ -55,7 +62,7 @@ class AffinityPolicy:
         least_wait = min(r.queue_wait_ms for r in replicas)
         least_in_flight = min(r.in_flight for r in replicas)
         return (
-            replica.queue_wait_ms > least_wait + self.wait_slack_ms
+            replica.queue_wait_ms > least_wait * self.wait_ratio + self.wait_slack_ms
             or replica.in_flight > least_in_flight + self.in_flight_slack
         )
 

@@ -100,7 +100,7 @@ class _Call:
     def __init__(self, failover: Failover, request: httpx2.Request, surface: Surface | None):
         self.failover, self.request, self.surface = failover, request, surface
         self.pool = failover.pool
-        self.prompt = surface.prompt_text() if surface is not None else str(request.url.path)
+        self.prompt = surface.affinity_text() if surface is not None else str(request.url.path)
         self.attempts = 0
 
     async def start(self, body: bytes) -> httpx2.Response:

@@ -79,7 +79,7 @@ class ReplicaPool:
             replica, by_affinity = self.affinity.choose(prompt, candidates, self.rng)
             replica.in_flight += 1
             replica.stats.requests += 1
-            replica.stats.by_affinity += by_affinity
+            replica.stats.by_affinity += by_affinity and not exclude  # first tries only
             return replica, by_affinity
 
     def release(self, replica: Replica) -> None:

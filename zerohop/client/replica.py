@@ -51,7 +51,7 @@ class ReplicaStats:
     failures: int = 0  # attempts that failed there (connect error, reset, 5xx, overload)
     failovers: int = 0  # requests moved away from it after a failure, before or mid-stream
     resumes: int = 0  # of those, streams that broke mid-answer and went on elsewhere
-    by_affinity: int = 0  # attempts that went there because their prefix ranks it first
+    by_affinity: int = 0  # first tries that went there because their prefix ranks it first
 
     @property
     def affinity_ratio(self) -> float:

@@ -51,7 +51,10 @@ class Surface:
         self.resumed = False  # the current replica continues another's answer
         self.done = False
 
-    def prompt_text(self) -> str:
+    def affinity_text(self) -> str:
+        """What prefix affinity hashes: for chats, the system prompt and the first user turn
+        (a conversation's opening, the same at every later turn, so a conversation stays on
+        the replica that caches it); for plain prompts, the prompt."""
         raise NotImplementedError
 
     def first_body(self) -> dict[str, Any]:
@@ -97,10 +100,9 @@ class Messages(Surface):
         super().__init__(payload)
         self.first_usage: dict[str, int] = {}
 
-    def prompt_text(self) -> str:
-        system = self.payload.get("system") or ""
-        parts = [_text(system)] + [_text(m.get("content")) for m in _list(self.payload, "messages")]
-        return "\n".join(parts)
+    def affinity_text(self) -> str:
+        system = _text(self.payload.get("system") or "")
+        return opening(system, _list(self.payload, "messages"))
 
     def default_limit(self) -> int:
         return int(self.payload["max_tokens"])
@@ -204,8 +206,8 @@ class _OpenAI(Surface):
 class ChatCompletions(_OpenAI):
     object_name = "chat.completion.chunk"
 
-    def prompt_text(self) -> str:
-        return "\n".join(_text(m.get("content")) for m in _list(self.payload, "messages"))
+    def affinity_text(self) -> str:
+        return opening("", _list(self.payload, "messages"))
 
     def limit_field(self) -> str | None:
         for name in ("max_completion_tokens", "max_tokens"):
@@ -220,7 +222,7 @@ class ChatCompletions(_OpenAI):
 class Completions(_OpenAI):
     object_name = "text_completion"
 
-    def prompt_text(self) -> str:
+    def affinity_text(self) -> str:
         prompt = self.payload.get("prompt")
         return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
@@ -253,6 +255,16 @@ def surface_for(method: str, path: str, body: bytes) -> Surface | None:
     except orjson.JSONDecodeError:
         return None  # the replica answers it with a proper 400
     return kind(payload) if isinstance(payload, dict) else None
+
+
+def opening(system: str, messages: list[dict[str, Any]]) -> str:
+    """System text, then the messages up to and including the first user message."""
+    parts = [system] if system else []
+    for message in messages:
+        parts.append(_text(message.get("content")))
+        if message.get("role") == "user":
+            break
+    return "\n".join(parts)
 
 
 def _list(payload: dict[str, Any], name: str) -> list[dict[str, Any]]:
