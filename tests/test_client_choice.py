@@ -47,22 +47,44 @@ def test_a_leaving_replica_moves_only_its_own_prefixes() -> None:
 
 
 def test_load_overrides_affinity_only_when_well_above_the_others() -> None:
-    policy, pool = AffinityPolicy(), replicas()
+    pool = replicas()
     prompt = conversation(3, "hi")
-    preferred, by_affinity = policy.choose(prompt, pool)
+
+    def place(rng: random.Random | None = None) -> tuple[Replica, bool]:
+        return AffinityPolicy().choose(prompt, pool, rng)  # a new prefix: no memory of it
+
+    preferred, by_affinity = place()
     assert by_affinity
     preferred.queue_wait_ms = 900.0  # within the slack: affinity holds
-    assert policy.choose(prompt, pool) == (preferred, True)
+    assert place() == (preferred, True)
     for other in pool:
         other.queue_wait_ms = 3000.0 if other is not preferred else 6500.0
-    assert policy.choose(prompt, pool) == (preferred, True), "all busy: no reason to move"
+    assert place() == (preferred, True), "all busy: no reason to move"
     for other in pool:
         other.queue_wait_ms = 0.0 if other is not preferred else 5000.0
-    chosen, by_affinity = policy.choose(prompt, pool, random.Random(1))
+    chosen, by_affinity = place(random.Random(1))
     assert chosen is not preferred and not by_affinity
     preferred.queue_wait_ms = 0.0
     preferred.in_flight = 10  # this client's own requests count too
-    assert policy.choose(prompt, pool, random.Random(2))[0] is not preferred
+    assert place(random.Random(2))[0] is not preferred
+
+
+def test_a_placed_conversation_stays_where_its_prefix_is_cached() -> None:
+    policy, pool = AffinityPolicy(), replicas()
+    preferred = rank(policy.key(conversation(5, "hi")), pool)[0]
+    preferred.in_flight = 10  # load places the conversation elsewhere
+    placed, by_affinity = policy.choose(conversation(5, "first turn"), pool, random.Random(3))
+    assert placed is not preferred and not by_affinity
+    preferred.in_flight = 0
+    placed.queue_wait_ms = 60_000.0  # later turns stay with the cache, however busy
+    for turn in range(5):
+        assert policy.choose(conversation(5, f"turn {turn}"), pool) == (placed, True)
+    placed.breaker.failed(), placed.breaker.failed(), placed.breaker.failed()
+    assert policy.choose(conversation(5, "after"), pool)[0] is not placed, "unless it is down"
+    small = AffinityPolicy(remember=2)
+    for team in range(3):
+        small.choose(conversation(team, "hi"), pool)
+    assert len(small.placed) == 2
 
 
 def test_an_open_breaker_takes_a_replica_out_until_its_probe() -> None:

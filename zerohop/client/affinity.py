@@ -10,14 +10,18 @@ text), so prompts that differ only after their shared part hash alike.
 The key is the conversation's opening (see `surfaces.Surface.affinity_text`): the system
 prompt and first user turn, which every later turn of the conversation starts with.
 
-Affinity yields to load, but only when that pays: leaving the preferred replica costs a
-prefix-cache miss, a whole prefill of the shared prefix (seconds on a CPU for a long system
-prompt). So the preferred replica counts as overloaded only when its reported queue wait is
-more than `wait_ratio` times the least-loaded healthy replica's plus `wait_slack_ms` (waits
-that are all high together are no reason to move), or when it has `in_flight_slack` more of
-this client's requests in flight. Then the less loaded of two candidates is taken (the
-preferred one and another at random: power of two choices), which bounds the imbalance
-without giving up affinity while loads are close.
+Load bounds where a new prefix goes: when the preferred replica reports a queue wait more
+than `wait_ratio` times the least-loaded healthy replica's plus `wait_slack_ms` (waits that
+are all high together are no reason to move), or has `in_flight_slack` more of this client's
+requests in flight, the less loaded of two candidates is taken (the preferred one and another
+at random: power of two choices), which bounds the imbalance without giving up affinity while
+loads are close.
+
+A prefix this client already sent somewhere stays there (the last `remember` keys), as long
+as that replica is usable: it holds the prefix in its cache, and moving costs a whole prefill
+of it elsewhere (seconds on a CPU for a long system prompt; `benchmarks/affinity.py` measured
+moved turns costing more than the queue they avoided). So load spreads new conversations,
+and a conversation that load placed off its preferred replica keeps to where it was placed.
 """
 
 from __future__ import annotations
@@ -25,19 +29,22 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zerohop.client.replica import Replica
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class AffinityPolicy:
     prefix_chars: int = 2048
     block_chars: int = 64
     wait_slack_ms: float = 1000.0
     wait_ratio: float = 2.0
     in_flight_slack: int = 4
+    remember: int = 65536  # prefixes whose replica is kept (least recently used forgotten)
+    placed: OrderedDict[bytes, str] = field(default_factory=OrderedDict, repr=False)
 
     def key(self, prompt: str) -> bytes:
         cut = min(len(prompt), self.prefix_chars)
@@ -51,11 +58,27 @@ class AffinityPolicy:
         usable = [r for r in replicas if r.usable]
         if not usable:
             raise LookupError("no replica is available (all are down or unknown)")
-        ranked = rank(self.key(prompt), usable)
+        key = self.key(prompt)
+        where = self.placed.get(key)
+        chosen = next((r for r in usable if r.url == where), None)
+        by_affinity = True
+        if chosen is None:
+            chosen, by_affinity = self._place(key, usable, rng or random)
+        self.placed[key] = chosen.url
+        self.placed.move_to_end(key)
+        if len(self.placed) > self.remember:
+            self.placed.popitem(last=False)
+        return chosen, by_affinity
+
+    def _place(
+        self, key: bytes, usable: Sequence[Replica], rng: random.Random
+    ) -> tuple[Replica, bool]:
+        """A new prefix: its rendezvous-preferred replica, unless load says otherwise."""
+        ranked = rank(key, usable)
         preferred = ranked[0]
         if len(ranked) == 1 or not self._overloaded(preferred, ranked):
             return preferred, True
-        other = (rng or random).choice(ranked[1:])
+        other = rng.choice(ranked[1:])
         return (other, False) if _load(other) < _load(preferred) else (preferred, True)
 
     def _overloaded(self, replica: Replica, replicas: Sequence[Replica]) -> bool:
