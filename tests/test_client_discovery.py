@@ -154,7 +154,7 @@ def test_an_unanswered_query_raises_within_the_timeout(dns_server: DnsServer) ->
     started = time.monotonic()
     with pytest.raises(DiscoveryError):
         urls(dns_source(dns_server, port=8000, timeout=0.3))
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 3.0  # the timeout, not dnspython's default 5 s
     dns_server.failure = None
     assert urls(dns_source(dns_server, port=8000)) == ["http://10.0.0.1:8000"]
 
@@ -164,8 +164,9 @@ def test_a_failing_srv_target_lookup_raises(dns_server: DnsServer) -> None:
     dns_server.set_srv(SRV_NAME, [(0, 50, 8000, "pod-a.zerohop.test"), (0, 50, 8000, "pod-b")])
     dns_server.set_a("pod-a.zerohop.test", ["10.0.0.1"])
     dns_server.set_a("pod-b", ["10.0.0.2"])
-    source = dns_source(dns_server, SRV_NAME, timeout=0.3)
-    assert urls(source) == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    both = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert urls(dns_source(dns_server, SRV_NAME)) == both
+    source = dns_source(dns_server, SRV_NAME, timeout=1.0)  # short: "drop" waits it out
     for failure in ("servfail", "drop"):
         dns_server.fail("pod-b", failure)
         with pytest.raises(DiscoveryError, match="pod-b"):
