@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.live_server import MODEL_NAME
+from zerohop.bench.arrivals import send_times
 from zerohop.bench.load import BenchConfig, RequestResult, run_benchmark, summarize
+from zerohop.bench.metrics import parse_slo
 from zerohop.cli import main
 
 INPUT_TOKENS = 12
@@ -120,3 +122,83 @@ def test_anthropic_messages_endpoint(live_server) -> None:
         assert r["prompt_tokens"] > 0
         assert 1 <= r["events"] <= r["output_tokens"]
         assert 0 < r["ttft"] <= r["e2e"]
+
+
+def test_open_loop_sends_at_the_rate_and_counts_goodput(live_server) -> None:
+    cfg = small_config(
+        live_server.url, request_rate=40.0, num_requests=12, concurrency=64,
+        slo={"ttft": 60_000.0},
+    )  # fmt: skip
+    report = run_benchmark(cfg)
+    s, rows = report["summary"], report["requests"]
+    assert s["completed"] == 12 and s["request_rate"] == 40.0
+    sent = sorted(r["sent_at"] for r in rows)
+    assert sent[-1] > 0, "requests went out over time, not all at once"
+    assert s["goodput"] == pytest.approx(s["request_throughput"])  # a lenient SLO: all met
+    strict = summarize([RequestResult(**r) for r in rows], s["duration_s"],
+                       BenchConfig(url="", slo={"ttft": 0.0001}))  # fmt: skip
+    assert strict["goodput"] == 0.0
+
+
+def test_a_timed_run_stops_sending_at_its_duration(live_server) -> None:
+    cfg = small_config(live_server.url, duration_s=1.0, num_requests=100_000)
+    report = run_benchmark(cfg)
+    s = report["summary"]
+    assert s["completed"] >= 2 and s["failed"] == 0
+    assert max(r["sent_at"] for r in report["requests"]) < 1.0
+    assert s["completed"] < 100_000
+
+
+def test_send_times_follow_the_gamma_process() -> None:
+    import itertools
+    import statistics
+
+    def gaps(burstiness: float) -> list[float]:
+        times = list(itertools.islice(send_times(10.0, burstiness, seed=1), 20_001))
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    poisson, bursty = gaps(1.0), gaps(0.25)
+    assert statistics.mean(poisson) == pytest.approx(0.1, rel=0.05)
+    assert statistics.mean(bursty) == pytest.approx(0.1, rel=0.1)
+    cv = statistics.stdev(bursty) / statistics.mean(bursty)
+    assert cv == pytest.approx(2.0, rel=0.15)  # a gamma's CV is 1 / sqrt(shape)
+    with pytest.raises(ValueError):
+        next(send_times(0.0))
+
+
+def test_chat_endpoint_counts_one_event_per_token(live_server) -> None:
+    report = run_benchmark(small_config(live_server.url, endpoint="openai-chat", num_requests=2))
+    s = report["summary"]
+    assert s["completed"] == 2 and s["checks"]["one_event_per_token"]
+    assert s["checks"]["output_tokens_as_requested"]  # ignore_eos is sent
+
+
+def test_errors_are_counted_by_type() -> None:
+    results = [RequestResult(error="HTTP 529: overloaded"), RequestResult(error="HTTP 529: x"),
+               RequestResult(error="ClientConnectorError: refused")]  # fmt: skip
+    s = summarize(results, duration=1.0, cfg=BenchConfig(url=""))
+    assert s["errors_by_type"] == {"HTTP 529": 2, "ClientConnectorError": 1}
+
+
+def test_slo_parsing() -> None:
+    assert parse_slo("ttft=500ms, tpot=0.05s") == {"ttft": 500.0, "tpot": 50.0}
+    with pytest.raises(ValueError):
+        parse_slo("latency=5ms")
+
+
+def test_cli_sweeps_rates_then_compares_with_plots(live_server, tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    argv = [
+        "bench", "--url", live_server.url, "--request-rate", "20,40", "--num-requests", "4",
+        "--input-tokens", "5", "--output-tokens", "3", "--out", str(out),
+        "--plot", str(tmp_path / "sweep"), "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["summary"]["request_rate"] for r in runs] == [20.0, 40.0]
+    for name in ("sweep-latency-cdf.png", "sweep-vs-rate.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    other = tmp_path / "again.json"
+    other.write_text(out.read_text())
+    assert main(["bench", "compare", str(out), str(other), "--plot", str(tmp_path / "cmp")]) == 0
+    assert (tmp_path / "cmp-latency-cdf.png").read_bytes().startswith(b"\x89PNG")

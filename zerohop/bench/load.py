@@ -1,7 +1,10 @@
-"""A closed-loop streaming load client and vLLM's serving metrics (`vllm bench serve`).
+"""A streaming load client with vLLM's serving metrics (`vllm bench serve`).
 
-`concurrency` workers each send one request at a time until `num_requests` are done. Per
-request (times from sending the request):
+Closed loop (no `request_rate`): `concurrency` workers each send one request at a time.
+Open loop: requests go out at `request_rate` per second with gamma-distributed gaps
+(`burstiness`, see `arrivals`), at most `concurrency` in flight. Either way the run ends after
+`num_requests` requests or `duration_s` seconds, whichever comes first. Per request (times
+from sending the request):
   TTFT  arrival of the first token event (a chunk with choices / a `content_block_delta`);
   E2E   arrival of the last token event;
   ITL   every gap between consecutive token events of the request;
@@ -21,22 +24,28 @@ server it measures.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import random
 import string
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from zerohop.bench import ENDPOINTS
+from zerohop.bench.arrivals import send_times
+from zerohop.bench.metrics import distribution_ms, format_report, summarize
+
+__all__ = ["BenchConfig", "RequestResult", "distribution_ms", "format_report", "run_benchmark",
+           "summarize"]  # fmt: skip
 
 if TYPE_CHECKING:  # aiohttp is imported only when a benchmark runs
     from aiohttp import ClientSession, StreamReader
 
 FIRST_ID = 4  # random prompt ids skip the special ids 0-3 of the toy tokenizers
-PERCENTILES = (50, 90, 99)
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -62,6 +71,10 @@ class BenchConfig:
     timeout_s: float = 600.0
     # Completions prompts: (cfg, n, salt) -> n token-id lists; None: `random_prompts`.
     prompt_source: Callable[[BenchConfig, int, str], list[list[int]]] | None = None
+    request_rate: float | None = None  # requests/s (open loop); None: closed loop
+    burstiness: float = 1.0  # gamma shape of the gaps between sends: 1 is Poisson
+    duration_s: float | None = None  # stop sending after this long (and num_requests)
+    slo: dict[str, float] | None = None  # ms per metric (ttft, tpot, itl, e2el): goodput
 
 
 @dataclass(slots=True)
@@ -137,6 +150,20 @@ def messages_body(cfg: BenchConfig, model: str, text: str) -> bytes:
     )
 
 
+def chat_body(cfg: BenchConfig, model: str, text: str) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": cfg.output_tokens,
+        "temperature": cfg.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": text}],
+    }
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    return orjson.dumps(body)
+
+
 # -- SSE streams ------------------------------------------------------------------------------
 
 
@@ -188,6 +215,8 @@ async def _read_openai(content: StreamReader, s: _Stream) -> None:
             return
         # Compact JSON (orjson, pydantic) lets a token chunk be told apart without parsing;
         # escaped text can never contain these patterns.
+        if b'"role":"assistant","content":""' in payload:
+            continue  # a chat stream's opening chunk: no token
         if b'"choices":[{' in payload and b'"finish_reason":null' in payload:
             s.token_event()
             if b'"usage":{' in payload:
@@ -261,6 +290,8 @@ class LoadClient:
             self.path, self.reader = "/v1/messages", _read_anthropic
         elif cfg.endpoint == "openai-completions":
             self.path, self.reader = "/v1/completions", _read_openai
+        elif cfg.endpoint == "openai-chat":
+            self.path, self.reader = "/v1/chat/completions", _read_openai
         else:
             raise ValueError(f"unknown endpoint {cfg.endpoint!r}; one of {ENDPOINTS}")
 
@@ -278,7 +309,8 @@ class LoadClient:
             prompts = make_prompts(self.cfg, n, salt)
             return [_Request(completions_body(self.cfg, model, p), len(p)) for p in prompts]
         texts = await self._anthropic_texts(model, n, salt)
-        return [_Request(messages_body(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
+        make = messages_body if self.cfg.endpoint == "anthropic-messages" else chat_body
+        return [_Request(make(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
 
     async def _anthropic_texts(self, model: str, n: int, salt: str) -> list[str]:
         """Texts of about `input_tokens` tokens once templated: the number of words is fitted
@@ -347,8 +379,29 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-async def bench(cfg: BenchConfig) -> dict:
-    """Run the benchmark; return the report (config, summary, per-request rows)."""
+class _Feed:
+    """The run's requests, made in chunks as they are needed (a timed run has no count)."""
+
+    CHUNK = 256
+
+    def __init__(self, client: LoadClient, limit: int) -> None:
+        self.client, self.limit = client, limit
+        self.made: list[_Request] = []
+        self.chunks = 0
+
+    async def get(self, i: int) -> _Request | None:
+        if i >= self.limit:
+            return None
+        while i >= len(self.made):
+            size = min(self.CHUNK, self.limit - len(self.made))
+            self.made += await self.client.requests(size, f"bench-{self.chunks}")
+            self.chunks += 1
+        return self.made[i]
+
+
+async def bench(cfg: BenchConfig, on_done: Callable[[RequestResult], None] | None = None) -> dict:
+    """Run the benchmark; return the report (config, summary, per-request rows).
+    `on_done` is called with each finished request (a progress bar)."""
     import aiohttp
 
     if cfg.concurrency < 1 or cfg.num_requests < 1:
@@ -357,125 +410,80 @@ async def bench(cfg: BenchConfig) -> dict:
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         client = LoadClient(cfg, session)
-        warmup = await client.requests(cfg.warmup_requests, "warmup")
-        work = await client.requests(cfg.num_requests, "bench")
-        for request in warmup:
+        for request in await client.requests(cfg.warmup_requests, "warmup"):
             done = await client.send(request, time.perf_counter())
             if not done.ok:
                 raise RuntimeError(f"warm-up request failed: {done.error}")
-        results: list[RequestResult] = [RequestResult()] * len(work)
-        pending = iter(range(len(work)))
-        start = time.perf_counter()
-
-        async def worker() -> None:
-            for i in pending:
-                results[i] = await client.send(work[i], start)
-
-        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(work)))))
+        feed = _Feed(client, cfg.num_requests)
+        await feed.get(0)  # the first chunk is made before the clock starts
+        cpu, start = time.process_time(), time.perf_counter()
+        run = _open_loop if cfg.request_rate is not None else _closed_loop
+        results = await run(cfg, client, feed, start, on_done or (lambda _: None))
         duration = time.perf_counter() - start
+        cpu = time.process_time() - cpu
     return {
         "config": asdict(cfg)
         | {"api_key": None, "prompt_source": getattr(cfg.prompt_source, "__doc__", None)},
-        "summary": summarize(results, duration, cfg),
+        "summary": summarize(results, duration, cfg, cpu),
         "requests": [_row(r) for r in results],
     }
 
 
-def run_benchmark(cfg: BenchConfig) -> dict:
+def _deadline(cfg: BenchConfig, start: float) -> float:
+    return math.inf if cfg.duration_s is None else start + cfg.duration_s
+
+
+OnDone = Callable[[RequestResult], None]
+
+
+async def _closed_loop(
+    cfg: BenchConfig, client: LoadClient, feed: _Feed, start: float, on_done: OnDone
+) -> list[RequestResult]:
+    results: list[RequestResult] = []
+    deadline, counter = _deadline(cfg, start), itertools.count()
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline and (request := await feed.get(next(counter))):
+            results.append(result := await client.send(request, start))
+            on_done(result)
+
+    await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, cfg.num_requests))))
+    return results
+
+
+async def _open_loop(
+    cfg: BenchConfig, client: LoadClient, feed: _Feed, start: float, on_done: OnDone
+) -> list[RequestResult]:
+    results: list[RequestResult] = []
+    slots = asyncio.Semaphore(cfg.concurrency)
+    deadline = _deadline(cfg, start)
+
+    async def one(request: _Request) -> None:
+        async with slots:
+            results.append(result := await client.send(request, start))
+        on_done(result)
+
+    tasks = []
+    times = send_times(cfg.request_rate, cfg.burstiness, cfg.seed)
+    for i, at in enumerate(times):
+        if start + at >= deadline or (request := await feed.get(i)) is None:
+            break
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(request)))
+    await asyncio.gather(*tasks)
+    return results
+
+
+def run_benchmark(cfg: BenchConfig, on_done: Callable[[RequestResult], None] | None = None) -> dict:
     """`bench` on a fresh event loop (uvloop when installed)."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(bench(cfg))
-    return uvloop.run(bench(cfg))
+        return asyncio.run(bench(cfg, on_done))
+    return uvloop.run(bench(cfg, on_done))
 
 
 def _row(r: RequestResult) -> dict:
     row = asdict(r)
     row["itl"] = [round(x, 6) for x in r.itl]
     return row
-
-
-# -- metrics ----------------------------------------------------------------------------------
-
-
-def distribution_ms(values_s: Sequence[float]) -> dict | None:
-    """mean, std, median and percentiles (numpy's linear interpolation, as vLLM) in ms."""
-    if not values_s:
-        return None
-    import numpy as np
-
-    ms = np.asarray(values_s, dtype=np.float64) * 1000.0
-    out = {"mean": float(ms.mean()), "std": float(ms.std())}
-    out |= {f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES}
-    return out | {"min": float(ms.min()), "max": float(ms.max()), "count": int(ms.size)}
-
-
-def summarize(results: Sequence[RequestResult], duration: float, cfg: BenchConfig) -> dict:
-    done = [r for r in results if r.ok]
-    total_in = sum(r.prompt_tokens for r in done)
-    total_out = sum(r.output_tokens for r in done)
-    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
-    errors = sorted({r.error for r in results if r.error})
-    return {
-        "completed": len(done),
-        "failed": len(results) - len(done),
-        "max_concurrency": cfg.concurrency,
-        "duration_s": duration,
-        "total_input_tokens": total_in,
-        "total_output_tokens": total_out,
-        "total_token_events": sum(r.events for r in done),
-        "request_throughput": len(done) / duration,
-        "output_throughput": total_out / duration,
-        "total_token_throughput": (total_in + total_out) / duration,
-        "ttft_ms": distribution_ms([r.ttft for r in done]),
-        "tpot_ms": distribution_ms(tpot),
-        "itl_ms": distribution_ms([x for r in done for x in r.itl]),
-        "e2el_ms": distribution_ms([r.e2e for r in done]),
-        "checks": {
-            "all_completed": len(done) == len(results),
-            "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done),
-            "prompt_tokens_as_requested": all(r.prompt_tokens == cfg.input_tokens for r in done),
-            "one_event_per_token": all(r.events == r.output_tokens for r in done),
-        },
-        "errors": errors[:5],
-    }
-
-
-def format_report(report: dict) -> str:
-    """vLLM-style text summary."""
-    s, c = report["summary"], report["config"]
-    lines = [
-        f"{' Serving Benchmark Result ':=^56}",
-        f"{'Endpoint:':<40}{c['endpoint']:>16}",
-        f"{'Maximum request concurrency:':<40}{s['max_concurrency']:>16}",
-        f"{'Successful requests:':<40}{s['completed']:>16}",
-        f"{'Failed requests:':<40}{s['failed']:>16}",
-        f"{'Benchmark duration (s):':<40}{s['duration_s']:>16.2f}",
-        f"{'Total input tokens:':<40}{s['total_input_tokens']:>16}",
-        f"{'Total generated tokens:':<40}{s['total_output_tokens']:>16}",
-        f"{'Request throughput (req/s):':<40}{s['request_throughput']:>16.2f}",
-        f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>16.2f}",
-        f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:>16.2f}",
-    ]
-    titles = {
-        "ttft_ms": "Time to First Token",
-        "tpot_ms": "Time per Output Token (excl. 1st token)",
-        "itl_ms": "Inter-token Latency",
-        "e2el_ms": "End-to-end Latency",
-    }
-    for key, title in titles.items():
-        lines.append(f"{' ' + title + ' ':-^56}")
-        d = s[key]
-        if d is None:
-            lines.append(f"{'(no samples)':<40}")
-            continue
-        name = key.removesuffix("_ms").upper()
-        for stat in ("mean", "p50", "p90", "p99"):
-            lines.append(f"{f'{stat.capitalize()} {name} (ms):':<40}{d[stat]:>16.2f}")
-    failed_checks = [k for k, ok in s["checks"].items() if not ok]
-    if failed_checks:
-        lines.append(f"{'Checks not met:':<40}{', '.join(failed_checks)}")
-    lines.extend(f"error: {e}" for e in s["errors"])
-    lines.append("=" * 56)
-    return "\n".join(lines)
