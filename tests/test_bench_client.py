@@ -10,7 +10,13 @@ import pytest
 
 from tests.live_server import MODEL_NAME
 from zerohop.bench.arrivals import send_times
-from zerohop.bench.load import BenchConfig, RequestResult, run_benchmark, summarize
+from zerohop.bench.load import (
+    BenchConfig,
+    RequestResult,
+    random_prompts,
+    run_benchmark,
+    summarize,
+)
 from zerohop.bench.metrics import parse_slo
 from zerohop.cli import main
 
@@ -202,3 +208,24 @@ def test_cli_sweeps_rates_then_compares_with_plots(live_server, tmp_path: Path) 
     other.write_text(out.read_text())
     assert main(["bench", "compare", str(out), str(other), "--plot", str(tmp_path / "cmp")]) == 0
     assert (tmp_path / "cmp-latency-cdf.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sharegpt_file_and_prefix_groups(live_server, tmp_path: Path) -> None:
+    conversations = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"Tell me about item {i}."},
+                {"from": "gpt", "value": "x" * (4 * (i + 2))},
+            ]
+        }
+        for i in range(3)
+    ] + [{"conversations": [{"from": "human", "value": "no reply"}]}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(conversations))
+    cfg = small_config(live_server.url, endpoint="openai-chat", dataset=str(path), num_requests=5)
+    report = run_benchmark(cfg)
+    assert report["summary"]["completed"] == 5
+    assert {r["output_tokens"] for r in report["requests"]} <= {2, 3, 4}  # the replies' lengths
+    grouped = small_config("", shared_prefix_tokens=6, prefix_groups=2, input_tokens=10)
+    heads = {tuple(p[:6]) for salt in ("a", "b") for p in random_prompts(grouped, 20, salt)}
+    assert len(heads) == 2, "two groups, the same prefixes in every chunk"

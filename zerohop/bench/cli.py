@@ -52,6 +52,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="tokens every prompt starts with (0: distinct prompts, no prefix cache hits)",
     )
     p.add_argument(
+        "--prefix-groups", type=int, default=1,
+        help="with --shared-prefix-tokens: this many distinct prefixes (groups of prompts)",
+    )  # fmt: skip
+    p.add_argument("--dataset", help="a ShareGPT-format JSON file: its prompts and reply lengths")
+    p.add_argument(
         "--vocab-size", type=int, default=512, help="prompt token ids are drawn from [4, N)"
     )
     p.add_argument(
@@ -114,6 +119,8 @@ def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> d
         seed=args.seed,
         vocab_size=args.vocab_size,
         shared_prefix_tokens=args.shared_prefix_tokens,
+        prefix_groups=args.prefix_groups,
+        dataset=args.dataset,
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
         logprobs=args.logprobs,

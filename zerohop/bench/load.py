@@ -38,6 +38,7 @@ import orjson
 from zerohop.bench import ENDPOINTS
 from zerohop.bench.arrivals import send_times
 from zerohop.bench.metrics import distribution_ms, format_report, summarize
+from zerohop.bench.workloads import Sample, cycle, sharegpt
 
 __all__ = ["BenchConfig", "RequestResult", "distribution_ms", "format_report", "run_benchmark",
            "summarize"]  # fmt: skip
@@ -61,6 +62,8 @@ class BenchConfig:
     seed: int = 0
     vocab_size: int = 512  # prompt ids are drawn from [4, vocab_size)
     shared_prefix_tokens: int = 0  # the same first tokens in every prompt (prefix cache hits)
+    prefix_groups: int = 1  # shared_prefix_tokens: this many distinct prefixes, one per group
+    dataset: str | None = None  # a ShareGPT-format JSON file instead of random prompts
     ignore_eos: bool = True  # send `ignore_eos` (vLLM's extra) so outputs are exactly O tokens
     temperature: float = 0.0
     # Completions `logprobs` (vllm bench's --logprobs). zerohop sends a chunk for every token
@@ -105,16 +108,22 @@ def make_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
 
 
 def random_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
-    """`n` prompts of exactly `input_tokens` ids, the first `shared_prefix_tokens` in common."""
+    """`n` prompts of exactly `input_tokens` ids; each starts with the `shared_prefix_tokens`
+    of one of `prefix_groups` prefixes (the same prefixes whatever the salt)."""
     if cfg.vocab_size <= FIRST_ID:
         raise ValueError(f"vocab_size must be above {FIRST_ID}")
     shared = min(cfg.shared_prefix_tokens, cfg.input_tokens)
-    rng = random.Random(f"{cfg.seed}-{salt}")
-    prefix = [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(shared)]
-    rest = cfg.input_tokens - shared
-    return [
-        prefix + [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(rest)] for _ in range(n)
+    prefixes = [
+        _ids(random.Random(f"{cfg.seed}-prefix-{g}"), cfg, shared)
+        for g in range(max(1, cfg.prefix_groups))
     ]
+    rng = random.Random(f"{cfg.seed}-{salt}")
+    rest = cfg.input_tokens - shared
+    return [rng.choice(prefixes) + _ids(rng, cfg, rest) for _ in range(n)]
+
+
+def _ids(rng: random.Random, cfg: BenchConfig, n: int) -> list[int]:
+    return [rng.randrange(FIRST_ID, cfg.vocab_size) for _ in range(n)]
 
 
 def random_words(rng: random.Random, n: int) -> list[str]:
@@ -122,11 +131,13 @@ def random_words(rng: random.Random, n: int) -> list[str]:
     return ["".join(rng.choices(letters, k=rng.randint(2, 6))) for _ in range(n)]
 
 
-def completions_body(cfg: BenchConfig, model: str, prompt: list[int]) -> bytes:
+def completions_body(
+    cfg: BenchConfig, model: str, prompt: list[int] | str, max_tokens: int | None = None
+) -> bytes:
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
-        "max_tokens": cfg.output_tokens,
+        "max_tokens": max_tokens or cfg.output_tokens,
         "temperature": cfg.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -138,11 +149,11 @@ def completions_body(cfg: BenchConfig, model: str, prompt: list[int]) -> bytes:
     return orjson.dumps(body)
 
 
-def messages_body(cfg: BenchConfig, model: str, text: str) -> bytes:
+def messages_body(cfg: BenchConfig, model: str, text: str, max_tokens: int | None = None) -> bytes:
     return orjson.dumps(
         {
             "model": model,
-            "max_tokens": cfg.output_tokens,
+            "max_tokens": max_tokens or cfg.output_tokens,
             "temperature": cfg.temperature,
             "stream": True,
             "messages": [{"role": "user", "content": text}],
@@ -150,10 +161,10 @@ def messages_body(cfg: BenchConfig, model: str, text: str) -> bytes:
     )
 
 
-def chat_body(cfg: BenchConfig, model: str, text: str) -> bytes:
+def chat_body(cfg: BenchConfig, model: str, text: str, max_tokens: int | None = None) -> bytes:
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": cfg.output_tokens,
+        "max_tokens": max_tokens or cfg.output_tokens,
         "temperature": cfg.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -294,6 +305,8 @@ class LoadClient:
             self.path, self.reader = "/v1/chat/completions", _read_openai
         else:
             raise ValueError(f"unknown endpoint {cfg.endpoint!r}; one of {ENDPOINTS}")
+        self._samples: list[Sample] | None = None  # --dataset's conversations
+        self._taken = 0
 
     async def model_name(self) -> str:
         if self.cfg.model:
@@ -305,6 +318,8 @@ class LoadClient:
 
     async def requests(self, n: int, salt: str) -> list[_Request]:
         model = await self.model_name()
+        if self.cfg.dataset:
+            return self._dataset_requests(model, n, salt)
         if self.cfg.endpoint == "openai-completions":
             prompts = make_prompts(self.cfg, n, salt)
             return [_Request(completions_body(self.cfg, model, p), len(p)) for p in prompts]
@@ -312,14 +327,33 @@ class LoadClient:
         make = messages_body if self.cfg.endpoint == "anthropic-messages" else chat_body
         return [_Request(make(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
 
+    def _dataset_requests(self, model: str, n: int, salt: str) -> list[_Request]:
+        """The next `n` conversations of the file (warm-up ones from its end)."""
+        if self._samples is None:
+            self._samples = sharegpt(self.cfg.dataset, self.cfg.seed)
+        start = -n if salt == "warmup" else self._taken
+        if salt != "warmup":
+            self._taken += n
+        make = {"openai-completions": completions_body, "openai-chat": chat_body}.get(
+            self.cfg.endpoint, messages_body
+        )
+        samples = itertools.islice(cycle(self._samples, start), n)
+        return [_Request(make(self.cfg, model, s.prompt, s.output_tokens), 0) for s in samples]
+
     async def _anthropic_texts(self, model: str, n: int, salt: str) -> list[str]:
         """Texts of about `input_tokens` tokens once templated: the number of words is fitted
         with count_tokens on a sample (1 token per word if the server lacks the endpoint)."""
         words = await self._fit_words(model)
-        rng = random.Random(f"{self.cfg.seed}-{salt}")
-        shared = round(words * min(1.0, self.cfg.shared_prefix_tokens / self.cfg.input_tokens))
-        prefix = random_words(rng, shared)
-        return [" ".join(prefix + random_words(rng, words - shared)) for _ in range(n)]
+        cfg = self.cfg
+        shared = round(words * min(1.0, cfg.shared_prefix_tokens / cfg.input_tokens))
+        prefixes = [
+            random_words(random.Random(f"{cfg.seed}-prefix-{g}"), shared)
+            for g in range(max(1, cfg.prefix_groups))
+        ]
+        rng = random.Random(f"{cfg.seed}-{salt}")
+        return [
+            " ".join(rng.choice(prefixes) + random_words(rng, words - shared)) for _ in range(n)
+        ]
 
     async def _fit_words(self, model: str, tries: int = 4) -> int:
         target = self.cfg.input_tokens

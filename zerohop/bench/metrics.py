@@ -100,10 +100,12 @@ def summarize(
         "client_busy_cores": None if client_cpu_s is None else client_cpu_s / duration,
         "checks": {
             "all_completed": len(done) == len(results),
-            "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done),
+            "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done)
+            if not cfg.dataset
+            else None,
             # Only completions send token ids; chat and messages prompts are sized text.
             "prompt_tokens_as_requested": all(r.prompt_tokens == cfg.input_tokens for r in done)
-            if cfg.endpoint == "openai-completions"
+            if cfg.endpoint == "openai-completions" and not cfg.dataset
             else None,
             "one_event_per_token": all(r.events == r.output_tokens for r in done),
         },
