@@ -229,3 +229,14 @@ def test_sharegpt_file_and_prefix_groups(live_server, tmp_path: Path) -> None:
     grouped = small_config("", shared_prefix_tokens=6, prefix_groups=2, input_tokens=10)
     heads = {tuple(p[:6]) for salt in ("a", "b") for p in random_prompts(grouped, 20, salt)}
     assert len(heads) == 2, "two groups, the same prefixes in every chunk"
+
+
+def test_grpc_endpoint(live_server) -> None:
+    url = f"grpc://127.0.0.1:{live_server.grpc_port}"
+    report = run_benchmark(small_config(url, endpoint="grpc", model=MODEL_NAME, num_requests=3))
+    s = report["summary"]
+    assert s["completed"] == 3 and s["failed"] == 0
+    assert s["total_output_tokens"] == 3 * OUTPUT_TOKENS
+    assert s["checks"]["prompt_tokens_as_requested"] and s["checks"]["one_event_per_token"]
+    with pytest.raises(ValueError, match="--model"):
+        run_benchmark(small_config(url, endpoint="grpc"))

@@ -6,4 +6,4 @@ command. Nothing is imported here, so building the CLI parser stays cheap.
 
 from __future__ import annotations
 
-ENDPOINTS = ("openai-completions", "openai-chat", "anthropic-messages")
+ENDPOINTS = ("openai-completions", "openai-chat", "anthropic-messages", "grpc")

@@ -443,7 +443,7 @@ async def bench(cfg: BenchConfig, on_done: Callable[[RequestResult], None] | Non
     connector = aiohttp.TCPConnector(limit=cfg.concurrency, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        client = LoadClient(cfg, session)
+        client = _client(cfg, session)
         for request in await client.requests(cfg.warmup_requests, "warmup"):
             done = await client.send(request, time.perf_counter())
             if not done.ok:
@@ -455,12 +455,22 @@ async def bench(cfg: BenchConfig, on_done: Callable[[RequestResult], None] | Non
         results = await run(cfg, client, feed, start, on_done or (lambda _: None))
         duration = time.perf_counter() - start
         cpu = time.process_time() - cpu
+        if hasattr(client, "close"):
+            await client.close()
     return {
         "config": asdict(cfg)
         | {"api_key": None, "prompt_source": getattr(cfg.prompt_source, "__doc__", None)},
         "summary": summarize(results, duration, cfg, cpu),
         "requests": [_row(r) for r in results],
     }
+
+
+def _client(cfg: BenchConfig, session: ClientSession) -> LoadClient:
+    if cfg.endpoint == "grpc":
+        from zerohop.bench.grpc_load import GrpcLoadClient
+
+        return GrpcLoadClient(cfg)  # the same requests/send interface
+    return LoadClient(cfg, session)
 
 
 def _deadline(cfg: BenchConfig, start: float) -> float:

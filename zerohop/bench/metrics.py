@@ -103,9 +103,9 @@ def summarize(
             "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done)
             if not cfg.dataset
             else None,
-            # Only completions send token ids; chat and messages prompts are sized text.
+            # Only completions and gRPC send token ids; chat and messages prompts are text.
             "prompt_tokens_as_requested": all(r.prompt_tokens == cfg.input_tokens for r in done)
-            if cfg.endpoint == "openai-completions" and not cfg.dataset
+            if cfg.endpoint in ("openai-completions", "grpc") and not cfg.dataset
             else None,
             "one_event_per_token": all(r.events == r.output_tokens for r in done),
         },

@@ -1,0 +1,72 @@
+"""`zerohop bench --endpoint grpc`: the same load over gRPC `Generate` (`--url grpc://H:P`).
+
+Prompts are token ids (`prompt_token_ids`), as on the completions endpoint. A token event
+is a streamed message that carries token ids (zerohop sends one per engine step); output
+and prompt tokens come from the last message's usage. The key goes as `authorization`
+metadata. There is no model listing over gRPC, so `--model` is required.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from zerohop.bench.load import BenchConfig, RequestResult, _Request
+
+
+class GrpcLoadClient:
+    def __init__(self, cfg: BenchConfig) -> None:
+        if not cfg.model:
+            raise ValueError("--endpoint grpc needs --model (gRPC has no model listing)")
+        self.cfg = cfg
+        target = cfg.url.split("://", 1)[-1].rstrip("/")
+        self.channel = grpc.aio.insecure_channel(target)
+        self.stub = pb_grpc.ZerohopStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {cfg.api_key}")] if cfg.api_key else []
+
+    async def requests(self, n: int, salt: str) -> list[_Request]:
+        from zerohop.bench.load import _Request, make_prompts
+
+        return [_Request(self._generate(p), len(p)) for p in make_prompts(self.cfg, n, salt)]
+
+    def _generate(self, prompt: list[int]) -> pb.GenerateRequest:
+        cfg = self.cfg
+        request = pb.GenerateRequest(model=cfg.model, max_tokens=cfg.output_tokens)
+        request.prompt_token_ids.ids.extend(prompt)
+        request.temperature = cfg.temperature
+        request.ignore_eos = cfg.ignore_eos
+        return request
+
+    async def send(self, request: _Request, bench_start: float) -> RequestResult:
+        from zerohop.bench.load import RequestResult, _Stream
+
+        start = time.perf_counter()
+        s = _Stream(start)
+        result = RequestResult(sent_at=start - bench_start)
+        call = self.stub.Generate(request.body, metadata=self.metadata, timeout=self.cfg.timeout_s)
+        try:
+            async for reply in call:
+                if reply.token_ids:
+                    s.token_event()
+                if reply.finish_reason:
+                    s.prompt_tokens = reply.usage.prompt_tokens
+                    s.output_tokens = reply.usage.completion_tokens
+        except grpc.aio.AioRpcError as exc:
+            s.error = f"gRPC {exc.code().name}: {exc.details()}"
+        if s.error is None and not s.events:
+            s.error = "no token events in the response"
+        result.ok, result.error = s.error is None, s.error
+        result.events, result.ttft, result.itl = s.events, s.ttft, s.itl
+        result.e2e = s.last - start
+        result.prompt_tokens = s.prompt_tokens
+        result.output_tokens = s.output_tokens or s.events
+        return result
+
+    async def close(self) -> None:
+        await self.channel.close()
