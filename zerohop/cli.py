@@ -324,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)
+    from zerohop.bench.probe_cli import add_probe_parser
+
+    add_probe_parser(sub)
     from zerohop.gateway.audit import add_audit_parser
     from zerohop.gateway.keys_cli import add_keys_parser
 

@@ -13,6 +13,8 @@ Decisions where the API leaves room (see also anthropic_schema.py):
   and ignored; the key (`x-api-key` or `Authorization: Bearer`) is the gateway's (app.py).
 - The stream's headers go out with the engine's first delta, so a request the engine
   rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
+- A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE
+  comment before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from zerohop.api.asgi import (
     start_stream,
 )
 from zerohop.api.errors import ApiError, anthropic_body
+from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
@@ -98,7 +101,7 @@ class AnthropicSurface:
         generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
-                await state.stream(deltas, send)
+                await state.stream(deltas, with_send_times(scope, send))
             else:
                 await state.complete(deltas, send)
 

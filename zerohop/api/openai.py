@@ -3,6 +3,8 @@
 Streams send one SSE chunk per engine step (one token, normally) the moment it arrives; each
 content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The first
 delta is awaited before the response starts, so engine-side rejections still get a real 400.
+A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE comment
+before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from zerohop.api.openai_stream import (
     raise_failure,
     sse,
 )
+from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.tokenizer import Tokenizer
@@ -164,7 +167,7 @@ class OpenAIApi:
                 usage = bool(options and options.include_usage)
                 stream = ChatStream(rid, request.model, usage, len(prompt), top)
                 stream.token_ids = request.return_token_ids
-                await self._stream(stream, deltas, send, request_id)
+                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 await self._chat_once(
                     rid, request.model, len(prompt), top, deltas, send, request_id
@@ -251,7 +254,7 @@ class OpenAIApi:
                 usage = bool(options and options.include_usage)
                 stream = CompletionStream(rid, request.model, usage, len(prompt), echo)
                 stream.token_ids = request.return_token_ids
-                await self._stream(stream, deltas, send, request_id)
+                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 await self._complete_once(
                     rid, request.model, len(prompt), echo, deltas, send, request_id
