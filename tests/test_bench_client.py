@@ -240,3 +240,13 @@ def test_grpc_endpoint(live_server) -> None:
     assert s["checks"]["prompt_tokens_as_requested"] and s["checks"]["one_event_per_token"]
     with pytest.raises(ValueError, match="--model"):
         run_benchmark(small_config(url, endpoint="grpc"))
+
+
+def test_lengths_spread_over_the_range(live_server) -> None:
+    cfg = small_config(live_server.url, range_ratio=0.5, num_requests=6)
+    report = run_benchmark(cfg)
+    rows = report["requests"]
+    assert report["summary"]["completed"] == 6
+    assert all(6 <= r["prompt_tokens"] <= 18 and 4 <= r["output_tokens"] <= 12 for r in rows)
+    assert len({r["prompt_tokens"] for r in rows}) > 1, "lengths vary"
+    assert report["summary"]["checks"]["output_tokens_as_requested"] is None

@@ -57,6 +57,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--dataset", help="a ShareGPT-format JSON file: its prompts and reply lengths")
     p.add_argument(
+        "--range-ratio", type=float, default=0.0,
+        help="lengths uniform in L(1 +- R) for prompts and outputs (vLLM's random-range-ratio)",
+    )  # fmt: skip
+    p.add_argument(
         "--vocab-size", type=int, default=512, help="prompt token ids are drawn from [4, N)"
     )
     p.add_argument(
@@ -120,6 +124,7 @@ def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> d
         vocab_size=args.vocab_size,
         shared_prefix_tokens=args.shared_prefix_tokens,
         prefix_groups=args.prefix_groups,
+        range_ratio=args.range_ratio,
         dataset=args.dataset,
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,

@@ -31,13 +31,15 @@ class GrpcLoadClient:
         self.metadata = [("authorization", f"Bearer {cfg.api_key}")] if cfg.api_key else []
 
     async def requests(self, n: int, salt: str) -> list[_Request]:
-        from zerohop.bench.load import _Request, make_prompts
+        from zerohop.bench.load import _Request, make_prompts, output_lengths
 
-        return [_Request(self._generate(p), len(p)) for p in make_prompts(self.cfg, n, salt)]
+        prompts, outputs = make_prompts(self.cfg, n, salt), output_lengths(self.cfg, n, salt)
+        pairs = zip(prompts, outputs, strict=True)
+        return [_Request(self._generate(p, out), len(p)) for p, out in pairs]
 
-    def _generate(self, prompt: list[int]) -> pb.GenerateRequest:
+    def _generate(self, prompt: list[int], max_tokens: int) -> pb.GenerateRequest:
         cfg = self.cfg
-        request = pb.GenerateRequest(model=cfg.model, max_tokens=cfg.output_tokens)
+        request = pb.GenerateRequest(model=cfg.model, max_tokens=max_tokens)
         request.prompt_token_ids.ids.extend(prompt)
         request.temperature = cfg.temperature
         request.ignore_eos = cfg.ignore_eos

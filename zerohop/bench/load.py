@@ -63,6 +63,8 @@ class BenchConfig:
     vocab_size: int = 512  # prompt ids are drawn from [4, vocab_size)
     shared_prefix_tokens: int = 0  # the same first tokens in every prompt (prefix cache hits)
     prefix_groups: int = 1  # shared_prefix_tokens: this many distinct prefixes, one per group
+    # vLLM's --random-range-ratio: each prompt's and output's length uniform in L(1 +- r).
+    range_ratio: float = 0.0
     dataset: str | None = None  # a ShareGPT-format JSON file instead of random prompts
     ignore_eos: bool = True  # send `ignore_eos` (vLLM's extra) so outputs are exactly O tokens
     temperature: float = 0.0
@@ -118,8 +120,21 @@ def random_prompts(cfg: BenchConfig, n: int, salt: str = "") -> list[list[int]]:
         for g in range(max(1, cfg.prefix_groups))
     ]
     rng = random.Random(f"{cfg.seed}-{salt}")
-    rest = cfg.input_tokens - shared
-    return [rng.choice(prefixes) + _ids(rng, cfg, rest) for _ in range(n)]
+    lengths = spread(cfg.input_tokens, cfg.range_ratio, n, f"{cfg.seed}-{salt}-in")
+    return [rng.choice(prefixes) + _ids(rng, cfg, max(0, k - shared)) for k in lengths]
+
+
+def spread(length: int, ratio: float, n: int, seed: str) -> list[int]:
+    """`n` lengths uniform in [length (1 - ratio), length (1 + ratio)], at least 1."""
+    if not 0 <= ratio < 1:
+        raise ValueError("range_ratio must be in [0, 1)")
+    rng = random.Random(seed)
+    low, high = max(1, round(length * (1 - ratio))), max(1, round(length * (1 + ratio)))
+    return [rng.randint(low, high) for _ in range(n)]
+
+
+def output_lengths(cfg: BenchConfig, n: int, salt: str) -> list[int]:
+    return spread(cfg.output_tokens, cfg.range_ratio, n, f"{cfg.seed}-{salt}-out")
 
 
 def _ids(rng: random.Random, cfg: BenchConfig, n: int) -> list[int]:
@@ -320,12 +335,19 @@ class LoadClient:
         model = await self.model_name()
         if self.cfg.dataset:
             return self._dataset_requests(model, n, salt)
+        outputs = output_lengths(self.cfg, n, salt)
         if self.cfg.endpoint == "openai-completions":
             prompts = make_prompts(self.cfg, n, salt)
-            return [_Request(completions_body(self.cfg, model, p), len(p)) for p in prompts]
+            return [
+                _Request(completions_body(self.cfg, model, p, out), len(p))
+                for p, out in zip(prompts, outputs, strict=True)
+            ]
         texts = await self._anthropic_texts(model, n, salt)
         make = messages_body if self.cfg.endpoint == "anthropic-messages" else chat_body
-        return [_Request(make(self.cfg, model, t), self.cfg.input_tokens) for t in texts]
+        return [
+            _Request(make(self.cfg, model, t, out), self.cfg.input_tokens)
+            for t, out in zip(texts, outputs, strict=True)
+        ]
 
     def _dataset_requests(self, model: str, n: int, salt: str) -> list[_Request]:
         """The next `n` conversations of the file (warm-up ones from its end)."""
@@ -351,8 +373,11 @@ class LoadClient:
             for g in range(max(1, cfg.prefix_groups))
         ]
         rng = random.Random(f"{cfg.seed}-{salt}")
+        scale = words / cfg.input_tokens  # words per token, as fitted
+        lengths = spread(cfg.input_tokens, cfg.range_ratio, n, f"{cfg.seed}-{salt}-in")
         return [
-            " ".join(rng.choice(prefixes) + random_words(rng, words - shared)) for _ in range(n)
+            " ".join(rng.choice(prefixes) + random_words(rng, max(0, round(k * scale) - shared)))
+            for k in lengths
         ]
 
     async def _fit_words(self, model: str, tries: int = 4) -> int:

@@ -101,11 +101,12 @@ def summarize(
         "checks": {
             "all_completed": len(done) == len(results),
             "output_tokens_as_requested": all(r.output_tokens == cfg.output_tokens for r in done)
-            if not cfg.dataset
+            if not (cfg.dataset or cfg.range_ratio)
             else None,
             # Only completions and gRPC send token ids; chat and messages prompts are text.
             "prompt_tokens_as_requested": all(r.prompt_tokens == cfg.input_tokens for r in done)
-            if cfg.endpoint in ("openai-completions", "grpc") and not cfg.dataset
+            if cfg.endpoint in ("openai-completions", "grpc")
+            and not (cfg.dataset or cfg.range_ratio)
             else None,
             "one_event_per_token": all(r.events == r.output_tokens for r in done),
         },
