@@ -4,10 +4,10 @@ One request (or `repeat`, on one pooled connection where the server keeps it ope
 phase by phase: DNS (resolved here, timed on its own, then the connection goes to that
 address with the original Host and TLS server name, so `connect` is the TCP handshake
 alone), TCP connect, TLS handshake, request written, response headers (TTFB), first token,
-every gap after it. Connect and TLS come from httpcore's trace hooks; arrivals are read
-with `perf_counter` as each chunk leaves the socket. The probe always asks for the server's
-send-time stamps (zerohop.api.send_times) to tell an intermediary's buffering from the
-server's own pace.
+every gap after it. Connect, TLS, request and headers come from httpcore's trace hooks;
+each body chunk is timed with `perf_counter` as httpcore hands it over and parsed only
+after the stream has ended. The probe always asks for the server's send-time stamps
+(zerohop.api.send_times) to tell an intermediary's buffering from the server's own pace.
 """
 
 from __future__ import annotations
@@ -172,6 +172,7 @@ class _Exchange:
     stream: _Stream
     trace: _Trace = field(default_factory=_Trace)
     response: httpx2.Response | None = None
+    arrivals: list[tuple[float, bytes]] = field(default_factory=list)
     stamps: int = 0
     ended: float = 0.0
     error: str | None = None
@@ -282,6 +283,7 @@ def _send(
     except httpx2.HTTPError as exc:
         exchange.error = f"{type(exc).__name__}: {exc}"
     exchange.ended = exchange.clock.now()
+    _parse(exchange)
 
 
 def _read(response: httpx2.Response, exchange: _Exchange) -> None:
@@ -289,10 +291,18 @@ def _read(response: httpx2.Response, exchange: _Exchange) -> None:
         text = response.read().decode("utf-8", "replace")
         exchange.error = f"HTTP {response.status_code}: {text[:300]}"
         return
-    reader, clock, stream = SseReader(), exchange.clock, exchange.stream
+    # Only note the time while reading: parsing here would delay the next read and blur
+    # the arrival times of events that came in together.
+    arrivals, clock = exchange.arrivals, exchange.clock
     for chunk in response.iter_bytes():
-        for event in reader.feed(chunk, clock.now()):
-            stream.add(event)
+        arrivals.append((clock.now(), chunk))
+
+
+def _parse(exchange: _Exchange) -> None:
+    reader = SseReader()
+    for received, chunk in exchange.arrivals:
+        for event in reader.feed(chunk, received):
+            exchange.stream.add(event)
     exchange.stamps = reader.stamps_seen
 
 

@@ -105,7 +105,7 @@ def assess(headers_at: float | None, received: list[float], sent: list[float] | 
         return verdict
     verdict.send_span_s = sent[-1] - sent[0] if sent else None
     _collapsed_bursts(received, sent, verdict)
-    _headers_waited(headers_at, sent, verdict)
+    _headers_waited(headers_at, received, verdict)
     verdict.detected = bool(verdict.findings)
     return verdict
 
@@ -153,12 +153,13 @@ def _collapsed(burst: range, received: list[float], sent: list[float]) -> bool:
     )
 
 
-def _headers_waited(headers_at: float | None, sent: list[float], verdict: Buffering) -> None:
+def _headers_waited(headers_at: float | None, received: list[float], verdict: Buffering) -> None:
     span = verdict.send_span_s
     if headers_at is None or span is None or span < COLLAPSED_SEND_SPAN_S:
         return
-    if headers_at >= sent[-1] - BURST_GAP_S:
+    if received[-1] - headers_at <= COLLAPSE_RATIO * span:
         verdict.findings.append(
-            f"the response headers arrived only after the last token was sent ({span * 1e3:.0f}"
-            " ms after the first): the whole response was held before the first byte"
+            f"the response headers came with the tokens (all within"
+            f" {(received[-1] - headers_at) * 1e3:.1f} ms) though the server took"
+            f" {span * 1e3:.0f} ms to send them: the first byte waited for the last token"
         )
