@@ -1,7 +1,9 @@
-"""Serving benchmark: an aiohttp load client with vLLM's latency and throughput metrics.
+"""Measuring a server: `zerohop bench` (load, vLLM's metrics, plots) and `zerohop probe`.
 
-`zerohop.bench.load` holds the client and the metrics; `zerohop.bench.cli` the `zerohop bench`
-command. Nothing is imported here, so building the CLI parser stays cheap.
+`load` is the load client (closed or open loop) with `arrivals` (send times), `workloads`
+(ShareGPT files), `grpc_load` (the gRPC surface), `metrics` (summary, goodput, report) and
+`plots` (PNG); `cli` is the `zerohop bench` command. `probe*` is `zerohop probe` (one request,
+timed hop by hop). Nothing is imported here, so building the CLI parser stays cheap.
 """
 
 from __future__ import annotations
