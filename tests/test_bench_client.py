@@ -250,3 +250,20 @@ def test_lengths_spread_over_the_range(live_server) -> None:
     assert all(6 <= r["prompt_tokens"] <= 18 and 4 <= r["output_tokens"] <= 12 for r in rows)
     assert len({r["prompt_tokens"] for r in rows}) > 1, "lengths vary"
     assert report["summary"]["checks"]["output_tokens_as_requested"] is None
+
+
+def test_a_usage_chunk_without_finish_reason_is_no_token() -> None:
+    """LiteLLM ends a stream with the usage in a choice that has no finish_reason."""
+    import asyncio
+
+    from zerohop.bench.load import _read_openai, _Stream
+
+    async def lines():
+        for text in ("a", "b"):
+            yield b'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n' % text.encode()
+        yield b'data: {"choices":[{"index":0,"delta":{}}],"usage":{"completion_tokens":2}}\n'
+        yield b"data: [DONE]\n"
+
+    stream = _Stream(0.0)
+    asyncio.run(_read_openai(lines(), stream))
+    assert stream.events == stream.output_tokens == 2

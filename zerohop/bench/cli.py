@@ -81,6 +81,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-requests", type=int, default=1, help="unmeasured requests first")
     p.add_argument("--api-key", help="sent as Authorization: Bearer and x-api-key")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--insecure", action="store_true", help="https: skip certificate checks")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     p.add_argument("--plot", type=Path, help="write PNG plots with this path prefix")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no bar")
@@ -132,6 +133,7 @@ def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> d
         warmup_requests=args.warmup_requests,
         api_key=args.api_key,
         timeout_s=args.timeout,
+        insecure=args.insecure,
         request_rate=rate,
         burstiness=args.burstiness,
         duration_s=args.duration,

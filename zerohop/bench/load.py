@@ -74,6 +74,7 @@ class BenchConfig:
     warmup_requests: int = 1
     api_key: str | None = None
     timeout_s: float = 600.0
+    insecure: bool = False  # https without certificate checks (a self-signed proxy in front)
     # Completions prompts: (cfg, n, salt) -> n token-id lists; None: `random_prompts`.
     prompt_source: Callable[[BenchConfig, int, str], list[list[int]]] | None = None
     request_rate: float | None = None  # requests/s (open loop); None: closed loop
@@ -262,9 +263,11 @@ def _openai_usage(s: _Stream, data: dict) -> None:
 def _openai_other(s: _Stream, data: dict) -> None:
     if choices := data.get("choices"):
         choice = choices[0]
-        # A finish reason without text marks the end (zerohop sends it right after the last
-        # token's chunk), not a token; it stands for one only if no token had a chunk.
-        marker = choice.get("finish_reason") and not (choice.get("text") or choice.get("delta"))
+        # A chunk without text that finishes the stream or carries the usage (zerohop sends
+        # the finish right after the last token's chunk; LiteLLM sends the usage in a choice
+        # without a finish_reason) is not a token; it stands for one only if none came.
+        text = choice.get("text") or (choice.get("delta") or {}).get("content")
+        marker = (choice.get("finish_reason") or data.get("usage")) and not text
         if not marker or not s.events:
             s.token_event()
     if data.get("usage"):
@@ -465,7 +468,7 @@ async def bench(cfg: BenchConfig, on_done: Callable[[RequestResult], None] | Non
 
     if cfg.concurrency < 1 or cfg.num_requests < 1:
         raise ValueError("concurrency and num_requests must be at least 1")
-    connector = aiohttp.TCPConnector(limit=cfg.concurrency, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(limit=cfg.concurrency, ttl_dns_cache=300, ssl=not cfg.insecure)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         client = _client(cfg, session)
