@@ -3,7 +3,8 @@ through `zerohop.client.http_client` (affinity, failover bookkeeping, and for st
 per-event parse that follows token ids), side by side in one run.
 
 One `zerohop serve` of the tiny test model (fast, so the client's own time is what differs),
-`--num-threads 1`. For each way, sequentially: `--requests` non-streaming chat completions of
+`--num-threads 1`. Sync (`httpx2.Client`, `http_client`) and async (`httpx2.AsyncClient`,
+`async_http_client`); for each way, sequentially: `--requests` non-streaming chat completions of
 one token, then `--streams` streamed ones of `--tokens` tokens. Reported per request: wall
 time (p50) and the caller process's CPU time (all threads: the sync transport works on the
 pool's thread), and their difference through the client.
@@ -14,6 +15,7 @@ pool's thread), and their difference through the client.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import tempfile
@@ -28,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import print_table, write_json
 from tests.fixtures.tiny_models import build_tiny_model
 from tests.live_server import LiveServer
-from zerohop.client import http_client
+from zerohop.client import async_http_client, http_client
 
 MODEL = "tiny"
 
 
-def chat(client: httpx2.Client, base: str, stream: bool, tokens: int) -> int:
-    body = {
+def request_body(stream: bool, tokens: int) -> dict:
+    return {
         "model": MODEL,
         "max_tokens": tokens,
         "temperature": 0,
@@ -42,6 +44,10 @@ def chat(client: httpx2.Client, base: str, stream: bool, tokens: int) -> int:
         "stream": stream,
         "messages": [{"role": "user", "content": "How far is the horizon at sea?"}],
     }
+
+
+def chat(client: httpx2.Client, base: str, stream: bool, tokens: int) -> int:
+    body = request_body(stream, tokens)
     if not stream:
         response = client.post(base + "/v1/chat/completions", json=body)
         response.raise_for_status()
@@ -69,25 +75,53 @@ def measure(send: Callable[[], int], count: int) -> dict:
     }
 
 
+async def achat(client: httpx2.AsyncClient, base: str, stream: bool, tokens: int) -> int:
+    body = request_body(stream, tokens)
+    if not stream:
+        response = await client.post(base + "/v1/chat/completions", json=body)
+        response.raise_for_status()
+        return 1
+    events = 0
+    async with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            events += line.startswith("data: ")
+    return events
+
+
 def run(url: str, args: argparse.Namespace) -> dict:
-    ways = {
-        "httpx2 direct": (httpx2.Client(timeout=60), url),
-        "zerohop.client": (http_client([url]), "http://zerohop"),
-    }
     results = {}
-    for name, (client, base) in ways.items():
+    for name, client, base in (
+        ("sync, httpx2 direct", httpx2.Client(timeout=60), url),
+        ("sync, zerohop.client", http_client([url]), "http://zerohop"),
+    ):
         with client:
-            results[name] = measure_client(client, base, args)
+            results[name] = measure_client(lambda s, t, c=client, b=base: chat(c, b, s, t), args)
+    loop = asyncio.new_event_loop()
+    for name, make, base in (
+        ("async, httpx2 direct", lambda: httpx2.AsyncClient(timeout=60), url),
+        ("async, zerohop.client", lambda: async_http_client([url]), "http://zerohop"),
+    ):
+        client = loop.run_until_complete(_made(make))
+
+        def send(stream: bool, tokens: int, c=client, b=base) -> int:
+            return loop.run_until_complete(achat(c, b, stream, tokens))
+
+        results[name] = measure_client(send, args)
+        loop.run_until_complete(client.aclose())
+    loop.close()
     return results
 
 
-def measure_client(client: httpx2.Client, base: str, args: argparse.Namespace) -> dict:
-    chat(client, base, False, 1)  # connect and warm up
+async def _made(make: Callable[[], httpx2.AsyncClient]) -> httpx2.AsyncClient:
+    return make()  # in the loop that will use it
+
+
+def measure_client(send: Callable[[bool, int], int], args: argparse.Namespace) -> dict:
+    send(False, 1)  # connect and warm up
     return {
-        "one token": measure(lambda: chat(client, base, False, 1), args.requests),
-        f"stream of {args.tokens}": measure(
-            lambda: chat(client, base, True, args.tokens), args.streams
-        ),
+        "one token": measure(lambda: send(False, 1), args.requests),
+        f"stream of {args.tokens}": measure(lambda: send(True, args.tokens), args.streams),
     }
 
 
@@ -109,13 +143,15 @@ def main() -> None:
         finally:
             server.stop()
     rows = []
-    for kind in results["httpx2 direct"]:
-        direct, client = results["httpx2 direct"][kind], results["zerohop.client"][kind]
-        rows.append(
-            [kind, f"{direct['wall_p50_ms']:.2f}", f"{client['wall_p50_ms']:.2f}",
-             f"{direct['cpu_ms_per_request']:.2f}", f"{client['cpu_ms_per_request']:.2f}",
-             f"{client['cpu_ms_per_request'] - direct['cpu_ms_per_request']:+.2f}"]
-        )  # fmt: skip
+    for mode in ("sync", "async"):
+        direct, client = results[f"{mode}, httpx2 direct"], results[f"{mode}, zerohop.client"]
+        for kind in direct:
+            d, c = direct[kind], client[kind]
+            rows.append(
+                [f"{mode}, {kind}", f"{d['wall_p50_ms']:.2f}", f"{c['wall_p50_ms']:.2f}",
+                 f"{d['cpu_ms_per_request']:.2f}", f"{c['cpu_ms_per_request']:.2f}",
+                 f"{c['cpu_ms_per_request'] - d['cpu_ms_per_request']:+.2f}"]
+            )  # fmt: skip
     headers = ["request", "wall p50 direct", "via client", "CPU ms direct", "via client", "added"]
     print_table(headers, rows)
     write_json(args.out, {"args": vars(args) | {"out": str(args.out)}, "results": results})
