@@ -121,3 +121,17 @@ def test_a_replica_reads_the_load_a_server_reports(live_server) -> None:
     assert replica.kv_usage == 0.0
     replica.observe({"zerohop-queue-wait-ms": "120", "zerohop-waiting": "bad"})
     assert replica.queue_wait_ms == 120.0 and replica.waiting == 0
+
+
+def test_a_ready_health_answer_closes_a_breaker_left_half_open() -> None:
+    from zerohop.client.health import set_ready
+
+    replica = Replica(URLS[0], breaker=CircuitBreaker(failure_threshold=1, reset_after=0.0))
+    replica.breaker.failed()
+    assert replica.usable  # due for its probe: choosing lets it into half-open...
+    assert replica.breaker.state == HALF_OPEN and not replica.usable  # ...and nobody picked it
+    set_ready(replica, True)
+    assert replica.breaker.state == CLOSED and replica.usable
+    replica.breaker.failed()
+    set_ready(replica, False)
+    assert replica.breaker.state == OPEN and not replica.usable

@@ -15,7 +15,7 @@ import grpc
 import httpx2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from zerohop.client.replica import CLOSED, Replica
+from zerohop.client.replica import HALF_OPEN, OPEN, Replica
 
 
 def grpc_channel(url: str) -> grpc.aio.Channel:
@@ -36,7 +36,9 @@ def set_ready(replica: Replica, ready: bool) -> None:
         log.info("replica %s is %s", replica.url, "ready" if ready else "not ready")
     replica.ready = ready
     breaker = replica.breaker
-    if ready and breaker.state != CLOSED and breaker.allows():
+    # Half-open (choosing may have let it, unpicked, into that state) or due to be: a ready
+    # answer is the probe that closes it.
+    if ready and (breaker.state == HALF_OPEN or (breaker.state == OPEN and breaker.allows())):
         breaker.succeeded()
 
 
