@@ -161,3 +161,12 @@ def test_the_continuing_replicas_events_read_as_one_stream() -> None:
     rewritten = surface.feed(sse("message_delta", {"delta": {}, "usage": usage}))
     assert b'"output_tokens":3' in rewritten and b'"input_tokens":7' in rewritten
     assert surface.token_ids == [1, 2, 3]
+
+
+def test_a_stream_without_token_ids_is_not_restarted_elsewhere() -> None:
+    """A server that ignores return_token_ids: going on elsewhere would repeat the text."""
+    surface = ChatCompletions({"stream": True, "messages": QUESTION})
+    assert surface.resumable  # nothing sent yet: another replica may start it
+    chunk = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
+    surface.feed(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    assert not surface.resumable

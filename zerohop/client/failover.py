@@ -223,6 +223,8 @@ class _ResumingStream(httpx2.AsyncByteStream):
         failed, self.replica = self.replica, None
         await self.upstream.aclose()
         self.call.failed(failed, trip_breaker)
+        if not surface.resumable:
+            return False
         with self.call.pool.lock:
             failed.stats.resumes += 1
         body = surface.continuation()

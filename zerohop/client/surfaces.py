@@ -50,6 +50,13 @@ class Surface:
         self.started = False  # the caller has the stream's preamble
         self.resumed = False  # the current replica continues another's answer
         self.done = False
+        self.delivered = False  # the caller has part of the answer's text
+
+    @property
+    def resumable(self) -> bool:
+        """Whether another replica can take over: nothing of the answer sent yet, or its
+        token ids known (a server without `return_token_ids` would make it start over)."""
+        return not self.delivered or bool(self.token_ids)
 
     def affinity_text(self) -> str:
         """What prefix affinity hashes: for chats, the system prompt and the first user turn
@@ -127,6 +134,7 @@ class Messages(Surface):
             return b""
         elif kind == "content_block_delta":
             self.token_ids.extend(message.get("token_ids", ()))
+            self.delivered = True
         elif kind == "message_delta" and self.resumed:
             usage = message.get("usage", {})
             output = self.base + usage.get("output_tokens", 0)
@@ -171,6 +179,7 @@ class _OpenAI(Surface):
         choices = chunk.get("choices") or []
         for choice in choices:
             self.token_ids.extend(choice.get("token_ids") or ())
+            self.delivered |= bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
         if not self.resumed:
             if not self.started:
                 self.started = True
