@@ -267,3 +267,46 @@ def test_a_usage_chunk_without_finish_reason_is_no_token() -> None:
     stream = _Stream(0.0)
     asyncio.run(_read_openai(lines(), stream))
     assert stream.events == stream.output_tokens == 2
+
+
+def test_chat_prompts_are_fitted_without_count_tokens(live_server) -> None:
+    """Behind a server or proxy without count_tokens (LiteLLM's), the usage of one-token
+    requests sizes the prompts (not one word per token)."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    from tests.live_server import free_port
+
+    async def forward(request: web.Request) -> web.Response:  # buffers: fine for sizing
+        async with aiohttp.ClientSession() as session:
+            url, body = live_server.url + request.path, await request.read()
+            headers = {"content-type": "application/json"}
+            async with session.post(url, data=body, headers=headers) as upstream:
+                kind = upstream.content_type
+                return web.Response(body=await upstream.read(), status=upstream.status,
+                                    content_type=kind)  # fmt: skip
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", forward)  # no count_tokens: 404
+    port, loop, started = free_port(), asyncio.new_event_loop(), threading.Event()
+
+    def serve() -> None:
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert started.wait(10)
+    try:
+        cfg = small_config(f"http://127.0.0.1:{port}", endpoint="openai-chat", input_tokens=40)
+        cfg.model, cfg.num_requests = MODEL_NAME, 2
+        report = run_benchmark(cfg)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+    assert report["summary"]["completed"] == 2
+    assert all(abs(r["prompt_tokens"] - 40) <= 4 for r in report["requests"])

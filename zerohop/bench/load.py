@@ -401,12 +401,20 @@ class LoadClient:
         return words
 
     async def _count(self, model: str, words: list[str]) -> int | None:
+        """The prompt's tokens once templated: zerohop's (and Anthropic's) count_tokens, else
+        the usage of a one-token request (servers and proxies without count_tokens)."""
         body = {"model": model, "messages": [{"role": "user", "content": " ".join(words)}]}
         url = self.base + "/v1/messages/count_tokens"
         async with self.session.post(url, data=orjson.dumps(body), headers=self.headers) as r:
+            if r.status == 200:
+                return (await r.json(loads=orjson.loads)).get("input_tokens")
+        url = self.base + self.path
+        one = orjson.dumps(body | {"max_tokens": 1, "stream": False})
+        async with self.session.post(url, data=one, headers=self.headers) as r:
             if r.status != 200:
                 return None
-            return (await r.json(loads=orjson.loads)).get("input_tokens")
+            usage = orjson.loads(await r.read()).get("usage") or {}
+        return usage.get("prompt_tokens") or usage.get("input_tokens")
 
     async def send(self, request: _Request, bench_start: float) -> RequestResult:
         import aiohttp
