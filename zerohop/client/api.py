@@ -104,6 +104,7 @@ class AsyncClient:
         for _ in range(self.policy.max_attempts):
             replica, _ = self.pool.choose(prompt, tried | self._http_replicas())
             base = len(received)  # tokens the caller has from replicas before this one
+            failed = False
             try:
                 async for reply in self._generate_on(replica.url, request, received):
                     received.extend(reply.token_ids)
@@ -117,13 +118,11 @@ class AsyncClient:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL):
                     raise
                 tried.add(replica.url)
-                with self.pool.lock:
-                    replica.stats.failures += 1
-                    replica.stats.failovers += 1
-                    replica.stats.resumes += bool(received)
-                replica.breaker.failed()
+                failed = True
+                self.pool.failed(replica, trip_breaker=True, resumed=bool(received))
             finally:
-                self.pool.release(replica)
+                if not failed:
+                    self.pool.release(replica)
         raise ApiStatusError(503, "every gRPC replica tried failed")
 
     async def _generate_on(

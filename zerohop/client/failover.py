@@ -141,12 +141,12 @@ class _Call:
             except httpx2.TransportError as exc:
                 log.info("replica %s failed: %r", replica.url, exc)
                 error = exc
-                self.failed(replica, trip_breaker=True)
+                self.pool.failed(replica, trip_breaker=True)
                 exclude.add(replica.url)
                 continue
             if retryable(response):
                 last = response
-                self.failed(replica, trip_breaker=response.status_code not in OVERLOADED)
+                self.pool.failed(replica, trip_breaker=response.status_code not in OVERLOADED)
                 exclude.add(replica.url)
                 continue
             replica.breaker.succeeded()
@@ -158,14 +158,6 @@ class _Call:
         if isinstance(error, httpx2.TransportError):
             raise error
         raise httpx2.ConnectError(f"no replica could take the request: {error}")
-
-    def failed(self, replica: Replica, trip_breaker: bool) -> None:
-        with self.pool.lock:
-            replica.stats.failures += 1
-            replica.stats.failovers += 1
-        if trip_breaker:
-            replica.breaker.failed()
-        self.pool.release(replica)
 
 
 async def _buffered(response: httpx2.Response) -> httpx2.Response:
@@ -222,11 +214,9 @@ class _ResumingStream(httpx2.AsyncByteStream):
         surface = self.call.surface
         failed, self.replica = self.replica, None
         await self.upstream.aclose()
-        self.call.failed(failed, trip_breaker)
+        self.call.pool.failed(failed, trip_breaker, resumed=surface.resumable)
         if not surface.resumable:
             return False
-        with self.call.pool.lock:
-            failed.stats.resumes += 1
         body = surface.continuation()
         if body is None:
             surface.done = True

@@ -86,6 +86,17 @@ class ReplicaPool:
         with self.lock:
             replica.in_flight -= 1
 
+    def failed(self, replica: Replica, trip_breaker: bool, resumed: bool = False) -> None:
+        """A request failed at `replica` and moves on (`resumed`: mid-answer); counted, the
+        breaker told when the failure is the replica's, and no longer in flight there."""
+        with self.lock:
+            replica.stats.failures += 1
+            replica.stats.failovers += 1
+            replica.stats.resumes += resumed
+        if trip_breaker:
+            replica.breaker.failed()
+        self.release(replica)
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per replica: requests, failures, failovers, by_affinity, affinity_ratio, and its
         latest load and health."""
