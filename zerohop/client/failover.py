@@ -26,6 +26,7 @@ from zerohop.client.surfaces import Surface, UpstreamFailed, sse_events, surface
 
 log = logging.getLogger(__name__)
 
+GAVE_UP = "every replica failed while streaming this answer"
 OVERLOADED = {429, 503, 529}  # the replica works but is full: not a breaker failure
 # Hop-by-hop, or recomputed for the body actually sent.
 _REQUEST_HEADERS_DROPPED = {b"host", b"content-length", b"transfer-encoding", b"connection"}
@@ -206,7 +207,7 @@ class _ResumingStream(httpx2.AsyncByteStream):
             except (httpx2.TransportError, UpstreamFailed) as exc:
                 log.info("replica %s broke mid-stream: %r", self.replica.url, exc)
                 if not await self._move_on(isinstance(exc, httpx2.TransportError)):
-                    yield surface.finish() if surface.done else self._error_event()
+                    yield surface.finish() if surface.done else surface.error_event(GAVE_UP)
                     return
 
     async def _move_on(self, trip_breaker: bool) -> bool:
@@ -231,14 +232,6 @@ class _ResumingStream(httpx2.AsyncByteStream):
             return False
         self.replica, self.upstream = replica, response
         return True
-
-    def _error_event(self) -> bytes:
-        message = "every replica failed while streaming this answer"
-        if self.call.surface.__class__.__name__ == "Messages":
-            error = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
-            return b"event: error\ndata: " + orjson.dumps(error) + b"\n\n"
-        error = {"error": {"message": message, "type": "server_error", "code": "overloaded"}}
-        return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
 
     def _release(self) -> None:
         if self.replica is not None:

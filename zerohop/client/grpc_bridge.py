@@ -23,7 +23,7 @@ from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.failover import AsyncUpstream, RawBytes
 from zerohop.client.health import grpc_channel
 from zerohop.client.replica import Replica
-from zerohop.client.surfaces import SURFACES, Messages
+from zerohop.client.surfaces import Completions, Messages, sse_event, surface_kind, text_of
 
 _STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -44,12 +44,12 @@ class GrpcBridge(AsyncUpstream):
         self.channels: dict[str, grpc.aio.Channel] = {}
 
     async def open(self, replica: Replica, request: httpx2.Request, body: bytes) -> httpx2.Response:
-        path = request.url.path.rstrip("/")
-        kind = next((k for suffix, k in SURFACES.items() if path.endswith(suffix)), None)
+        kind = surface_kind(request.url.path)
         if kind is None or request.method != "POST":
+            path = request.url.path
             raise httpx2.ConnectError(f"{replica.url} is a gRPC replica: {path} has no gRPC form")
         payload = orjson.loads(body)
-        render = _Render(kind is Messages, kind.__name__ == "Completions", payload)
+        render = _Render(issubclass(kind, Messages), issubclass(kind, Completions), payload)
         stub = pb_grpc.ZerohopStub(self._channel(replica.url))
         call = stub.Generate(generate_request(payload, render), metadata=_metadata(request))
         try:
@@ -108,16 +108,10 @@ def generate_request(payload: dict[str, Any], render: _Render) -> pb.GenerateReq
 def _messages(payload: dict[str, Any]) -> list[tuple[str, str]]:
     turns = []
     if system := payload.get("system"):
-        turns.append(("system", _text(system)))
+        turns.append(("system", text_of(system)))
     for message in payload.get("messages") or []:
-        turns.append((message.get("role", "user"), _text(message.get("content"))))
+        turns.append((message.get("role", "user"), text_of(message.get("content"))))
     return turns
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-    return content if isinstance(content, str) else ""
 
 
 def _metadata(request: httpx2.Request) -> list[tuple[str, str]]:
@@ -199,9 +193,9 @@ class _Render:
             }
             block = {"index": 0, "content_block": {"type": "text", "text": ""}}
             return (
-                _event("message_start", {"message": message})
-                + _event("content_block_start", block)
-                + _event("ping", {})
+                sse_event("message_start", {"message": message})
+                + sse_event("content_block_start", block)
+                + sse_event("ping", {})
             )
         if self.completions:
             return b""
@@ -210,7 +204,7 @@ class _Render:
     def piece(self, ids: list[int], text: str) -> bytes:
         if self.anthropic:
             delta = {"index": 0, "delta": {"type": "text_delta", "text": text}, "token_ids": ids}
-            return _event("content_block_delta", delta)
+            return sse_event("content_block_delta", delta)
         body = {"text": text} if self.completions else {"delta": {"content": text}}
         return self._chunk({**body, "finish_reason": None, "token_ids": ids})
 
@@ -220,8 +214,8 @@ class _Render:
         if self.anthropic:
             delta = {"stop_reason": self._anthropic_reason(reason, stop), "stop_sequence": stop}
             end = {"delta": delta, "usage": self._anthropic_usage(last.usage)}
-            stop_block = _event("content_block_stop", {"index": 0})
-            return stop_block + _event("message_delta", end) + _event("message_stop", {})
+            stop_block = sse_event("content_block_stop", {"index": 0})
+            return stop_block + sse_event("message_delta", end) + sse_event("message_stop", {})
         body = {"text": ""} if self.completions else {"delta": {}}
         data = self._chunk({**body, "finish_reason": reason, "stop_reason": stop})
         options = self.payload.get("stream_options") or {}
@@ -315,7 +309,3 @@ class _Render:
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         body = {**self._head(), "choices": [{"index": 0, "logprobs": None, **choice}]}
         return b"data: " + orjson.dumps(body) + b"\n\n"
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps({"type": name, **data}) + b"\n\n"

@@ -99,6 +99,11 @@ class Surface:
         """The stream's end, when the answer ran out of tokens exactly at a failover."""
         raise NotImplementedError
 
+    def error_event(self, message: str) -> bytes:
+        """The stream's end when no replica could go on with it (OpenAI's error chunk)."""
+        error = {"error": {"message": message, "type": "server_error", "code": "overloaded"}}
+        return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+
 
 class Messages(Surface):
     """Anthropic `POST /v1/messages`."""
@@ -108,11 +113,14 @@ class Messages(Surface):
         self.first_usage: dict[str, int] = {}
 
     def affinity_text(self) -> str:
-        system = _text(self.payload.get("system") or "")
+        system = text_of(self.payload.get("system") or "")
         return opening(system, _list(self.payload, "messages"))
 
     def default_limit(self) -> int:
         return int(self.payload["max_tokens"])
+
+    def error_event(self, message: str) -> bytes:
+        return sse_event("error", {"error": {"type": "overloaded_error", "message": message}})
 
     def feed(self, event: bytes) -> bytes:
         data = event_data(event)
@@ -139,7 +147,7 @@ class Messages(Surface):
             usage = message.get("usage", {})
             output = self.base + usage.get("output_tokens", 0)
             message["usage"] = {**usage, **self.first_usage, "output_tokens": output}
-            return _event("message_delta", message)
+            return sse_event("message_delta", message)
         elif kind == "message_stop":
             self.done = True
         return event
@@ -148,9 +156,9 @@ class Messages(Surface):
         usage = {**self.first_usage, "output_tokens": len(self.token_ids)}
         end = {"delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage}
         return (
-            _event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            + _event("message_delta", {"type": "message_delta", **end})
-            + _event("message_stop", {"type": "message_stop"})
+            sse_event("content_block_stop", {"index": 0})
+            + sse_event("message_delta", end)
+            + sse_event("message_stop", {})
         )
 
 
@@ -253,10 +261,15 @@ SURFACES: dict[str, type[Surface]] = {
 }
 
 
+def surface_kind(path: str) -> type[Surface] | None:
+    """The API whose generation endpoint `path` is (a base URL's prefix allowed), if any."""
+    path = path.rstrip("/")
+    return next((k for suffix, k in SURFACES.items() if path.endswith(suffix)), None)
+
+
 def surface_for(method: str, path: str, body: bytes) -> Surface | None:
     """The surface of a generation request, or None for anything else (forwarded as is)."""
-    path = path.rstrip("/")
-    kind = next((k for suffix, k in SURFACES.items() if path.endswith(suffix)), None)
+    kind = surface_kind(path)
     if method != "POST" or kind is None:
         return None
     try:
@@ -270,7 +283,7 @@ def opening(system: str, messages: list[dict[str, Any]]) -> str:
     """System text, then the messages up to and including the first user message."""
     parts = [system] if system else []
     for message in messages:
-        parts.append(_text(message.get("content")))
+        parts.append(text_of(message.get("content")))
         if message.get("role") == "user":
             break
     return "\n".join(parts)
@@ -281,7 +294,8 @@ def _list(payload: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [m for m in value if isinstance(m, dict)] if isinstance(value, list) else []
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
+    """A message's text: the string, or its text blocks joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -289,5 +303,7 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+def sse_event(name: str, data: dict[str, Any]) -> bytes:
+    """An Anthropic-style event: `event: NAME` and its data, whose `type` is NAME."""
+    body = orjson.dumps({"type": name, **data})
+    return b"event: " + name.encode() + b"\ndata: " + body + b"\n\n"
