@@ -23,19 +23,20 @@ from zerohop.client.pool import ReplicaPool, Replicas
 DEFAULT_TIMEOUT = httpx2.Timeout(600.0, connect=2.0)  # connect fast: another replica waits
 
 
-def _failover(pool: ReplicaPool, policy: FailoverPolicy | None) -> Failover:
-    http = httpx2.AsyncHTTPTransport(verify=pool.verify)
-    return Failover(pool, policy or FailoverPolicy(), http, GrpcBridge())
-
-
-class AsyncFailoverTransport(httpx2.AsyncBaseTransport):
-    """For `httpx2.AsyncClient`, in the caller's event loop."""
+class _OverPool:
+    """What both transports hold: the pool (closed with them when theirs) and a Failover
+    with its own connections (HTTP, and gRPC channels for `grpc://` replicas)."""
 
     def __init__(
         self, pool: ReplicaPool, policy: FailoverPolicy | None = None, owns_pool: bool = False
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
-        self.failover = _failover(pool, policy)
+        http = httpx2.AsyncHTTPTransport(verify=pool.verify)
+        self.failover = Failover(pool, policy or FailoverPolicy(), http, GrpcBridge())
+
+
+class AsyncFailoverTransport(_OverPool, httpx2.AsyncBaseTransport):
+    """For `httpx2.AsyncClient`, in the caller's event loop."""
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         return await self.failover.send(request)
@@ -46,14 +47,8 @@ class AsyncFailoverTransport(httpx2.AsyncBaseTransport):
             self.pool.close()
 
 
-class FailoverTransport(httpx2.BaseTransport):
+class FailoverTransport(_OverPool, httpx2.BaseTransport):
     """For `httpx2.Client`: each request runs on the pool's loop; the caller's thread waits."""
-
-    def __init__(
-        self, pool: ReplicaPool, policy: FailoverPolicy | None = None, owns_pool: bool = False
-    ) -> None:
-        self.pool, self.owns_pool = pool, owns_pool
-        self.failover = _failover(pool, policy)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         body = request.read()
