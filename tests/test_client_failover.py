@@ -54,14 +54,12 @@ def alive(fleet: list[LiveServer]) -> list[LiveServer]:
     return [server for server in fleet if server.process.poll() is None]
 
 
-def sdk(pool: ReplicaPool) -> anthropic.AsyncAnthropic:
+def sdk(pool: ReplicaPool, sync: bool = False) -> anthropic.AsyncAnthropic | anthropic.Anthropic:
     # max_retries=0: any error the transport let through would reach the test.
-    return anthropic.AsyncAnthropic(
-        base_url="http://zerohop",
-        api_key="unused",
-        max_retries=0,
-        http_client=async_http_client(pool=pool),
-    )
+    kind, http = (anthropic.Anthropic, http_client) if sync else (anthropic.AsyncAnthropic,
+                                                                  async_http_client)  # fmt: skip
+    return kind(base_url="http://zerohop", api_key="unused", max_retries=0,
+                http_client=http(pool=pool))  # fmt: skip
 
 
 async def stream_answer(
@@ -83,11 +81,9 @@ async def stream_answer(
 def prompts_ranking_first(pool: ReplicaPool, url: str, count: int) -> list[str]:
     """Questions whose prefix affinity prefers the replica at `url`."""
     questions = (f"Question {i}: what do you know about the number {i}?" for i in range(10**4))
-    replicas = list(pool.replicas.values())
     chosen = []
     for question in questions:
-        key = pool.affinity.key(Messages({"messages": user(question)}).affinity_text())
-        if rank(key, replicas)[0].url == url:
+        if ranks_first(pool, Messages({"messages": user(question)}).affinity_text(), url):
             chosen.append(question)
             if len(chosen) == count:
                 return chosen
@@ -239,22 +235,13 @@ def first_landing(client, pool: ReplicaPool, url: str, timeout: float) -> float 
     return None
 
 
-def sync_sdk(pool: ReplicaPool) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url="http://zerohop",
-        api_key="unused",
-        max_retries=0,
-        http_client=http_client(pool=pool),
-    )
-
-
 def test_a_replica_added_to_the_file_gets_traffic_within_5_s(fleet, tmp_path: Path) -> None:
     first, second = alive(fleet)[:2]
     listing = tmp_path / "replicas.txt"
     listing.write_text(f"# the fleet\n{first.url}\n")
     pool = ReplicaPool(f"file:{listing}", refresh_interval=0.5)
     try:
-        client = sync_sdk(pool)
+        client = sdk(pool, sync=True)
         assert first_landing(client, pool, first.url, 5) is not None
         replace(listing, f"{first.url}\n{second.url}\n")
         elapsed = first_landing(client, pool, second.url, 5)
@@ -287,7 +274,7 @@ def test_a_replica_added_to_dns_gets_traffic_within_5_s(fleet) -> None:
         dns.set_srv(srv, [(0, 50, first.port, "pods.zerohop.test")])
         pool = ReplicaPool(f"dns+srv://{srv}?nameserver={dns.nameserver}", refresh_interval=0.5)
         try:
-            client = sync_sdk(pool)
+            client = sdk(pool, sync=True)
             assert first_landing(client, pool, first.url, 5) is not None
             records = [(0, 50, first.port, "pods.zerohop.test")]
             dns.set_srv(srv, [*records, (0, 50, second.port, "pods.zerohop.test")])
