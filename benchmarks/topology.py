@@ -885,11 +885,9 @@ def print_report(results: dict, args) -> None:
 
 
 def plots(results: dict, out: Path) -> list[Path]:
-    import matplotlib
+    from zerohop.bench.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     paths = []
     colors = {"direct": "tab:blue", "layered": "tab:red"}
     styles = {"p50": "-", "p95": "--", "p99": ":"}
@@ -915,11 +913,7 @@ def plots(results: dict, out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("zerohop direct vs nginx -> LiteLLM -> zerohop: latency percentiles vs rate")
-    fig.tight_layout()
-    path = out.with_name("topology-latency.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(save(fig, out.with_name("topology-latency.png")))
 
     layers = ("nginx", "litellm", "redis", "zerohop_api", "zerohop_engine")
     layer_colors = ("tab:green", "tab:red", "tab:brown", "tab:blue", "tab:gray")
@@ -948,11 +942,7 @@ def plots(results: dict, out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("CPU per request by layer (utime + stime of each layer's processes)")
-    fig.tight_layout()
-    path = out.with_name("topology-cpu.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(save(fig, out.with_name("topology-cpu.png")))
     return paths
 
 

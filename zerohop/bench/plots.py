@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, drawing to files only."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never a window
@@ -27,7 +28,7 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
 
 def latency_cdfs(runs: Mapping[str, dict], path: Path) -> Path:
     """TTFT and ITL CDFs (ms), one line per run (label: the mapping's key)."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, (ttft_ax, itl_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, report in runs.items():
         rows = [r for r in report["requests"] if r["ok"]]
@@ -41,12 +42,12 @@ def latency_cdfs(runs: Mapping[str, dict], path: Path) -> Path:
         ax.set(title=title, xlabel="ms", ylabel="fraction of samples", ylim=(0, 1.01))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(figure, plt, path)
+    return save(figure, path)
 
 
 def rate_curves(runs: Mapping[str, Sequence[dict]], path: Path) -> Path:
     """For each sweep (label -> reports at several rates): throughput and latency vs rate."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, (tput_ax, lat_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, reports in runs.items():
         points = sorted(
@@ -67,12 +68,13 @@ def rate_curves(runs: Mapping[str, Sequence[dict]], path: Path) -> Path:
     for ax in (tput_ax, lat_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(figure, plt, path)
+    return save(figure, path)
 
 
-def _save(figure, plt, path: Path) -> Path:
+def save(figure, path: Path) -> Path:
+    """Lay out, write and close `figure`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
+    pyplot().close(figure)
     return path
