@@ -14,7 +14,6 @@ per-replica counters. `AsyncClient` is the same in async.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -198,8 +197,7 @@ async def _next(events: AsyncIterator[Any]) -> Any:
 
 
 async def _make_async(pool: ReplicaPool, options: dict[str, Any]) -> AsyncClient:
-    await asyncio.sleep(0)
-    return AsyncClient(pool=pool, **options)
+    return AsyncClient(pool=pool, **options)  # made on the pool's loop, which will run it
 
 
 def _json(response: httpx2.Response) -> Any:
