@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-import zerohop
-from zerohop.engine import kernels
+from zerohop.engine import kernels, omp
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.config import EngineConfig
@@ -55,7 +54,7 @@ class LLMEngine:
             quantization = "none"
         if device.type == "cpu" and kernels.available():
             kernels.load().set_threads(torch.get_num_threads())
-            if not zerohop.OMP_WORKERS_SLEEP:  # torch's spinning workers would starve ours
+            if not omp.WORKERS_SLEEP:  # torch's spinning workers would starve ours
                 torch.set_num_threads(1)
         self.model = CausalLM(
             self.model_config,
