@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from zerohop.models.cache import cache_dir as cache_dir
+
 TINY = "tiny"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "zerohop" / "models"
 
 
 def resolve_model(model: str | None) -> Path:
