@@ -83,7 +83,7 @@ def build_model(folder: Path, shape: ModelShape = STANDARD, seed: int = 0) -> No
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zerohop.engine.toy_tokenizer import save_tokenizer
+    from zerohop.models.toy_tokenizer import save_tokenizer
 
     torch.manual_seed(seed)
     config = LlamaConfig(

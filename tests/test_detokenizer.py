@@ -12,7 +12,7 @@ from tokenizers import decoders, models, normalizers, trainers
 
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.tokenizer import Tokenizer
-from zerohop.engine.toy_tokenizer import corpus, save_tokenizer
+from zerohop.models.toy_tokenizer import corpus, save_tokenizer
 
 MULTIBYTE = "Héllo 日本語 🙂🚀 👩‍💻 ❤️ привет, 中文。𝔘𝔫"
 

@@ -44,7 +44,7 @@ from tests.fixtures.tiny_models import (
 )
 from zerohop import LLM, SamplingParams
 from zerohop.engine.errors import ModelLoadError
-from zerohop.engine.toy_tokenizer import corpus
+from zerohop.models.toy_tokenizer import corpus
 
 QT = gguf.GGMLQuantizationType
 MAX_NEW = 8

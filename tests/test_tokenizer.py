@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from zerohop.engine.errors import InvalidRequestError, ModelLoadError
 from zerohop.engine.tokenizer import Tokenizer
-from zerohop.engine.toy_tokenizer import save_tokenizer
+from zerohop.models.toy_tokenizer import save_tokenizer
 
 TEXTS = [
     "Hello, world!",

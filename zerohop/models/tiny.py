@@ -11,11 +11,15 @@ import json
 import tempfile
 from pathlib import Path
 
+# Before torch loads OpenMP in this process: its wait policy (zerohop/engine/omp.py).
+from zerohop.engine import omp  # noqa: F401
+
+# isort: split
 import torch
 from safetensors.torch import save_file
 
-from zerohop.engine.toy_tokenizer import IM_END, save_tokenizer
-from zerohop.models import cache_dir
+from zerohop.models.cache import cache_dir
+from zerohop.models.toy_tokenizer import IM_END, save_tokenizer
 
 NAME = "zerohop-tiny-llama"
 VERSION = 1

@@ -1,4 +1,4 @@
-"""A small byte-level BPE tokenizer trained locally, for tests and the embedded model.
+"""A small byte-level BPE tokenizer trained locally, for the built-in `tiny` model and tests.
 
 Nothing can be downloaded here, so tiny models get a real `tokenizers` tokenizer trained
 on a built-in corpus that includes multi-byte UTF-8 text (accents, CJK, emoji).
