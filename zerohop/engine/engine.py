@@ -15,7 +15,6 @@ from zerohop.engine.config import EngineConfig
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import VTCPolicy
-from zerohop.engine.load import ThroughputMeter
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
@@ -25,6 +24,7 @@ from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
+from zerohop.engine.throughput import ThroughputMeter
 
 log = logging.getLogger(__name__)
 
