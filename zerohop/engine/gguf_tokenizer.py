@@ -16,6 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
+from zerohop.engine.byte_alphabet import byte_alphabet
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.gguf_file import GGUFFile
 from zerohop.engine.tokenizer import Tokenizer
@@ -165,26 +166,13 @@ def _add_special_tokens(
 
 
 @cache
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (`bytes_to_unicode`)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-@cache
 def _byte_characters() -> frozenset[str]:
-    return frozenset(_byte_alphabet().values())
+    return frozenset(byte_alphabet().values())
 
 
 def _byte_spelling(token: str) -> str:
     """A token as the byte-level vocabulary spells it (some files store added tokens raw)."""
     if set(token) <= _byte_characters():
         return token
-    alphabet = _byte_alphabet()
+    alphabet = byte_alphabet()
     return "".join(alphabet[b] for b in token.encode("utf-8"))
