@@ -28,6 +28,7 @@ from zerohop.api.asgi import (
     start_stream,
 )
 from zerohop.api.errors import ApiError, openai_body
+from zerohop.api.openai_output import LogprobFormatter, Totals, legacy_columns, raise_failure
 from zerohop.api.openai_schema import (
     ChatRequest,
     CompletionRequest,
@@ -39,25 +40,14 @@ from zerohop.api.openai_schema import (
     decode,
     sampling_params,
 )
-from zerohop.api.openai_stream import (
-    DONE,
-    ChatStream,
-    CompletionStream,
-    Stream,
-    Totals,
-    legacy_columns,
-    raise_failure,
-    sse,
-)
+from zerohop.api.openai_stream import DONE, ChatStream, CompletionStream, Stream, sse
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
-MIN_LOGPROB = -9999.0  # what OpenAI and vLLM report instead of -inf
 Handler = Callable[[Scope, Receive, Send, str], Any]
 T = TypeVar("T")
 
@@ -72,50 +62,10 @@ def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
     }
 
 
-class TokenTexts:
-    """Each token id's text and raw bytes, for logprobs (cached: the vocabulary is bounded)."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-        self._byte_level = type(tokenizer.backend.decoder).__name__ == "ByteLevel"
-        self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
-
-    def get(self, token_id: int) -> tuple[str, list[int]]:
-        found = self._cache.get(token_id)
-        if found is None:
-            raw = self._raw(token_id)
-            found = self._cache[token_id] = (raw.decode("utf-8", "replace"), list(raw))
-        return found
-
-    def _raw(self, token_id: int) -> bytes:
-        piece = self._tokenizer.id_to_token(token_id)
-        if piece is None:
-            return b""
-        if self._byte_level and all(c in self._unbyte for c in piece):
-            return bytes(self._unbyte[c] for c in piece)
-        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            return bytes([int(piece[3:5], 16)])  # SentencePiece byte fallback
-        if "▁" in piece:
-            return piece.replace("▁", " ").encode()
-        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte <-> printable character table, used by byte-level BPE vocabularies."""
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    table, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 class OpenAIApi:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
-        self.tokens = TokenTexts(ctx.tokenizer)
+        self.logprob_formatter = LogprobFormatter(ctx.tokenizer)
         self.created = int(time.time())
         self._model_card = {
             "id": ctx.model_name,
@@ -188,7 +138,7 @@ class OpenAIApi:
         async for delta in deltas:
             totals.add(delta)
             if logprobs is not None and delta.new_logprobs is not None:
-                logprobs.extend(self.chat_logprobs(delta, top))
+                logprobs.extend(self.logprob_formatter.chat(delta, top))
             if delta.finished:
                 raise_failure(delta)
         choice = {
@@ -207,27 +157,6 @@ class OpenAIApi:
             "usage": totals.usage(),
         }
         await send_json(send, 200, body, request_id_headers(request_id))
-
-    def chat_logprobs(self, delta: RequestDelta, top: int) -> list[dict[str, Any]]:
-        """OpenAI's `logprobs.content` entries for a delta's tokens."""
-        entries = []
-        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
-            token, raw = self.tokens.get(token_id)
-            chosen = max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB)
-            ranked = sorted(candidates.items(), key=lambda kv: -kv[1])[:top]
-            entries.append(
-                {
-                    "token": token,
-                    "logprob": chosen,
-                    "bytes": raw,
-                    "top_logprobs": [self._top_entry(i, lp) for i, lp in ranked],
-                }
-            )
-        return entries
-
-    def _top_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        token, raw = self.tokens.get(token_id)
-        return {"token": token, "logprob": max(logprob, MIN_LOGPROB), "bytes": raw}
 
     # -- completions -----------------------------------------------------------------------
 
@@ -275,7 +204,7 @@ class OpenAIApi:
             totals.add(delta)
             if delta.new_logprobs is not None:
                 logprobs = logprobs or legacy_columns()
-                offset = self.legacy_logprobs(delta, logprobs, offset)
+                offset = self.logprob_formatter.legacy(delta, logprobs, offset)
             if delta.finished:
                 raise_failure(delta)
         choice = {
@@ -295,21 +224,6 @@ class OpenAIApi:
         }
         await send_json(send, 200, body, request_id_headers(request_id))
 
-    def legacy_logprobs(self, delta: RequestDelta, out: dict[str, list], offset: int) -> int:
-        """Extend the completions API's column-wise logprobs by a delta's tokens; the
-        returned offset is where the next token's text starts."""
-        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
-            token, _ = self.tokens.get(token_id)
-            out["tokens"].append(token)
-            out["token_logprobs"].append(max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB))
-            top: dict[str, float] = {}  # distinct ids can share a text ("\ufffd"): keep the best
-            for i, lp in sorted(candidates.items(), key=lambda kv: -kv[1]):
-                top.setdefault(self.tokens.get(i)[0], max(lp, MIN_LOGPROB))
-            out["top_logprobs"].append(top)
-            out["text_offset"].append(offset)
-            offset += len(token)
-        return offset
-
     # -- streaming -------------------------------------------------------------------------
 
     async def _stream(
@@ -325,7 +239,7 @@ class OpenAIApi:
             while True:
                 if delta.finished and delta.finish_reason in ("abort", "error"):
                     raise_failure(delta)
-                data += stream.step(self, delta)
+                data += stream.step(self.logprob_formatter, delta)
                 if delta.finished:
                     return await end_stream(send, data + stream.closing() + DONE)
                 if data:

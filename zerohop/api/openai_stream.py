@@ -1,4 +1,4 @@
-"""SSE framing of OpenAI streams, and what a request produced (usage, finish).
+"""SSE framing of OpenAI streams.
 
 Each content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix: one
 chunk per engine step (one token, normally), written the moment it arrives.
@@ -7,60 +7,14 @@ chunk per engine step (one token, normally), written the moment it arrives.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from zerohop.api.asgi import ClientDisconnected
-from zerohop.api.errors import ApiError
+from zerohop.api.openai_output import LogprobFormatter, Totals, legacy_columns
 from zerohop.engine.outputs import RequestDelta
 
-if TYPE_CHECKING:
-    from zerohop.api.openai import OpenAIApi
-
 DONE = b"data: [DONE]\n\n"
-
-
-@dataclass(slots=True)
-class Totals:
-    """What a request produced, accumulated over its deltas."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-    def add(self, delta: RequestDelta) -> None:
-        self.completion_tokens += len(delta.new_token_ids)
-        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
-        if delta.new_text:
-            self.text.append(delta.new_text)
-        if delta.finished:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-
-    def usage(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
-
-
-def raise_failure(delta: RequestDelta) -> None:
-    """Raise for a request that ended in the engine without a result to send."""
-    if delta.finish_reason == "abort":
-        raise ClientDisconnected
-    if delta.finish_reason == "error":
-        raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
-
-
-def legacy_columns() -> dict[str, list]:
-    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
 
 def sse(body: Any) -> bytes:
@@ -86,13 +40,13 @@ class Stream:
     def opening(self) -> bytes:
         return b""
 
-    def step(self, api: OpenAIApi, delta: RequestDelta) -> bytes:
+    def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
         """One chunk per token, even one whose text is still held back."""
         self.totals.add(delta)
         if not delta.new_token_ids:
             return b""
         text = orjson.dumps(delta.new_text)
-        logprobs = self.logprobs(api, delta) if delta.new_logprobs is not None else None
+        logprobs = self.logprobs(formatter, delta) if delta.new_logprobs is not None else None
         if logprobs is None and not self.token_ids:
             return self.prefix + text + self.suffix
         ids = b',"token_ids":' + orjson.dumps(delta.new_token_ids) if self.token_ids else b""
@@ -101,7 +55,7 @@ class Stream:
             + b',"finish_reason":null' + ids + b"}]" + self.tail
         )  # fmt: skip
 
-    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+    def logprobs(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes | None:
         """The chunk's encoded logprobs, or None when the request asked for none."""
         raise NotImplementedError
 
@@ -133,10 +87,10 @@ class ChatStream(Stream):
         delta = b'{"index":0,"delta":{"role":"assistant","content":""},'
         return self.head + delta + b'"logprobs":null,"finish_reason":null}]' + self.tail
 
-    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+    def logprobs(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes | None:
         if self.top is None:
             return None
-        return orjson.dumps({"content": api.chat_logprobs(delta, self.top)})
+        return orjson.dumps({"content": formatter.chat(delta, self.top)})
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
         return (
@@ -163,10 +117,10 @@ class CompletionStream(Stream):
             return b""
         return self.prefix + orjson.dumps(self.echo) + self.suffix
 
-    def logprobs(self, api: OpenAIApi, delta: RequestDelta) -> bytes | None:
+    def logprobs(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes | None:
         # Each chunk carries its own tokens' logprobs; text_offset keeps counting.
         chunk = legacy_columns()
-        self.offset = api.legacy_logprobs(delta, chunk, self.offset)
+        self.offset = formatter.legacy(delta, chunk, self.offset)
         return orjson.dumps(chunk)
 
     def finish_choice(self, reason: str | None, stop_reason: bytes) -> bytes:
