@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerohop.engine.attention import AttentionBatch
-from zerohop.engine.fused import kernel_inputs
 from zerohop.engine.linear import SMALL_BATCH, Linear, kernel_weight
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ class DecodeStep:
         logits_rows: torch.Tensor,
     ) -> torch.Tensor:
         assert attn.decode is not None
-        hidden, cos, sin = kernel_inputs(self.model, input_ids, positions)
+        hidden, cos, sin = self.model.kernel_inputs(input_ids, positions)
         decode = attn.decode
         return self.run(
             hidden, cos, sin, attn.slot_mapping, decode.key_slots, decode.context_lens, logits_rows

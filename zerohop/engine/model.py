@@ -2,7 +2,8 @@
 
 Plain tensors and functional ops rather than nn.Modules: the weights are views into the
 memory-mapped safetensors files (or dequantized GGUF tensors), and a forward pass is a short,
-flat sequence of kernels.
+flat sequence of kernels: torch ops, or (where they are built) zerohop's CPU kernels with each
+layer's small operations fused (fused.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from zerohop.engine.attention import AttentionBatch, CacheKernels, paged_attention
 from zerohop.engine.config import ModelConfig
 from zerohop.engine.errors import ModelLoadError
-from zerohop.engine.fused import FusedOps, fused_forward
+from zerohop.engine.fused import FusedOps
 from zerohop.engine.kernels import cpu_kernel
 from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.linear import (
@@ -157,8 +158,8 @@ class CausalLM:
     ) -> torch.Tensor:
         """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
         if self.fused_ops is not None:
-            return fused_forward(
-                self, self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
+            return self._fused_forward(
+                self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
             )
         eps = self.config.rms_norm_eps
         hidden = self.embed(input_ids)
@@ -176,6 +177,48 @@ class CausalLM:
             hidden = hidden + layer.down_proj(gate)
         last = rms_norm(hidden[logits_rows], self.norm, eps)
         return self.lm_head(last).float()
+
+    def kernel_inputs(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the kernels take for a step: contiguous hidden states, and cos and sin [T, D]."""
+        hidden = self.embed(input_ids).contiguous()
+        cos = self.rotary.cos.index_select(0, positions)
+        sin = self.rotary.sin.index_select(0, positions)
+        return hidden, cos, sin
+
+    def _fused_forward(
+        self,
+        ops: FusedOps,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` on zerohop's CPU kernels: the same math, with each layer's small
+        operations fused (fused.py), so a decode step is ~10 kernel calls a layer instead of
+        ~40 torch ops."""
+        eps = self.config.rms_norm_eps
+        hidden, cos, sin = self.kernel_inputs(input_ids, positions)
+        layers = self.layers
+
+        def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ops.rotate(q, cos, sin)  # in place: q and k are fresh views of this layer's qkv
+            ops.rotate(k, cos, sin)
+            return q, k
+
+        normed = ops.rms_norm(hidden, layers[0].input_norm, eps, None)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
+            attended = self.attention(layer, normed, rope, attn, k_cache, v_cache)
+            normed = ops.rms_norm(attended, layer.post_norm, eps, hidden)  # hidden += attended
+            mlp = layer.down_proj(ops.silu_mul(layer.gate_up_proj(normed)))
+            if i + 1 < len(layers):
+                normed = ops.rms_norm(mlp, layers[i + 1].input_norm, eps, hidden)  # hidden += mlp
+            else:
+                hidden += mlp
+        last = ops.rms_norm(hidden.index_select(0, logits_rows), self.norm, eps, None)
+        return self.lm_head(last)
 
     def attention(
         self,
