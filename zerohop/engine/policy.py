@@ -1,9 +1,13 @@
 """Scheduling policy: the order waiting requests are admitted in, and who is preempted.
 
-The scheduler owns capacity (KV blocks, token budget); a policy owns order. The gateway
-plugs in per-tenant fair share (Virtual Token Counter), priorities and budgets by
-subclassing `SchedulingPolicy`: `charge` is called every step with the tokens each
-request processed, so a policy can keep per-tenant counters at token granularity.
+The scheduler owns capacity (KV blocks, sequence slots, the token budget); a policy owns
+order. `SchedulingPolicy` is the interface the scheduler calls, `FCFSPolicy` (first come,
+first served) the plain one. The engine's default is `VTCPolicy` (fair_share.py): weighted
+fair share between the tenants each request names, with priority classes
+(`EngineConfig.scheduling_policy` picks "vtc" or "fcfs"; `LLM` also takes a policy object).
+The engine calls `charge` once a step with the tokens each request processed, so a policy can
+keep per-tenant counters at token granularity. Keys, rate limits and budgets are no policy's
+job: the API process checks them at admission and charges the tokens the engine reports.
 """
 
 from __future__ import annotations
