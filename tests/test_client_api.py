@@ -92,7 +92,7 @@ def test_own_api_streams_chat_completions_and_generate(live_server) -> None:
     options = {"model": MODEL_NAME, "max_tokens": 10, "temperature": 0}
     try:
         chat = client.chat(**options, messages=QUESTION)
-        chunks = list(client.chat(**options, messages=QUESTION, stream=True))
+        chunks = list(client.stream_chat(**options, messages=QUESTION))
         streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
         assert streamed == chat["choices"][0]["message"]["content"]
         completion = client.completions(**options, prompt="The sea is")

@@ -130,6 +130,7 @@ def test_sigterm_drains_streams_and_new_requests_go_elsewhere(
 ) -> None:
     keeper, leaver = fleet[0], fleet[1]
     pool = ReplicaPool([keeper.url, leaver.url], health_interval=0.2)
+    pool.start()  # its replicas known, for prompts_ranking_first
     on_leaver = prompts_ranking_first(pool, leaver.url, 4)  # within the in-flight slack
     later = [f"A later question, number {i}." for i in range(6)]
 
@@ -166,6 +167,7 @@ def test_grpc_replica_killed_mid_stream(fleet: list[LiveServer], offline: LLM) -
     """SDK streams through `grpc://` replicas, and the own API's gRPC `generate`."""
     survivor, victim = (f"grpc://127.0.0.1:{s.grpc_port}" for s in (fleet[0], fleet[4]))
     pool = ReplicaPool([survivor, victim], health_interval=0.5)
+    pool.start()  # its replicas known, for prompts_ranking_first
     questions = prompts_ranking_first(pool, victim, 4)
     texts = [
         t for t in (f"Once upon a time {i}" for i in range(999)) if ranks_first(pool, t, victim)

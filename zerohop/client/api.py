@@ -1,21 +1,29 @@
 """zerohop.client's own small API, for callers who don't use an official SDK.
 
-    client = Client(["http://10.0.0.1:8000", "http://10.0.0.2:8000"], api_key="zh-...")
-    message = client.messages(model="m", max_tokens=64, messages=[...])        # a dict
-    for event in client.messages(model="m", max_tokens=64, messages=[...], stream=True): ...
-    client.chat(...), client.completions(...)                                  # OpenAI shapes
-    for reply in client.generate(model="m", prompt="Hi", max_tokens=8): ...    # gRPC Generate
+    with Client(["http://10.0.0.1:8000", "http://10.0.0.2:8000"], api_key="zh-...") as client:
+        message = client.messages(model="m", max_tokens=64, messages=[...])    # a dict
+        with client.stream_messages(model="m", max_tokens=64, messages=[...]) as stream:
+            for event in stream: ...                                            # a dict each
+        client.chat(...), client.completions(...)             # OpenAI shapes; stream_chat(...),
+                                                              # stream_completions(...) stream
+        for reply in client.generate(model="m", prompt="Hi", max_tokens=8): ...  # gRPC Generate
 
-Bodies are the APIs' own JSON; answers are plain dicts (streams: one dict per event). All
-of them choose replicas by prefix affinity and fail over, mid-stream included; `generate`
-does the same over `grpc://` replicas with the gRPC `Generate` call. `stats()` is the pool's
-per-replica counters. `AsyncClient` is the same in async.
+Bodies are the APIs' own JSON; answers are plain dicts. Streams (`Stream`, `AsyncStream`)
+yield one dict per event (`generate`: one GenerateResponse per step); the request goes out
+at the first item, and leaving the `with` block (or `close()`) closes the response, also
+when it was left early. All of them choose replicas by prefix affinity and fail over,
+mid-stream included; `generate` does the same over `grpc://` replicas with the gRPC
+`Generate` call. `stats()` is the pool's per-replica counters. `AsyncClient` is the same in
+async (`async with`, `aclose()`, `async for`).
+
+Making a client starts nothing and does no I/O: the pool it makes starts with the first
+request, and closing the client closes that pool (a pool the caller passed stays open).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, Generic, TypeVar
 
 import grpc
 import httpx2
@@ -26,9 +34,11 @@ from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
 from zerohop.client.failover import FailoverPolicy
 from zerohop.client.health import grpc_channel
-from zerohop.client.pool import ReplicaPool, Replicas
+from zerohop.client.pool import ReplicaPool, Replicas, new_pool
 from zerohop.client.surfaces import event_data, sse_events
 from zerohop.client.transport import async_http_client
+
+T = TypeVar("T")
 
 PATHS = {
     "messages": "/v1/messages",
@@ -45,6 +55,28 @@ class ApiStatusError(Exception):
         self.status, self.body = status, body
 
 
+class AsyncStream(Generic[T]):
+    """A streamed answer, item by item (`async for`); `async with` or `aclose()` closes it."""
+
+    def __init__(self, items: AsyncGenerator[T, None]) -> None:
+        self._items = items
+
+    def __aiter__(self) -> AsyncStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
+
+    async def __aenter__(self) -> AsyncStream[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
 class AsyncClient:
     def __init__(
         self,
@@ -56,7 +88,7 @@ class AsyncClient:
         affinity: AffinityPolicy | RoundRobinPolicy | None = None,
     ) -> None:
         self.owns_pool = pool is None
-        self.pool = pool or ReplicaPool(replicas, affinity=affinity)
+        self.pool = pool or new_pool(replicas, affinity)
         self.policy = policy or FailoverPolicy()
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.api_key = api_key
@@ -64,22 +96,34 @@ class AsyncClient:
             pool=self.pool, policy=self.policy, base_url="http://zerohop", headers=headers
         )
 
-    async def messages(self, **body: Any) -> Any:
+    async def messages(self, **body: Any) -> dict[str, Any]:
         return await self._post("messages", body)
 
-    async def chat(self, **body: Any) -> Any:
+    def stream_messages(self, **body: Any) -> AsyncStream[dict[str, Any]]:
+        return AsyncStream(self._stream(PATHS["messages"], body))
+
+    async def chat(self, **body: Any) -> dict[str, Any]:
         return await self._post("chat", body)
 
-    async def completions(self, **body: Any) -> Any:
+    def stream_chat(self, **body: Any) -> AsyncStream[dict[str, Any]]:
+        return AsyncStream(self._stream(PATHS["chat"], body))
+
+    async def completions(self, **body: Any) -> dict[str, Any]:
         return await self._post("completions", body)
 
-    async def _post(self, kind: str, body: dict[str, Any]) -> Any:
+    def stream_completions(self, **body: Any) -> AsyncStream[dict[str, Any]]:
+        return AsyncStream(self._stream(PATHS["completions"], body))
+
+    async def _post(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("stream"):
-            return self._stream(PATHS[kind], body)
+            raise TypeError(f"{kind}() returns the whole answer; stream_{kind}() streams it")
         response = await self.http.post(PATHS[kind], content=orjson.dumps(body))
         return _json(response)
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(
+        self, path: str, body: dict[str, Any]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        body = {**body, "stream": True}
         request = self.http.build_request("POST", path, content=orjson.dumps(body))
         response = await self.http.send(request, stream=True)
         try:
@@ -93,13 +137,17 @@ class AsyncClient:
         finally:
             await response.aclose()
 
-    async def generate(self, **fields: Any) -> AsyncIterator[pb.GenerateResponse]:
+    def generate(self, **fields: Any) -> AsyncStream[pb.GenerateResponse]:
         """gRPC `Generate` on the pool's `grpc://` replicas: each step's reply, resumed on
         another replica (`continue_token_ids`) if the one answering fails mid-stream."""
+        return AsyncStream(self._generate(fields))
+
+    async def _generate(self, fields: dict[str, Any]) -> AsyncGenerator[pb.GenerateResponse, None]:
         request = pb.GenerateRequest(**fields)
         prompt = request.prompt or str(list(request.prompt_token_ids.ids) or request.messages)
         received: list[int] = []
         tried: set[str] = set()
+        await self.pool.astart()
         for _ in range(self.policy.max_attempts):
             replica, _ = self.pool.choose(prompt, tried | self._http_replicas())
             base = len(received)  # tokens the caller has from replicas before this one
@@ -126,7 +174,7 @@ class AsyncClient:
 
     async def _generate_on(
         self, url: str, request: pb.GenerateRequest, received: list[int]
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncGenerator[pb.GenerateResponse, None]:
         continued = pb.GenerateRequest()
         continued.CopyFrom(request)
         if received:
@@ -146,58 +194,106 @@ class AsyncClient:
         return self.pool.stats()
 
     async def aclose(self) -> None:
+        """Close its connections, and the pool if it made it."""
         await self.http.aclose()
         if self.owns_pool:
-            self.pool.close()
+            await self.pool.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class Stream(Generic[T]):
+    """A streamed answer, item by item (`for`); `with` or `close()` closes it. The items
+    are read on the pool's loop."""
+
+    def __init__(self, pool: ReplicaPool, items: AsyncStream[T]) -> None:
+        self._pool, self._items = pool, items
+        self._started = False
+
+    def __iter__(self) -> Stream[T]:
+        return self
+
+    def __next__(self) -> T:
+        self._started = True
+        item = self._pool.run(_next(self._items))
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        if self._started and self._pool.running:
+            self._pool.run(self._items.aclose())
+
+    def __enter__(self) -> Stream[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class Client:
     """The blocking counterpart of `AsyncClient`; its requests run on the pool's loop."""
 
-    def __init__(self, replicas: Replicas | None = None, **options: Any) -> None:
-        pool = options.pop("pool", None) or ReplicaPool(
-            replicas, affinity=options.pop("affinity", None)
-        )
-        self.pool = pool
-        self._async = pool.run(_make_async(pool, options))
+    def __init__(
+        self,
+        replicas: Replicas | None = None,
+        *,
+        api_key: str | None = None,
+        pool: ReplicaPool | None = None,
+        policy: FailoverPolicy | None = None,
+        affinity: AffinityPolicy | RoundRobinPolicy | None = None,
+    ) -> None:
+        self.owns_pool = pool is None
+        self.pool = pool or new_pool(replicas, affinity)
+        self._async = AsyncClient(pool=self.pool, api_key=api_key, policy=policy)
 
-    def messages(self, **body: Any) -> Any:
-        return self._call(self._async.messages(**body), body)
+    def messages(self, **body: Any) -> dict[str, Any]:
+        return self.pool.run(self._async.messages(**body))
 
-    def chat(self, **body: Any) -> Any:
-        return self._call(self._async.chat(**body), body)
+    def stream_messages(self, **body: Any) -> Stream[dict[str, Any]]:
+        return Stream(self.pool, self._async.stream_messages(**body))
 
-    def completions(self, **body: Any) -> Any:
-        return self._call(self._async.completions(**body), body)
+    def chat(self, **body: Any) -> dict[str, Any]:
+        return self.pool.run(self._async.chat(**body))
 
-    def generate(self, **fields: Any) -> Iterator[pb.GenerateResponse]:
-        return self._iterate(self._async.generate(**fields))
+    def stream_chat(self, **body: Any) -> Stream[dict[str, Any]]:
+        return Stream(self.pool, self._async.stream_chat(**body))
+
+    def completions(self, **body: Any) -> dict[str, Any]:
+        return self.pool.run(self._async.completions(**body))
+
+    def stream_completions(self, **body: Any) -> Stream[dict[str, Any]]:
+        return Stream(self.pool, self._async.stream_completions(**body))
+
+    def generate(self, **fields: Any) -> Stream[pb.GenerateResponse]:
+        return Stream(self.pool, self._async.generate(**fields))
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return self.pool.stats()
 
     def close(self) -> None:
-        self.pool.run(self._async.http.aclose())
-        self.pool.close()
+        """Close its connections, and the pool if it made it."""
+        if self.pool.running:
+            self.pool.run(self._async.http.aclose())
+        if self.owns_pool:
+            self.pool.close()
 
-    def _call(self, coroutine: Any, body: dict[str, Any]) -> Any:
-        result = self.pool.run(coroutine)
-        return self._iterate(result) if body.get("stream") else result
+    def __enter__(self) -> Client:
+        return self
 
-    def _iterate(self, events: AsyncIterator[Any]) -> Iterator[Any]:
-        while (item := self.pool.run(_next(events))) is not _END:
-            yield item
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 _END = object()
 
 
-async def _next(events: AsyncIterator[Any]) -> Any:
-    return await anext(events, _END)
-
-
-async def _make_async(pool: ReplicaPool, options: dict[str, Any]) -> AsyncClient:
-    return AsyncClient(pool=pool, **options)  # made on the pool's loop, which will run it
+async def _next(items: AsyncStream[Any]) -> Any:
+    return await anext(items, _END)
 
 
 def _json(response: httpx2.Response) -> Any:

@@ -61,6 +61,7 @@ class Failover:
         self.grpc = grpc
 
     async def send(self, request: httpx2.Request) -> httpx2.Response:
+        await self.pool.astart()  # at once but the first time (see ReplicaPool.start)
         body = await request.aread()
         surface = surface_for(request.method, request.url.path, body)
         return await _Call(self, request, surface).start(body)

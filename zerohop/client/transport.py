@@ -6,6 +6,10 @@
 The host in the SDK's `base_url` is only a name: each request goes to the replica the pool
 chooses, with the path, headers (the API key) and body the SDK built. The sync transport
 runs its requests on the pool's own event loop and hands the caller a blocking stream.
+
+Making a transport (or `http_client`) starts nothing: the pool starts with the first
+request. Closing the client closes the transport's connections, and the pool when the
+transport made it (`http_client(replicas)`); a pool the caller passed stays open.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import httpx2
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
 from zerohop.client.failover import Failover, FailoverPolicy
 from zerohop.client.grpc_bridge import GrpcBridge
-from zerohop.client.pool import ReplicaPool, Replicas
+from zerohop.client.pool import ReplicaPool, Replicas, new_pool
 
 DEFAULT_TIMEOUT = httpx2.Timeout(600.0, connect=2.0)  # connect fast: another replica waits
 
@@ -44,7 +48,7 @@ class AsyncFailoverTransport(_OverPool, httpx2.AsyncBaseTransport):
     async def aclose(self) -> None:
         await self.failover.aclose()
         if self.owns_pool:
-            self.pool.close()
+            await self.pool.aclose()
 
 
 class FailoverTransport(_OverPool, httpx2.BaseTransport):
@@ -69,7 +73,7 @@ class FailoverTransport(_OverPool, httpx2.BaseTransport):
         )
 
     def close(self) -> None:
-        if not self.pool.loop.is_closed():
+        if self.pool.running:  # else it never opened a connection, or the pool closed them
             self.pool.run(self.failover.aclose())
         if self.owns_pool:
             self.pool.close()
@@ -104,7 +108,7 @@ def http_client(
     "dns+srv://_http._tcp.zerohop.default.svc.cluster.local", "file:urls.txt", or URLs), or
     over a `pool` the caller made (to share it, or to read its `stats()`)."""
     owns = pool is None
-    pool = pool or _new_pool(replicas, affinity)
+    pool = pool or new_pool(replicas, affinity)
     client_options.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx2.Client(transport=FailoverTransport(pool, policy, owns), **client_options)
 
@@ -119,16 +123,8 @@ def async_http_client(
 ) -> httpx2.AsyncClient:
     """The `httpx2.AsyncClient` counterpart of `http_client`."""
     owns = pool is None
-    pool = pool or _new_pool(replicas, affinity)
+    pool = pool or new_pool(replicas, affinity)
     client_options.setdefault("timeout", DEFAULT_TIMEOUT)
     return httpx2.AsyncClient(
         transport=AsyncFailoverTransport(pool, policy, owns), **client_options
     )
-
-
-def _new_pool(
-    replicas: Replicas | None, affinity: AffinityPolicy | RoundRobinPolicy | None
-) -> ReplicaPool:
-    if replicas is None:
-        raise TypeError("give the replicas (URLs, or a dns:// or file: spec), or a pool")
-    return ReplicaPool(replicas, affinity=affinity)
