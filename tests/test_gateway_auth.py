@@ -463,7 +463,7 @@ def test_no_keys_on_a_public_address_refuses_to_start_unless_allowed(llama_dir, 
 @pytest.fixture(scope="module")
 def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A server that knows no store key, only the operator's public key and a revoked list."""
-    from zerohop.gateway.signed_keys import sign
+    from zerohop.gateway.signing_keys import sign
 
     d = tmp_path_factory.mktemp("signed")
     for pair in ("op", "other"):

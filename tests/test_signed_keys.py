@@ -16,24 +16,18 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from zerohop.gateway import signed_keys
+from zerohop.gateway import signed_keys, signing_keys
 from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
-from zerohop.gateway.signed_keys import (
-    AuthenticationError,
-    SignedKeyVerifier,
+from zerohop.gateway.keys_args import parse_budget, parse_duration_or_time
+from zerohop.gateway.keys_cli_signed import (
     add_keygen_arguments,
     add_sign_arguments,
-    claims_from_identity,
     cmd_keygen,
     cmd_sign,
-    generate_keypair,
-    identity_from_claims,
-    looks_like_jwt,
-    parse_budget,
-    parse_duration_or_time,
-    public_jwk,
-    sign,
 )
+from zerohop.gateway.signed_claims import claims_from_identity, identity_from_claims
+from zerohop.gateway.signed_keys import AuthenticationError, SignedKeyVerifier, looks_like_jwt
+from zerohop.gateway.signing_keys import generate_keypair, public_jwk, sign
 
 KINDS = ("ed25519", "es256")
 
@@ -166,7 +160,7 @@ def test_bad_claims_are_refused(tmp_path, keys, claims, message):
 
 def _encode_raw(private_pem: bytes, payload: dict, algorithm: str = "EdDSA", **kw) -> str:
     """A properly signed token with exactly `payload` (no schema check, no defaults)."""
-    key = signed_keys._load_private_key(private_pem)[0]
+    key = signing_keys._load_private_key(private_pem)[0]
     return jwt.encode(payload, key, algorithm=algorithm, **kw)
 
 
@@ -208,7 +202,7 @@ def test_jwks_selects_by_kid_or_tries_each(tmp_path, keys):
         v.verify(sign(es_private, claims, expires_in=60, kid="ed-1"))
     # a single JWK (not a set) also works; a private JWK is used for its public half only
     private_jwk = jwt.algorithms.OKPAlgorithm.to_jwk(
-        signed_keys._load_private_key(ed_private)[0], as_dict=True
+        signing_keys._load_private_key(ed_private)[0], as_dict=True
     )
     assert "d" in private_jwk
     single = SignedKeyVerifier(write(tmp_path, "one.jwk", json.dumps(private_jwk)))
@@ -229,8 +223,8 @@ def test_public_key_file_errors(tmp_path, keys):
         rsa.generate_private_key(public_exponent=65537, key_size=2048)
         .public_key()
         .public_bytes(
-            signed_keys.serialization.Encoding.PEM,
-            signed_keys.serialization.PublicFormat.SubjectPublicKeyInfo,
+            signing_keys.serialization.Encoding.PEM,
+            signing_keys.serialization.PublicFormat.SubjectPublicKeyInfo,
         )
     )
     with pytest.raises(ValueError, match="RSAPublicKey key; only Ed25519 and EC P-256"):
@@ -239,8 +233,8 @@ def test_public_key_file_errors(tmp_path, keys):
         ec.generate_private_key(ec.SECP384R1())
         .public_key()
         .public_bytes(
-            signed_keys.serialization.Encoding.PEM,
-            signed_keys.serialization.PublicFormat.SubjectPublicKeyInfo,
+            signing_keys.serialization.Encoding.PEM,
+            signing_keys.serialization.PublicFormat.SubjectPublicKeyInfo,
         )
     )
     with pytest.raises(ValueError, match="EC secp384r1 key"):

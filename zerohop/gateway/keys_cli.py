@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.gateway.budget import period_key
-from zerohop.gateway.identity import PRIORITY_CLASSES, Limits, Tenant
+from zerohop.gateway.identity import LIMIT_NAMES, PRIORITY_CLASSES, Limits, Tenant
+from zerohop.gateway.keys_args import (
+    BUDGET_HELP,
+    add_limit_flags,
+    parse_budget,
+    parse_duration_or_time,
+)
 from zerohop.gateway.store import KeyRecord, KeyStore, default_db_path
-
-LIMIT_FLAGS = ("rpm", "itpm", "otpm", "max_concurrency")
 
 
 def add_keys_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +51,7 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     _limit_options(tenant)
     _action(actions, "usage", "token spend per key and tenant, per budget period", _usage)
 
-    from zerohop.gateway.signed_keys import (
+    from zerohop.gateway.keys_cli_signed import (
         add_keygen_arguments,
         add_sign_arguments,
         cmd_keygen,
@@ -73,11 +77,7 @@ def _action(actions: Any, name: str, help_text: str, func: Any) -> argparse.Argu
 
 
 def _limit_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rpm", type=int, help="requests per minute")
-    parser.add_argument("--itpm", type=int, help="uncached input tokens per minute")
-    parser.add_argument("--otpm", type=int, help="output tokens per minute")
-    parser.add_argument("--max-concurrency", type=int, help="requests in flight at once")
-    parser.add_argument("--budget", help="tokens per period: N/day, N/month or N (in total)")
+    add_limit_flags(parser, budget=str, budget_help=BUDGET_HELP + "; none: no budget")
 
 
 def _key_options(parser: argparse.ArgumentParser) -> None:
@@ -161,7 +161,7 @@ def _tenant(store: KeyStore, args: argparse.Namespace) -> int:
     row = {
         "tenant": tenant.name,
         "weight": tenant.weight,
-        **{k: getattr(tenant.limits, k) for k in LIMIT_FLAGS},
+        **{k: getattr(tenant.limits, k) for k in LIMIT_NAMES},
         "budget": _budget_text(tenant.budget),
     }
     if args.json:
@@ -200,11 +200,9 @@ def _usage(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 def _key_fields(args: argparse.Namespace) -> dict[str, Any]:
-    from zerohop.gateway.signed_keys import parse_duration_or_time
-
     fields: dict[str, Any] = {}
-    if any(getattr(args, k) is not None for k in LIMIT_FLAGS):
-        fields["limits"] = Limits(**{k: getattr(args, k) for k in LIMIT_FLAGS})
+    if any(getattr(args, k) is not None for k in LIMIT_NAMES):
+        fields["limits"] = Limits(**{k: getattr(args, k) for k in LIMIT_NAMES})
     if args.budget is not None:
         fields["budget"] = _budget(args.budget)
     if args.models is not None:
@@ -219,14 +217,12 @@ def _key_fields(args: argparse.Namespace) -> dict[str, Any]:
 def _merge_limits(old: Limits, args: argparse.Namespace) -> Limits:
     values = {
         k: getattr(args, k) if getattr(args, k) is not None else getattr(old, k)
-        for k in LIMIT_FLAGS
+        for k in LIMIT_NAMES
     }
     return Limits(**values)
 
 
 def _budget(text: str):
-    from zerohop.gateway.signed_keys import parse_budget
-
     return None if text.lower() in ("none", "off", "") else parse_budget(text)
 
 
@@ -256,7 +252,7 @@ def _print_keys(records: list[KeyRecord]) -> None:
                 "tenant": r.tenant,
                 "name": r.name,
                 "state": state,
-                **{k: getattr(r.limits, k) for k in LIMIT_FLAGS},
+                **{k: getattr(r.limits, k) for k in LIMIT_NAMES},
                 "budget": _budget_text(r.budget),
                 "models": ",".join(r.models) or "*",
                 "expires": _time(r.expires),

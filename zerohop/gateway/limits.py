@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from zerohop.gateway.identity import Identity, Limits
+from zerohop.gateway.identity import LIMIT_FIELDS, Identity, Limits
 
-KINDS = ("requests", "input_tokens", "output_tokens")
+# The bucket kinds, and the limits (their capacities) they are made of.
+_BUCKETS = tuple((f.bucket, f.name) for f in LIMIT_FIELDS if f.bucket is not None)
+KINDS = tuple(kind for kind, _ in _BUCKETS)  # requests, input_tokens, output_tokens
 
 
 @dataclass(slots=True)
@@ -53,8 +55,8 @@ class SubjectLimits:
     @classmethod
     def create(cls, limits: Limits, now: float) -> SubjectLimits:
         state = cls(limits)
-        for kind, capacity in zip(KINDS, (limits.rpm, limits.itpm, limits.otpm), strict=True):
-            if capacity is not None:
+        for kind, name in _BUCKETS:
+            if (capacity := getattr(limits, name)) is not None:
                 state.buckets[kind] = TokenBucket(float(capacity), float(capacity), now)
         return state
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
 
 KEY_PREFIX = "zh-"
 KEY_ID_LENGTH = len(KEY_PREFIX) + 8
@@ -49,7 +49,20 @@ CREATE TABLE IF NOT EXISTS reservations (
     request_id TEXT PRIMARY KEY, charges TEXT NOT NULL, created REAL NOT NULL
 );
 """
-LIMIT_COLUMNS = ("rpm", "itpm", "otpm", "max_concurrency")
+LIMIT_COLUMNS = LIMIT_NAMES  # the limit columns of `tenants` and `keys` (SCHEMA spells them)
+_LIMIT_SQL = ", ".join(LIMIT_COLUMNS)
+_UPSERT_TENANT = (
+    f"INSERT INTO tenants (name, weight, {_LIMIT_SQL}, budget_tokens, budget_period, created)"
+    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 5))})"
+    " ON CONFLICT(name) DO UPDATE SET weight=excluded.weight,"
+    f" {', '.join(f'{c}=excluded.{c}' for c in LIMIT_COLUMNS)},"
+    " budget_tokens=excluded.budget_tokens, budget_period=excluded.budget_period"
+)
+_INSERT_KEY = (
+    "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires, models,"
+    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period)"
+    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 10))})"
+)
 NO_LIMITS = Limits()
 
 
@@ -139,13 +152,8 @@ class KeyStore:
     def upsert_tenant(self, tenant: Tenant) -> None:
         with self._change() as conn:
             conn.execute(
-                "INSERT INTO tenants (name, weight, rpm, itpm, otpm, max_concurrency,"
-                " budget_tokens, budget_period, created) VALUES (?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT(name) DO UPDATE SET weight=excluded.weight, rpm=excluded.rpm,"
-                " itpm=excluded.itpm, otpm=excluded.otpm,"
-                " max_concurrency=excluded.max_concurrency,"
-                " budget_tokens=excluded.budget_tokens, budget_period=excluded.budget_period",
-                (tenant.name, tenant.weight, *_limit_values(tenant.limits),
+                _UPSERT_TENANT,
+                (tenant.name, tenant.weight, *tenant.limits.values(),
                  *_budget_values(tenant.budget), time.time()),
             )  # fmt: skip
 
@@ -181,11 +189,9 @@ class KeyStore:
         key_id = key[:KEY_ID_LENGTH]
         with self._change() as conn:
             conn.execute(
-                "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires,"
-                " models, priority, rpm, itpm, otpm, max_concurrency, budget_tokens,"
-                " budget_period) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                _INSERT_KEY,
                 (key_id, hash_secret(key), tenant, name, time.time(), expires,
-                 json.dumps(models or []), priority, *_limit_values(limits),
+                 json.dumps(models or []), priority, *limits.values(),
                  *_budget_values(budget)),
             )  # fmt: skip
         record = self.key(key_id)
@@ -204,7 +210,7 @@ class KeyStore:
         if "models" in fields:
             columns["models"] = json.dumps(fields["models"] or [])
         if "limits" in fields:
-            columns |= dict(zip(LIMIT_COLUMNS, _limit_values(fields["limits"]), strict=True))
+            columns |= dict(zip(LIMIT_COLUMNS, fields["limits"].values(), strict=True))
         if "budget" in fields:
             tokens, period = _budget_values(fields["budget"])
             columns |= {"budget_tokens": tokens, "budget_period": period}
@@ -261,10 +267,6 @@ class KeyStore:
         return [(r[0], r[1], r[2]) for r in rows]
 
 
-def _limit_values(limits: Limits) -> tuple[int | None, ...]:
-    return (limits.rpm, limits.itpm, limits.otpm, limits.max_concurrency)
-
-
 def _budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
     return (None, None) if budget is None else (budget.tokens, budget.period)
 
@@ -279,7 +281,7 @@ def _budget(row: sqlite3.Row) -> Budget | None:
 
 
 def _limits_dict(limits: Limits) -> dict[str, int | None]:
-    return dict(zip(LIMIT_COLUMNS, _limit_values(limits), strict=True))
+    return dict(zip(LIMIT_COLUMNS, limits.values(), strict=True))
 
 
 def _budget_dict(budget: Budget) -> dict[str, Any]:

@@ -1,0 +1,166 @@
+"""The claims of a signed key (a JWT), and the `Identity` they stand for.
+
+Claims (the JWT carries no `kid` claim: the key id is `sub`)
+    sub            str, required     the key id (public: logs, audit, revocation)
+    tenant         str, required     the tenant's name
+    name           str               a label for the key ("")
+    models         [str]             allowed models ([]: every model)
+    priority       str               "interactive" (default) or "batch"
+    limits         {rpm, itpm, otpm, max_concurrency}: ints >= 0, each optional
+    budget         {tokens: int >= 0, period: "day" | "month" | "total" (default)}
+    tenant_limits  like limits, for the whole tenant
+    tenant_budget  like budget, for the whole tenant
+    tenant_weight  number > 0, the tenant's fair-share weight (1.0)
+    aud            str or [str], required: must contain the verifier's audience
+                   ("zerohop" unless configured)
+    exp            NumericDate: expiry (optional; without it only revocation ends the key)
+    nbf            NumericDate: not valid before (optional)
+    iat            NumericDate: issued at (informational; `zerohop keys sign` sets it)
+    jti            str: the token's own id (`zerohop keys sign` sets a random one)
+    Unknown top-level claims are ignored; unknown fields inside limits and budgets are
+    refused (a typo such as "rmp" must not silently mean "unlimited"). Claims map to an
+    `Identity` with source="jwt", its `Tenant` built from the tenant claims, expires_at=exp
+    and extra={"jti": ..., "iat": ...}. The limit fields are `identity.LIMIT_FIELDS`.
+
+`aud` is checked by the verifier (`zerohop.gateway.signed_keys`), with the signature; `exp`
+and `nbf` are read here and compared with the clock there.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from zerohop.gateway.identity import (
+    BUDGET_PERIODS,
+    LIMIT_NAMES,
+    PRIORITY_CLASSES,
+    Budget,
+    Identity,
+    Limits,
+    Tenant,
+    nonnegative_int,
+)
+
+
+def _limits_from(obj: Any, where: str) -> Limits:
+    if obj is None:
+        return Limits()
+    if not isinstance(obj, dict):
+        raise ValueError(f"claim {where!r} must be an object, not {obj!r}")
+    unknown = sorted(set(obj) - set(LIMIT_NAMES))
+    if unknown:
+        raise ValueError(f"claim {where!r} has unknown fields {unknown} (known: {LIMIT_NAMES})")
+    values = {
+        k: None if obj.get(k) is None else nonnegative_int(obj[k], f"{where}.{k}")
+        for k in LIMIT_NAMES
+    }
+    return Limits(**values)
+
+
+def _budget_from(obj: Any, where: str) -> Budget | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ValueError(f"claim {where!r} must be an object, not {obj!r}")
+    unknown = sorted(set(obj) - {"tokens", "period"})
+    if unknown:
+        raise ValueError(f"claim {where!r} has unknown fields {unknown} (known: tokens, period)")
+    if "tokens" not in obj:
+        raise ValueError(f"claim {where!r} has no 'tokens'")
+    tokens = nonnegative_int(obj["tokens"], f"{where}.tokens")
+    period = obj.get("period", "total")
+    if period not in BUDGET_PERIODS:
+        raise ValueError(f"{where}.period must be one of {BUDGET_PERIODS}, not {period!r}")
+    return Budget(tokens, period)
+
+
+def numeric_date(claims: dict, name: str) -> float | None:
+    """The time claim `name` (exp, nbf, iat) in unix seconds, or None; ValueError if bad."""
+    value = claims.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"claim {name!r} must be a number (unix seconds), not {value!r}")
+    return float(value)
+
+
+def iso_time(t: float) -> str:
+    """Unix seconds as an ISO-8601 UTC time, for messages (repr if out of range)."""
+    try:
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return repr(t)
+
+
+def identity_from_claims(claims: dict) -> Identity:
+    """The `Identity` a (verified) claims set stands for; ValueError names a bad claim."""
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub:
+        raise ValueError("claim 'sub' (the key id) is missing or not a non-empty string")
+    tenant = claims.get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        raise ValueError("claim 'tenant' is missing or not a non-empty string")
+    name = claims.get("name", "")
+    if not isinstance(name, str):
+        raise ValueError(f"claim 'name' must be a string, not {name!r}")
+    models = claims.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise ValueError(f"claim 'models' must be a list of model names, not {models!r}")
+    priority = claims.get("priority", "interactive")
+    if priority not in PRIORITY_CLASSES:
+        raise ValueError(f"claim 'priority' must be one of {PRIORITY_CLASSES}, not {priority!r}")
+    weight = claims.get("tenant_weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+        raise ValueError(f"claim 'tenant_weight' must be a number > 0, not {weight!r}")
+    jti = claims.get("jti")
+    if jti is not None and not isinstance(jti, str):
+        raise ValueError(f"claim 'jti' must be a string, not {jti!r}")
+    exp = numeric_date(claims, "exp")
+    numeric_date(claims, "nbf")
+    iat = numeric_date(claims, "iat")
+    extra = {k: v for k, v in (("jti", jti), ("iat", iat)) if v is not None}
+    return Identity(
+        key_id=sub,
+        tenant=Tenant(
+            name=tenant,
+            limits=_limits_from(claims.get("tenant_limits"), "tenant_limits"),
+            budget=_budget_from(claims.get("tenant_budget"), "tenant_budget"),
+            weight=float(weight),
+        ),
+        name=name,
+        models=tuple(models),
+        priority=priority,
+        limits=_limits_from(claims.get("limits"), "limits"),
+        budget=_budget_from(claims.get("budget"), "budget"),
+        expires_at=exp,
+        source="jwt",
+        extra=extra,
+    )
+
+
+def _limits_claim(limits: Limits) -> dict:
+    return {k: v for k, v in zip(LIMIT_NAMES, limits.values(), strict=True) if v is not None}
+
+
+def claims_from_identity(identity: Identity) -> dict:
+    """The claims (all but aud, iat and jti, which `sign` adds) that `identity_from_claims`
+    maps back to `identity`."""
+    claims: dict[str, Any] = {"sub": identity.key_id, "tenant": identity.tenant.name}
+    if identity.name:
+        claims["name"] = identity.name
+    if identity.models:
+        claims["models"] = list(identity.models)
+    if identity.priority != "interactive":
+        claims["priority"] = identity.priority
+    for name, limits in (("limits", identity.limits), ("tenant_limits", identity.tenant.limits)):
+        if limits.any():
+            claims[name] = _limits_claim(limits)
+    for name, budget in (("budget", identity.budget), ("tenant_budget", identity.tenant.budget)):
+        if budget is not None:
+            claims[name] = {"tokens": budget.tokens, "period": budget.period}
+    if identity.tenant.weight != 1.0:
+        claims["tenant_weight"] = identity.tenant.weight
+    if identity.expires_at is not None:
+        claims["exp"] = int(identity.expires_at)
+    return claims
