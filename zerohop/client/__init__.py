@@ -11,7 +11,7 @@ SDKs all of this unchanged:
 """
 
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
-from zerohop.client.api import ApiStatusError, AsyncClient, Client
+from zerohop.client.api import ApiStatusError, AsyncClient, AsyncStream, Client, Stream
 from zerohop.client.failover import FailoverPolicy
 from zerohop.client.pool import ReplicaPool
 from zerohop.client.transport import (
@@ -26,11 +26,13 @@ __all__ = [
     "ApiStatusError",
     "AsyncClient",
     "AsyncFailoverTransport",
+    "AsyncStream",
     "Client",
     "FailoverPolicy",
     "FailoverTransport",
     "ReplicaPool",
     "RoundRobinPolicy",
+    "Stream",
     "async_http_client",
     "http_client",
 ]
