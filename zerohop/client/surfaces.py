@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from zerohop import sse
+
 RETRYABLE_ERROR_TYPES = {"api_error", "overloaded_error", "server_error"}
 
 
@@ -24,13 +26,11 @@ class UpstreamFailed(Exception):
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Whole SSE events (each ending in a blank line) from a byte stream."""
-    buffer = b""
+    """Whole SSE events (each ending in a blank line) from a byte stream (`zerohop.sse`)."""
+    parser = sse.Parser()
     async for chunk in chunks:
-        buffer += chunk
-        while (end := buffer.find(b"\n\n")) != -1:
-            yield buffer[: end + 2]
-            buffer = buffer[end + 2 :]
+        for event in parser.feed(chunk):
+            yield event.raw + b"\n\n"
 
 
 def event_data(event: bytes) -> bytes | None:
