@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from zerohop.bench import ENDPOINTS
 
 if TYPE_CHECKING:
-    from zerohop.bench.load import BenchConfig
+    from zerohop.bench.load_types import BenchConfig
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -110,7 +110,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> dict:
-    from zerohop.bench.load import BenchConfig, run_benchmark
+    from zerohop.bench.load import run_benchmark
+    from zerohop.bench.load_types import BenchConfig
 
     concurrency = args.concurrency or (1 if rate is None else 1024)
     cfg = BenchConfig(

@@ -9,15 +9,13 @@ metadata. There is no model listing over gRPC, so `--model` is required.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import grpc
 
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from zerohop.bench.load import BenchConfig, RequestResult, _Request
+from zerohop.bench.load_types import BenchConfig, Request, RequestResult, StreamTimes
+from zerohop.bench.prompts import make_prompts, output_lengths
 
 
 class GrpcLoadClient:
@@ -30,12 +28,10 @@ class GrpcLoadClient:
         self.stub = pb_grpc.ZerohopStub(self.channel)
         self.metadata = [("authorization", f"Bearer {cfg.api_key}")] if cfg.api_key else []
 
-    async def requests(self, n: int, salt: str) -> list[_Request]:
-        from zerohop.bench.load import _Request, make_prompts, output_lengths
-
+    async def requests(self, n: int, salt: str) -> list[Request]:
         prompts, outputs = make_prompts(self.cfg, n, salt), output_lengths(self.cfg, n, salt)
         pairs = zip(prompts, outputs, strict=True)
-        return [_Request(self._generate(p, out), len(p)) for p, out in pairs]
+        return [Request(self._generate(p, out), len(p)) for p, out in pairs]
 
     def _generate(self, prompt: list[int], max_tokens: int) -> pb.GenerateRequest:
         cfg = self.cfg
@@ -45,12 +41,8 @@ class GrpcLoadClient:
         request.ignore_eos = cfg.ignore_eos
         return request
 
-    async def send(self, request: _Request, bench_start: float) -> RequestResult:
-        from zerohop.bench.load import RequestResult, _Stream
-
-        start = time.perf_counter()
-        s = _Stream(start)
-        result = RequestResult(sent_at=start - bench_start)
+    async def send(self, request: Request, bench_start: float) -> RequestResult:
+        s = StreamTimes(time.perf_counter())
         call = self.stub.Generate(request.body, metadata=self.metadata, timeout=self.cfg.timeout_s)
         try:
             async for reply in call:
@@ -61,14 +53,7 @@ class GrpcLoadClient:
                     s.output_tokens = reply.usage.completion_tokens
         except grpc.aio.AioRpcError as exc:
             s.error = f"gRPC {exc.code().name}: {exc.details()}"
-        if s.error is None and not s.events:
-            s.error = "no token events in the response"
-        result.ok, result.error = s.error is None, s.error
-        result.events, result.ttft, result.itl = s.events, s.ttft, s.itl
-        result.e2e = s.last - start
-        result.prompt_tokens = s.prompt_tokens
-        result.output_tokens = s.output_tokens or s.events
-        return result
+        return s.result(bench_start)
 
     async def close(self) -> None:
         await self.channel.close()

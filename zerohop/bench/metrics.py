@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zerohop.bench.load import BenchConfig, RequestResult
+    from zerohop.bench.load_types import BenchConfig, RequestResult
 
 PERCENTILES = (50, 90, 95, 99)
 SLO_METRICS = ("ttft", "tpot", "itl", "e2el")
