@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import ssl
 import threading
 import time
 
@@ -45,17 +46,24 @@ class SlowSource:
         return list(self._urls)
 
 
-def test_making_and_dropping_starts_no_thread() -> None:
+def test_making_and_dropping_starts_no_thread_and_does_no_io(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = dead_url()
+    io: list[str] = []
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", lambda *a, **k: io.append("CA"))
+    monkeypatch.setattr(socket, "socket", lambda *a, **k: io.append("socket"))
     before = set(threading.enumerate())  # others' threads may end meanwhile, none may start
     made = [
-        ReplicaPool([dead_url(), "grpc://127.0.0.1:1"]),
-        Client([dead_url()]),
-        AsyncClient([dead_url()]),
-        http_client([dead_url()]),
-        async_http_client([dead_url()]),
+        ReplicaPool([url, "grpc://127.0.0.1:1"]),
+        Client([url]),
+        AsyncClient([url]),
+        http_client([url]),
+        async_http_client([url]),
     ]
     assert set(threading.enumerate()) <= before and not pool_threads()
     assert not any(m.running for m in made if isinstance(m, ReplicaPool))
+    assert not io, "no CA bundle read, no socket made"
     del made
     gc.collect()
     assert set(threading.enumerate()) <= before and not pool_threads()

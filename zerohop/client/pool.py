@@ -139,6 +139,8 @@ class ReplicaPool:
         await self.aclose()
 
     def _start_thread(self) -> None:
+        if self._thread is not None and not self._closed:
+            return  # started: the usual case, without the lock
         with self._state_lock:
             if self._closed:
                 raise RuntimeError("this ReplicaPool is closed")

@@ -35,8 +35,26 @@ class _OverPool:
         self, pool: ReplicaPool, policy: FailoverPolicy | None = None, owns_pool: bool = False
     ) -> None:
         self.pool, self.owns_pool = pool, owns_pool
-        http = httpx2.AsyncHTTPTransport(verify=pool.verify)
+        http = _FirstUse(pool.verify)
         self.failover = Failover(pool, policy or FailoverPolicy(), http, GrpcBridge())
+
+
+class _FirstUse(httpx2.AsyncBaseTransport):
+    """An `httpx2.AsyncHTTPTransport` made at the first request (its TLS context reads the
+    CA bundle), so that making a transport does no I/O."""
+
+    def __init__(self, verify: bool | str) -> None:
+        self.verify = verify
+        self.http: httpx2.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.http is None:
+            self.http = httpx2.AsyncHTTPTransport(verify=self.verify)
+        return await self.http.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
 
 
 class AsyncFailoverTransport(_OverPool, httpx2.AsyncBaseTransport):
