@@ -59,7 +59,8 @@ from typing import Any
 from _common import ROOT, cpu_count, model_path, print_table, write_json
 from serve import SERVED_MODEL_NAME, CpuMeter, Server, free_port, load_config, prompt_maker
 
-from zerohop.bench.load import BenchConfig, run_benchmark
+from zerohop.bench.load import run_benchmark
+from zerohop.bench.load_types import BenchConfig
 
 MODES = ("undisturbed", "attacked")
 TTFT_TARGET = 1.10  # attacked / undisturbed, TTFT p50 at concurrency 1

@@ -58,10 +58,11 @@ from typing import Any
 
 import anthropic
 from _common import ROOT, cpu_count, model_path, print_table, write_json
-from vs_llamacpp import CommandServer, machine_ticks, zerohop_cmd
+from _procstat import machine_busy_s
+from vs_llamacpp import CommandServer, zerohop_cmd
 
 import zerohop.client as zc
-from zerohop.bench.load import distribution_ms
+from zerohop.bench.metrics import distribution_ms
 
 SERVED_MODEL_NAME = "affinity-bench"
 MODES = ("affinity", "affinity_unbounded", "round_robin", "single")
@@ -336,10 +337,10 @@ def run_mode(
         asyncio.run(warm_up(urls))
         pool = zc.ReplicaPool(urls, affinity=policy_for(mode))
         try:
-            ticks, start = machine_ticks(), time.perf_counter()
+            busy0, start = machine_busy_s(), time.perf_counter()
             turns = asyncio.run(run_workload(pool, convs, args))
             wall = time.perf_counter() - start
-            busy = (machine_ticks() - ticks) / os.sysconf("SC_CLK_TCK") / wall
+            busy = (machine_busy_s() - busy0) / wall
             stats = pool.stats()
         finally:
             pool.close()

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import print_table, write_json
 from tests.fixtures.tiny_models import build_tiny_model
 from tests.live_server import LiveServer
+from zerohop import sse
 from zerohop.client import async_http_client, http_client
 
 MODEL = "tiny"
@@ -55,8 +56,7 @@ def chat(client: httpx2.Client, base: str, stream: bool, tokens: int) -> int:
     events = 0
     with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            events += line.startswith("data: ")
+        events += sum(e.data is not None for e in sse.events(response.iter_bytes()))
     return events
 
 
@@ -84,8 +84,8 @@ async def achat(client: httpx2.AsyncClient, base: str, stream: bool, tokens: int
     events = 0
     async with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            events += line.startswith("data: ")
+        async for event in sse.aevents(response.aiter_bytes()):
+            events += event.data is not None
     return events
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -42,8 +41,11 @@ from pathlib import Path
 
 import httpx
 from _common import ROOT, TextPrompts, default_model, print_table, write_json
+from _procstat import process_cpu_s
 from serve import server_pids
-from vs_llamacpp import CommandServer, process_ticks
+from vs_llamacpp import CommandServer
+
+from zerohop import sse
 
 MODEL = "default"
 KEYS = {  # name: (tenant, weight, priority)
@@ -127,8 +129,8 @@ class Load:
                 result.error = (await r.aread()).decode(errors="replace")
                 result.retry_after = float(r.headers.get("retry-after", 0))
                 return result
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
+            async for event in sse.aevents(r.aiter_bytes()):
+                if (event.data or b"").startswith(b"{"):
                     now = time.monotonic()
                     result.ttft = result.ttft if result.ttft is not None else now - start
                     result.token_times.append(now)
@@ -252,9 +254,9 @@ async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> di
                 r = await client.post("/v1/completions", json=small, headers=headers)
                 statuses.append(r.status_code)
 
-        cpu_start, start = _cpu_seconds(api_pid), time.monotonic()
+        cpu_start, start = process_cpu_s(api_pid), time.monotonic()
         await asyncio.gather(*(worker() for _ in range(32)))
-        wall, cpu = time.monotonic() - start, _cpu_seconds(api_pid) - cpu_start
+        wall, cpu = time.monotonic() - start, process_cpu_s(api_pid) - cpu_start
         for hold in holds:
             hold.cancel()
         await asyncio.gather(*holds, return_exceptions=True)
@@ -266,10 +268,6 @@ async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> di
         "api_cpu_seconds": cpu,
         "per_cpu_second": refused / cpu if cpu > 0 else None,
     }
-
-
-def _cpu_seconds(pid: int) -> float:
-    return process_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 SCENARIOS = ("idle", "flood", "batch", "weights", "fcfs", "refusals")

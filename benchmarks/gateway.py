@@ -15,7 +15,7 @@ Per --repeats round (3), each workload runs on "off" and "on" in turn (the order
 from round to round), with prompts of its own in each round (no prefix-cache hits across runs):
   throughput  --concurrency (32) streams, --num-requests (128) x 128 in -> 64 out: output tok/s;
   ttft        concurrency 1, --ttft-requests (30) x 128 in -> --ttft-output-tokens (1): TTFT p50;
-  cpu         the API process's CPU (utime + stime in /proc/PID/stat, all its threads) over each
+  cpu         the API process's CPU (user + system time, all its threads; `_procstat`) over each
               run, per request (the run's warm-up request included; the "on" runs' /metrics
               scrapes too, as they are part of what the gateway costs).
 Each figure counts at its best round (highest throughput, lowest TTFT and CPU: a shared machine
@@ -61,7 +61,8 @@ from serve import SERVED_MODEL_NAME, CpuMeter, Server, free_port, load_config, p
 
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import new_request_id
-from zerohop.bench.load import BenchConfig, run_benchmark
+from zerohop.bench.load import run_benchmark
+from zerohop.bench.load_types import BenchConfig
 from zerohop.gateway import limits
 from zerohop.gateway.audit import AuditLog, verify
 from zerohop.gateway.auth import Authenticator

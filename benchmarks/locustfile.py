@@ -33,9 +33,16 @@ import json
 import os
 import random
 import string
+import sys
 import time
+from pathlib import Path
 
 from locust import FastHttpUser, between, events, task
+
+# zerohop.sse needs nothing outside the standard library, so Locust's own virtualenv reads
+# it from this checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from zerohop.sse import Parser
 
 MODEL = os.environ.get("ZEROHOP_MODEL", "bench")
 MAX_TOKENS = int(os.environ.get("ZEROHOP_MAX_TOKENS", "64"))
@@ -83,24 +90,26 @@ class ChatUser(FastHttpUser):
                 return
             # geventhttpclient's response: readline returns each line as soon as it is in
             # (iterating the stream waits for whole blocks, which batches the tokens)
+            parser = Parser()
             while line := response.stream.readline(b"\n"):
-                if not line.startswith(b"data:") or line[5:].strip() in (b"", b"[DONE]"):
-                    continue
-                data = json.loads(line[5:])
-                if data.get("error"):
-                    response.failure(f"stream error: {data['error']}")
-                    return
-                choices = data.get("choices") or ()
-                if not any((c.get("delta") or {}).get("content") for c in choices):
-                    continue
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                    report("chat (TTFT)", (now - start) * 1000)
-                else:
-                    report("chat (ITL)", (now - last) * 1000)
-                last = now
-                tokens += 1
+                for event in parser.feed(line):
+                    if event.data is None or event.data.strip() in (b"", b"[DONE]"):
+                        continue
+                    data = json.loads(event.data)
+                    if data.get("error"):
+                        response.failure(f"stream error: {data['error']}")
+                        return
+                    choices = data.get("choices") or ()
+                    if not any((c.get("delta") or {}).get("content") for c in choices):
+                        continue
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                        report("chat (TTFT)", (now - start) * 1000)
+                    else:
+                        report("chat (ITL)", (now - last) * 1000)
+                    last = now
+                    tokens += 1
             if first is None:
                 response.failure("no token in the stream")
             else:

@@ -43,10 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, TextPrompts, cpu_count, model_path, open_model, print_table, write_json
+from _procstat import children, process_cpu_s
 from engine_throughput import engine_generate, load_engine
 
-from zerohop.bench import load
-from zerohop.bench.load import BenchConfig, format_report, run_benchmark
+from zerohop.bench.load import run_benchmark
+from zerohop.bench.load_types import BenchConfig
+from zerohop.bench.metrics import format_report
+from zerohop.bench.prompts import make_prompts
 
 SERVED_MODEL_NAME = "bench"
 THROUGHPUT_TARGET = 0.90
@@ -148,14 +151,14 @@ def run_offline(args: argparse.Namespace, model: Path, threads: int, vocab: int)
     )
     llm = load_engine(model, engine_args)
     cfg = workload(args, "", vocab)
-    warm = load.make_prompts(cfg, 2, "offline-warmup")
+    warm = make_prompts(cfg, 2, "offline-warmup")
     engine_generate(llm, warm, [8, 8])
-    prompts = load.make_prompts(cfg, args.num_requests, "bench")
+    prompts = make_prompts(cfg, args.num_requests, "bench")
     seconds, outs = engine_generate(llm, prompts, [args.output_tokens] * len(prompts))
     produced = sum(len(o.token_ids) for o in outs)
     prefill = []
     for rep in range(args.prefill_reps):
-        prompt = load.make_prompts(cfg, 1, f"prefill-{rep}")
+        prompt = make_prompts(cfg, 1, f"prefill-{rep}")
         prefill.append(engine_generate(llm, prompt, [1])[0])
     del llm, outs
     gc.collect()
@@ -264,11 +267,9 @@ class CpuMeter:
         self.start = self._now()
 
     def _now(self) -> dict[str, float]:
-        ticks = os.sysconf("SC_CLK_TCK")
         out = {"wall": time.perf_counter(), "client": time.process_time()}
         for name, pid in self.pids.items():
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+            out[name] = process_cpu_s(pid)
         return out
 
     def stop(self) -> dict[str, float]:
@@ -311,16 +312,9 @@ class Profiler:
 def server_pids(server_pid: int) -> dict[str, int]:
     """The API process (the `zerohop serve` process itself) and its engine process."""
     pids = {"api": server_pid}
-    if children := child_pids(server_pid):
-        pids["engine"] = children[0]
+    if engines := children(server_pid, marker="engine_process"):
+        pids["engine"] = engines[0]
     return pids
-
-
-def child_pids(pid: int, marker: bytes = b"engine_process") -> list[int]:
-    """Children of `pid` whose command line contains `marker`."""
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    children = [int(p) for p in path.read_text().split()] if path.exists() else []
-    return [c for c in children if marker in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def summarize_stacks(path: Path, seconds: float, rate: int, top: int = 12) -> dict:

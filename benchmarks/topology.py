@@ -57,7 +57,7 @@ topologies get the same prompts at the same rate, each on its own zerohop).
             ladder climbs from the top one by --ladder-step (0.125) x capacity (up to
             --ladder-max, 2.0) until a rung misses; then the gap between the highest rate met
             and the lowest missed is halved twice (--ladder-seconds, 20, of arrivals a rung).
-Per run, per layer: CPU seconds (utime + stime from /proc/PID/stat of every process of the
+Per run, per layer: CPU seconds (user + system time, `_procstat`, of every process of the
 layer: nginx master and workers, the LiteLLM process tree, redis-server, zerohop's API process
 and its engine process) per completed request (the run's warm-up request counted in), the
 layer's RSS (VmRSS summed) at the end of the run and its peak (VmHWM), and Redis commands per
@@ -97,11 +97,13 @@ from typing import Any
 
 import orjson
 from _common import ROOT, cpu_count, model_path, print_table, write_json
+from _procstat import cpu_seconds, machine_busy_s, memory_mib, tree
 from serve import free_port, server_pids
-from vs_llamacpp import CommandServer, machine_ticks, process_ticks, wait_quiet
+from vs_llamacpp import CommandServer, FreshConnections, wait_quiet
 
-from zerohop.bench import load
-from zerohop.bench.load import BenchConfig, run_benchmark
+from zerohop.bench.load import run_benchmark
+from zerohop.bench.load_types import BenchConfig, StreamTimes
+from zerohop.sse import Parser
 
 LITELLM_VERSION = "1.106.12"  # 1.108.14+ need proxy packages PyPI lacks; 1.107.x is gone
 SERVED_MODEL_NAME = "bench"
@@ -340,40 +342,6 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (threads' children included)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{p}/task").iterdir():
-                with contextlib.suppress(OSError):
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    ticks = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            ticks += process_ticks(pid)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def memory_mib(pids: Sequence[int]) -> dict[str, float]:
-    """VmRSS (now) and VmHWM (peak) summed over `pids`, in MiB."""
-    rss = hwm = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1])
-                elif line.startswith("VmHWM:"):
-                    hwm += int(line.split()[1])
-    return {"rss_mib": rss / 1024, "peak_rss_mib": hwm / 1024}
 
 
 # -- the two topologies --------------------------------------------------------------------------
@@ -649,16 +617,17 @@ def redis_commands(port: int | None) -> int:
 # -- the load ----------------------------------------------------------------------------------
 
 
-class SameWords(load.LoadClient):
-    """The load client with two changes, the same for both topologies:
+class SameWords(FreshConnections):
+    """The load client with two changes, the same for both topologies (on top of
+    vs_llamacpp's `Connection: close` on every request, which these runs have always had):
     - the number of words per message is fitted once (on the first topology that runs:
       zerohop direct, whose /v1/messages/count_tokens counts them) and kept for every run:
       LiteLLM has no count_tokens, so the client's own fit would give the two topologies
       different prompts;
     - chat chunks are read by `read_chat`: a token event is a chunk whose delta has text.
       LiteLLM sends its usage in a chunk with `"choices":[{"index":0,"delta":{}}]` (no
-      finish_reason), which `zerohop.bench.load` counts as one more token event (one extra
-      ITL sample and a later E2E per request)."""
+      finish_reason), which `zerohop.bench.token_events` counts as one more token event (one
+      extra ITL sample and a later E2E per request)."""
 
     words: int | None = None
 
@@ -672,28 +641,25 @@ class SameWords(load.LoadClient):
         return SameWords.words
 
 
-async def read_chat(content: Any, s: Any) -> None:
+async def read_chat(chunks: Any, s: StreamTimes) -> None:
     """Token events and usage of an OpenAI chat stream, every chunk parsed (orjson)."""
-    async for line in content:
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload:
-            continue
-        if payload == b"[DONE]":
-            return
-        data = orjson.loads(payload)
-        for choice in data.get("choices") or ():
-            if (choice.get("delta") or {}).get("content") or choice.get("text"):
-                s.token_event()
-        if usage := data.get("usage"):
-            s.prompt_tokens = usage.get("prompt_tokens") or 0
-            s.output_tokens = usage.get("completion_tokens") or 0
-        if error := data.get("error"):
-            s.error = f"stream error: {error.get('message', error)}"
-
-
-load.LoadClient = SameWords  # what `run_benchmark` instantiates
+    parser = Parser()
+    async for chunk in chunks:
+        for event in parser.feed(chunk):
+            payload = event.data
+            if not payload:
+                continue
+            if payload == b"[DONE]":
+                return
+            data = orjson.loads(payload)
+            for choice in data.get("choices") or ():
+                if (choice.get("delta") or {}).get("content") or choice.get("text"):
+                    s.token_event()
+            if usage := data.get("usage"):
+                s.prompt_tokens = usage.get("prompt_tokens") or 0
+                s.output_tokens = usage.get("completion_tokens") or 0
+            if error := data.get("error"):
+                s.error = f"stream error: {error.get('message', error)}"
 
 
 def bench_config(args, topo: Topology, seed: int, **fields: Any) -> BenchConfig:
@@ -710,11 +676,11 @@ def measured_run(args, topo: Topology, everything: list[Topology], cfg: BenchCon
     pids = {t.name: t.pids() for t in everything}
     redis_before = redis_commands(topo.redis_port)
     before = {t: {layer: cpu_seconds(ps) for layer, ps in ls.items()} for t, ls in pids.items()}
-    client0, machine0, wall0 = time.process_time(), machine_ticks(), time.perf_counter()
-    report = run_benchmark(cfg)
+    client0, machine0, wall0 = time.process_time(), machine_busy_s(), time.perf_counter()
+    report = run_benchmark(cfg, client_class=SameWords)
     wall = time.perf_counter() - wall0
     client = time.process_time() - client0
-    machine = (machine_ticks() - machine0) / os.sysconf("SC_CLK_TCK")
+    machine = machine_busy_s() - machine0
     after = {t: {layer: cpu_seconds(ps) for layer, ps in ls.items()} for t, ls in pids.items()}
     summary = report["summary"]
     done = summary["completed"] + cfg.warmup_requests

@@ -48,10 +48,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from _common import ROOT, cpu_count, default_model, print_table, write_json
+from _procstat import children, machine_busy_s, process_cpu_s
 from serve import Server, free_port, prompt_maker
 
-from zerohop.bench import load
-from zerohop.bench.load import BenchConfig, run_benchmark
+from zerohop.bench.http_load import LoadClient
+from zerohop.bench.load import run_benchmark
+from zerohop.bench.load_types import BenchConfig
 
 if TYPE_CHECKING:
     from aiohttp import ClientSession
@@ -185,27 +187,19 @@ class CpuMeter:
     and all the rest of the machine (another job on a shared machine: how noisy the run is)."""
 
     def __init__(self, server_pid: int) -> None:
-        children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
-        self.pids = [server_pid, *map(int, children)]
+        self.pids = [server_pid, *children(server_pid)]
         self.start = self._now()
 
     def _now(self) -> tuple[float, float, float, float]:
-        server = sum(process_ticks(pid) for pid in self.pids)
-        return time.perf_counter(), machine_ticks(), server, process_ticks(os.getpid())
+        server = sum(process_cpu_s(pid) for pid in self.pids)
+        return time.perf_counter(), machine_busy_s(), server, process_cpu_s(os.getpid())
 
     def stop(self) -> dict[str, float]:
         wall, machine, server, client = (
             b - a for a, b in zip(self.start, self._now(), strict=True)
         )
-        cores = os.sysconf("SC_CLK_TCK") * wall
         other = machine - server - client
-        return {"server": server / cores, "client": client / cores, "other": other / cores}
-
-
-def machine_ticks() -> int:
-    """Busy clock ticks of all CPUs (all but idle and iowait) since boot."""
-    stat = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    return sum(int(v) for i, v in enumerate(stat) if i not in (3, 4))
+        return {"server": server / wall, "client": client / wall, "other": other / wall}
 
 
 def wait_quiet(max_wait: float, window: float = 3.0, busy: float = 0.2) -> None:
@@ -214,9 +208,9 @@ def wait_quiet(max_wait: float, window: float = 3.0, busy: float = 0.2) -> None:
     slows llama.cpp's spinning thread pool down up to a hundredfold at 2 threads."""
     start = time.monotonic()
     while max_wait > 0:
-        before = machine_ticks()
+        before = machine_busy_s()
         time.sleep(window)
-        used = (machine_ticks() - before) / os.sysconf("SC_CLK_TCK") / window
+        used = (machine_busy_s() - before) / window
         if used < busy:
             return
         if time.monotonic() - start > max_wait:
@@ -224,15 +218,10 @@ def wait_quiet(max_wait: float, window: float = 3.0, busy: float = 0.2) -> None:
             return
 
 
-def process_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 # -- workloads ------------------------------------------------------------------------------------
 
 
-class FreshConnections(load.LoadClient):
+class FreshConnections(LoadClient):
     """The load client asking for `Connection: close`: llama-server announces keep-alive but
     closes the connection after every streamed response (its chunked-content provider returns
     false after `done()`, which cpp-httplib takes as an error), and aiohttp then writes the next
@@ -242,9 +231,6 @@ class FreshConnections(load.LoadClient):
     def __init__(self, cfg: BenchConfig, session: ClientSession) -> None:
         super().__init__(cfg, session)
         self.headers["connection"] = "close"
-
-
-load.LoadClient = FreshConnections  # what `run_benchmark` instantiates
 
 
 def workload(
@@ -257,7 +243,7 @@ def workload(
     )  # fmt: skip
     wait_quiet(args.wait_quiet)
     meter = CpuMeter(server.process.pid)
-    summary = run_benchmark(cfg)["summary"]
+    summary = run_benchmark(cfg, client_class=FreshConnections)["summary"]
     summary["cpu_cores"] = cpu = meter.stop()
     if cpu["other"] > 0.25:
         print(f"  ! other processes used {cpu['other']:.2f} cores during the run: noisy figures")
