@@ -17,7 +17,13 @@ import uvicorn
 
 from zerohop.api.app import create_app
 from zerohop.api.asgi import BodyDeadline
-from zerohop.api.guard import ConnectionGuard, GuardLimits, guarded_protocol, raise_file_limit
+from zerohop.api.guard import (
+    ConnectionGuard,
+    GuardLimits,
+    GuardMetrics,
+    guarded_protocol,
+    raise_file_limit,
+)
 from zerohop.api.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.async_engine import AsyncEngine
@@ -140,7 +146,8 @@ async def serve(options: ServeOptions) -> int:
     config.load()
     guard = ConnectionGuard(options.guard)
     config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
-    ctx.connection_guard = guard
+    if gateway is not None and gateway.metrics is not None:
+        gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
     server = DrainingServer(config, ctx)
     grpc_server = None
     try:

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from zerohop.api import anthropic, openai
 from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, header, send_json
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
-from zerohop.api.guard import exposition as guard_exposition
 from zerohop.api.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id
 from zerohop.gateway.gateway import Call, GatewayError
@@ -113,8 +112,6 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         engine = ctx.engine
         stats = None if engine.dead else (engine.latest_stats or await engine.stats())
         body, content_type = gateway.metrics.render(stats)
-        if ctx.connection_guard is not None:
-            body += guard_exposition(ctx.connection_guard)
         await send(
             {
                 "type": "http.response.start",

@@ -23,10 +23,13 @@ import logging
 import resource
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from uvicorn.protocols.http.auto_zttp_impl import AutoZttpProtocol
 from uvicorn.protocols.http.zttp_h2_impl import ZttpH2Protocol
 from uvicorn.protocols.http.zttp_impl import ZttpProtocol
@@ -97,32 +100,45 @@ class ConnectionGuard:
                 del self.per_address[address]
 
 
-def exposition(guard: ConnectionGuard) -> bytes:
-    """The guard's counters in Prometheus' text format, appended to GET /metrics."""
-    lines = [
-        "# HELP zerohop_connections_open HTTP connections open now.",
-        "# TYPE zerohop_connections_open gauge",
-        f"zerohop_connections_open {guard.open}",
-        "# HELP zerohop_connections_refused_total Connections refused at once, by cap.",
-        "# TYPE zerohop_connections_refused_total counter",
-        *(
-            f'zerohop_connections_refused_total{{reason="{reason}"}} {guard.refused[reason]}'
-            for reason in ("max_connections", "max_connections_per_address")
-        ),
-        "# HELP zerohop_connections_timed_out_total Connections closed by the head deadline.",
-        "# TYPE zerohop_connections_timed_out_total counter",
-        f"zerohop_connections_timed_out_total {guard.closed_slow}",
-        "# HELP zerohop_http2_goaway_total HTTP/2 connections closed for abuse, by reason.",
-        "# TYPE zerohop_http2_goaway_total counter",
-        *(
-            f'zerohop_http2_goaway_total{{reason="{what}"}} {guard.closed_abusive[what]}'
-            for what in ("resets", "control_frames")
-        ),
-        "# HELP zerohop_http2_streams_refused_total Streams over the per-connection cap.",
-        "# TYPE zerohop_http2_streams_refused_total counter",
-        f"zerohop_http2_streams_refused_total {guard.streams_refused}",
-    ]
-    return ("\n".join(lines) + "\n").encode()
+class GuardMetrics(Collector):
+    """The guard's counters as Prometheus metrics, read at scrape time: registered on the
+    registry `GET /metrics` renders (`GatewayMetrics.register`)."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def describe(self) -> Iterator[Metric]:  # the names, so a second registration is refused
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        guard = self.guard
+        yield GaugeMetricFamily(
+            "zerohop_connections_open", "HTTP connections open now.", value=guard.open
+        )
+        family = CounterMetricFamily(
+            "zerohop_connections_refused", "Connections refused at once, by cap.",
+            labels=("reason",),
+        )  # fmt: skip
+        for reason in ("max_connections", "max_connections_per_address"):
+            family.add_metric((reason,), guard.refused[reason])
+        yield family
+        yield CounterMetricFamily(
+            "zerohop_connections_timed_out",
+            "Connections closed by the head deadline.",
+            value=guard.closed_slow,
+        )
+        family = CounterMetricFamily(
+            "zerohop_http2_goaway", "HTTP/2 connections closed for abuse, by reason.",
+            labels=("reason",),
+        )  # fmt: skip
+        for what in ("resets", "control_frames"):
+            family.add_metric((what,), guard.closed_abusive[what])
+        yield family
+        yield CounterMetricFamily(
+            "zerohop_http2_streams_refused",
+            "Streams over the per-connection cap.",
+            value=guard.streams_refused,
+        )
 
 
 def raise_file_limit(limits: GuardLimits) -> str | None:

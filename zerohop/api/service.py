@@ -87,7 +87,6 @@ class ServingContext:
     draining: bool = False
     gateway: Gateway | None = None
     metrics_token: str | None = None  # /metrics needs this bearer token when set
-    connection_guard: Any = None  # zerohop.api.guard.ConnectionGuard, for the metrics
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
     admission: AdmissionControl | None = None  # overload refusals and load headers

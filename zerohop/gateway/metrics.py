@@ -3,7 +3,9 @@
 Two sources. The API process records each request once, when it ends
 (`GatewayMetrics.request_finished`), and each refusal (`refused`); the engine process's
 counters arrive as the `EngineStats` dict of `await engine.stats()` and are passed to
-`render`, which turns them into gauges and counters at scrape time.
+`render`, which turns them into gauges and counters at scrape time. Other parts of the
+server add their own collectors with `register` (the HTTP connection guard's counters,
+`zerohop.api.guard.GuardMetrics`), so one registry holds every metric `/metrics` shows.
 
 The state is plain dicts and bucket lists under one lock, so recording a request costs a
 few microseconds (prometheus-client's `Histogram.observe` takes a lock and scans the buckets
@@ -129,7 +131,8 @@ class GatewayMetrics:
     however many tenants there are: the request section (counters and histograms, hundreds
     of lines with many tenants) is re-rendered only if something changed and its last
     rendering is at least `request_metrics_max_age_s` old; the engine section (a dozen
-    lines) is rendered on every call. `self.registry` holds both, uncached.
+    lines) and the `register`ed collectors are rendered on every call. `self.registry`
+    holds them all, uncached.
     """
 
     def __init__(
@@ -159,9 +162,16 @@ class GatewayMetrics:
         self._cached_body = b""
         self._cached_version = -1
         self._cached_at = 0.0
+        self._live: list[Collector] = []  # registered by `register`: rendered every time
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._request_section)
         self.registry.register(self._engine_section)
+
+    def register(self, collector: Collector) -> None:
+        """Add another source's metrics (the HTTP server's connection guard) to `registry`;
+        `render` collects them on every call, after the engine's."""
+        self.registry.register(collector)  # refuses names registered before (with describe)
+        self._live.append(collector)
 
     # -- recording (the request path) ------------------------------------------------
 
@@ -219,7 +229,8 @@ class GatewayMetrics:
     # -- exposition --------------------------------------------------------------------
 
     def render(self, engine_stats: Mapping[str, Any] | None) -> tuple[bytes, str]:
-        """The `/metrics` body and its content type, with the engine's gauges as of now.
+        """The `/metrics` body and its content type, with the engine's gauges and the
+        registered collectors' metrics as of now.
 
         `engine_stats` is `await engine.stats()` (an `EngineStats` as a dict). None (the
         engine did not answer) leaves the engine's metrics out rather than report stale
@@ -237,6 +248,8 @@ class GatewayMetrics:
         body = self._cached_body
         if engine_stats is not None:
             body += generate_latest(self._engine_section)
+        for collector in self._live:
+            body += generate_latest(collector)
         return body, CONTENT_TYPE_PLAIN_0_0_4
 
     def _collect_requests(self) -> Iterator[Metric]:
