@@ -1,7 +1,8 @@
 """`zerohop keys`: create, list, show, update and revoke keys, set tenants, show usage.
 
 Works on the same SQLite file the server reads (`--keys-db`); a running server picks up
-every change within a second. Output is a table, or JSON with `--json`.
+every change within a second. Output is a table, or JSON with `--json`. The signed-key
+commands, `zerohop keys sign` and `keygen`, are `zerohop.gateway.keys_cli_signed`.
 """
 
 from __future__ import annotations
