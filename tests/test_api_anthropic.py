@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop import LLM, SamplingParams
+from zerohop import LLM, SamplingParams, sse
 
 QUESTION = "Tell me a story about a lighthouse keeper."
 STREAM_EVENTS_ORDER = ["message_start", "content_block_start", "ping"]
@@ -183,21 +183,19 @@ def test_count_tokens(live_server, offline) -> None:
     assert counted.input_tokens == len(want)
 
 
-def sse_events(lines) -> list[tuple[str, dict]]:
-    events, name = [], None
-    for line in lines:
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            events.append((name, json.loads(line.removeprefix("data: "))))
-    return events
+def sse_events(chunks) -> list[tuple[str, dict]]:
+    return [
+        (e.name and e.name.decode(), json.loads(e.data))
+        for e in sse.events(chunks)
+        if e.data is not None
+    ]
 
 
 def check_raw_stream(response: httpx.Response, want_text: str, prompt_len: int) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.headers["request-id"].startswith("req_")
-    events = sse_events(response.iter_lines())
+    events = sse_events(response.iter_bytes())
     names = [name for name, _ in events]
     assert names[:3] == STREAM_EVENTS_ORDER and names[-3:] == STREAM_EVENTS_END
     assert set(names[3:-3]) == {"content_block_delta"}
@@ -350,8 +348,8 @@ def test_stream_is_incremental(slow_server) -> None:
     with httpx.stream(
         "POST", slow_server.url + "/v1/messages", json=stream_body("Slowly."), timeout=60
     ) as response:
-        for line in response.iter_lines():
-            if line.startswith('data: {"type":"content_block_delta"'):
+        for event in sse.events(response.iter_bytes()):
+            if (event.data or b"").startswith(b'{"type":"content_block_delta"'):
                 arrivals.append(time.monotonic())
     assert len(arrivals) >= 5
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME
+from zerohop import sse
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -21,11 +22,11 @@ CUT = 9
 
 
 def sse_events(response: httpx.Response) -> list[dict]:
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            events.append(json.loads(line[6:]))
-    return events
+    return [
+        json.loads(e.data)
+        for e in sse.events(response.iter_bytes())
+        if e.data is not None and e.data != b"[DONE]"
+    ]
 
 
 Pieces = list[tuple[list[int], str]]  # each text event's token ids and text

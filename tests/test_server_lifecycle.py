@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
+from zerohop import sse
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,8 @@ def test_health_answers_while_the_engine_is_saturated(slow_server: LiveServer) -
     def one() -> None:
         body = _stream_request(40)
         with httpx.stream("POST", url, json=body, timeout=60) as r:
-            done.append(sum(1 for line in r.iter_lines() if line.startswith("event: content")))
+            names = (e.name or b"" for e in sse.events(r.iter_bytes()))
+            done.append(sum(1 for name in names if name.startswith(b"content")))
 
     threads = [threading.Thread(target=one) for _ in range(12)]
     for t in threads:
@@ -82,12 +84,12 @@ def test_sigterm_drains_streams_then_exits_zero(slow_server: LiveServer) -> None
 
     def stream() -> None:
         with httpx.stream("POST", url, json=_stream_request(30), timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    events.append(line.removeprefix("event: "))
+            for event in sse.events(r.iter_bytes()):
+                if event.name is not None:
+                    events.append(event.name.decode())
                     started.set()
-                if line.startswith("data: ") and '"message_delta"' in line:
-                    events.append(json.loads(line[6:])["delta"]["stop_reason"])
+                if event.data is not None and b'"message_delta"' in event.data:
+                    events.append(json.loads(event.data)["delta"]["stop_reason"])
 
     thread = threading.Thread(target=stream)
     thread.start()
