@@ -183,25 +183,35 @@ def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) ->
 
     from tests.live_server import MODEL_NAME
 
-    async def run() -> dict[str, float]:
-        finished: dict[str, float] = {}
+    async def run() -> list[str]:
+        finished: list[str] = []
         async with httpx.AsyncClient(base_url=one_slot_server.url, timeout=60) as client:
 
             async def ask(name: str, max_tokens: int, **extra) -> None:
                 body = {"model": MODEL_NAME, "prompt": name, "max_tokens": max_tokens, **extra}
                 response = await client.post("/v1/completions", json={**body, "ignore_eos": True})
                 assert response.status_code == 200, response.text
-                finished[name] = time.monotonic()
+                finished.append(name)
+
+            async def engine_has(running: int, waiting: int) -> None:
+                """Wait until the engine's own counters (GET /engine/stats) say so."""
+                deadline = time.monotonic() + 60  # a safety net only
+                while True:
+                    stats = (await client.get("/engine/stats")).json()
+                    if (stats["num_running"], stats["num_waiting"]) == (running, waiting):
+                        return
+                    assert time.monotonic() < deadline, stats
+                    await asyncio.sleep(0.02)
 
             hog = asyncio.create_task(ask("hog", 40))
-            await asyncio.sleep(0.3)
+            await engine_has(running=1, waiting=0)  # the hog holds the one slot
             batch = asyncio.create_task(ask("batch", 2, **lowering))
-            await asyncio.sleep(0.3)
+            await engine_has(running=1, waiting=1)  # the batch request waits behind it
             await asyncio.gather(hog, batch, ask("interactive", 2))
         return finished
 
     finished = asyncio.run(run())
-    assert finished["hog"] < finished["interactive"] < finished["batch"], finished
+    assert finished == ["hog", "interactive", "batch"], finished
 
 
 def start(policy: VTCPolicy, running: list[Sequence]) -> list[Sequence]:

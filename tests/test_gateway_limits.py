@@ -1,12 +1,13 @@
 """The gateway end to end: rate limits, budgets, audit and metrics on live `zerohop serve`
 subprocesses, driven by the official SDKs, httpx and grpcio, over a real SQLite key store.
 
-Two servers share the work: a fast one (every limit but concurrency, budgets, gRPC, metrics
-and, last, the audit log after SIGTERM) and a slow one (`--debug-step-delay`) where requests
-stay in flight long enough to hold concurrency slots and to be cut by `kill -9`. Every key
-is created with the `zerohop keys` CLI (run in-process: the same `main`) before its server
-starts, each in a tenant of its own, so each test reads counters nobody else touches.
-Timing is only functional: refused now, admitted after the retry-after it was given.
+A fast server does most of the work (every limit but concurrency, budgets, gRPC, metrics);
+a slow one (`--debug-step-delay`) keeps requests in flight long enough to hold concurrency
+slots. The tests that end a server have one of their own: the audit log flushed on SIGTERM,
+and the budget across `kill -9` (slow too, so requests are cut in flight). Every key is
+created with the `zerohop keys` CLI (run in-process: the same `main`) before its server
+starts, each in a tenant of its own, so each test reads counters nobody else touches, in any
+order. Timing is only functional: refused now, admitted after the retry-after it was given.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,12 +54,11 @@ FAST_KEYS: dict[str, tuple[str, list[str]]] = {
     "budget": ("budget", ["--budget", str(BUDGET)]),
     "clamp": ("clamp", ["--budget", "300"]),
     "metrics": ("metrics", ["--rpm", "2"]),
-    "audit": ("audit", ["--rpm", "2"]),
+    "refused": ("refused", ["--rpm", "1"]),
 }
-SLOW_KEYS: dict[str, tuple[str, list[str]]] = {
-    "conc": ("conc", ["--max-concurrency", "2"]),
-    "crash": ("crash", ["--budget", str(BUDGET)]),
-}
+SLOW_KEYS: dict[str, tuple[str, list[str]]] = {"conc": ("conc", ["--max-concurrency", "2"])}
+AUDIT_KEYS: dict[str, tuple[str, list[str]]] = {"audit": ("audit", ["--rpm", "2"])}
+CRASH_KEYS: dict[str, tuple[str, list[str]]] = {"crash": ("crash", ["--budget", str(BUDGET)])}
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -198,7 +198,6 @@ class Served:
     keys_db: Path
     audit_dir: Path
     keys: dict[str, dict]
-    notes: dict[str, Any] = field(default_factory=dict)  # what one test leaves for another
 
     def secret(self, name: str) -> str:
         return self.keys[name]["key"]
@@ -247,6 +246,24 @@ def gw(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def slow_gw(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("slow_gateway")
     gateway = _start(llama_dir, root, SLOW_KEYS, ["--debug-step-delay", str(STEP_DELAY)])
+    yield gateway
+    gateway.server.stop()
+
+
+@pytest.fixture
+def audit_gw(llama_dir: Path, tmp_path: Path):
+    """A fast server of its own, for the test that stops it with SIGTERM."""
+    gateway = _start(llama_dir, tmp_path, AUDIT_KEYS, [])
+    yield gateway
+    gateway.server.stop()
+
+
+@pytest.fixture
+def crash_gw(llama_dir: Path, tmp_path: Path):
+    """A slow server of its own, for the test that ends it with kill -9."""
+    root = tmp_path / "crash"
+    root.mkdir()
+    gateway = _start(llama_dir, root, CRASH_KEYS, ["--debug-step-delay", str(STEP_DELAY)])
     yield gateway
     gateway.server.stop()
 
@@ -567,7 +584,6 @@ def test_metrics_by_surface_status_tenant_refusals_and_vllm_gauges(gw: Served) -
     assert samples[("zerohop_requests_total", status_401)] >= 1
     prompt_key = ("zerohop_prompt_tokens_total", labels(tenant="metrics"))
     assert samples[prompt_key] >= uncached
-    gw.notes["metrics_prompt_tokens"] = (prompt_key, uncached)
     vllm = labels(model_name=MODEL_NAME, engine="0")
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert samples[(name, vllm)] == 0
@@ -578,10 +594,26 @@ def test_metrics_by_surface_status_tenant_refusals_and_vllm_gauges(gw: Served) -
 
 
 def test_refused_requests_add_no_prompt_tokens_to_metrics(gw: Served) -> None:
-    if "metrics_prompt_tokens" not in gw.notes:
-        pytest.skip("needs test_metrics_by_surface_status_tenant_refusals_and_vllm_gauges")
-    prompt_key, uncached = gw.notes["metrics_prompt_tokens"]
-    assert scrape(gw.server)[prompt_key] == uncached
+    key = gw.secret("refused")
+    ok = gw.messages(key, max_tokens=2)
+    assert ok.status_code == 200, ok.text
+    assert gw.messages(key).status_code == 429  # rpm 1: refused
+    uncached = ok.json()["usage"]["input_tokens"]  # the cached part is not in input_tokens
+    tenant = frozenset({("tenant", "refused")})
+    prompt_key = ("zerohop_prompt_tokens_total", tenant)
+
+    def recorded(status: str) -> tuple[str, frozenset]:
+        return ("zerohop_requests_total", tenant | {("surface", "anthropic"), ("status", status)})
+
+    # Both requests recorded (the refusal last): the scrape is current past the refusal.
+    def settled() -> dict:
+        samples = scrape(gw.server)
+        both = samples.get(recorded("200")) == samples.get(recorded("429")) == 1
+        return samples if both and samples.get(prompt_key, 0) >= uncached else {}
+
+    samples = wait_until(settled, timeout=30)
+    assert samples, scrape(gw.server)
+    assert samples[prompt_key] == uncached
 
 
 # -- the slow server: requests in flight --------------------------------------------------------
@@ -605,11 +637,14 @@ def test_max_concurrency_refuses_a_third_stream_until_one_ends(slow_gw: Served) 
             assert "2 requests in flight at most" in third.json()["error"]["message"]
             assert retry_after(third.headers) == pytest.approx(1.0, abs=0.01)
             assert "data: [DONE]" in short_response.read().decode()  # 20 tokens: ~1 s
+
             # The slot is freed as the stream ends (just after its last byte at most).
-            deadline = time.monotonic() + 1.0
-            while (third := client.post(url, json=body(2), headers=headers)).status_code == 429:
-                assert time.monotonic() < deadline, "not admitted after a stream ended"
-                time.sleep(0.05)
+            def admitted() -> httpx.Response | None:
+                response = client.post(url, json=body(2), headers=headers)
+                return None if response.status_code == 429 else response
+
+            third = wait_until(admitted, timeout=30, every=0.05)
+            assert third is not None, "not admitted after a stream ended"
             assert third.status_code == 200 and "data: [DONE]" in third.text
             # The long stream still holds its slot; one more fits.
             assert client.post(url, json=body(1), headers=headers).status_code == 200
@@ -654,10 +689,10 @@ async def _crash_stream(client: httpx.AsyncClient, url: str, key: str, max_token
 
 
 def test_budget_holds_across_kill_9_and_restart(
-    slow_gw: Served, llama_dir: Path, tmp_path: Path
+    crash_gw: Served, llama_dir: Path, tmp_path: Path
 ) -> None:
-    key = slow_gw.keys["crash"]
-    url = slow_gw.server.url + "/v1/chat/completions"
+    key = crash_gw.keys["crash"]
+    url = crash_gw.server.url + "/v1/chat/completions"
 
     async def run() -> list[dict]:
         limits = httpx.Limits(max_connections=STREAMS + 4)
@@ -676,8 +711,8 @@ def test_budget_holds_across_kill_9_and_restart(
                 if len(finished) >= 3:
                     break
                 await asyncio.sleep(0.05)
-            slow_gw.server.process.kill()  # kill -9
-            slow_gw.server.process.wait()
+            crash_gw.server.process.kill()  # kill -9
+            crash_gw.server.process.wait()
             return await asyncio.gather(*tasks)
 
     results = asyncio.run(run())
@@ -700,10 +735,10 @@ def test_budget_holds_across_kill_9_and_restart(
     in_flight = sum(prompt + _granted(r) for r in cut)
 
     # The same key store and audit log, at full speed.
-    args = ["--keys-db", str(slow_gw.keys_db), "--audit-dir", str(slow_gw.audit_dir)]
+    args = ["--keys-db", str(crash_gw.keys_db), "--audit-dir", str(crash_gw.audit_dir)]
     restarted = LiveServer(llama_dir, args).start(tmp_path / "restarted.log")
     try:
-        spent = spend(slow_gw.keys_db, key)
+        spent = spend(crash_gw.keys_db, key)
         assert used + in_flight <= spent <= BUDGET
         left = BUDGET - spent
         response = httpx.post(
@@ -721,13 +756,13 @@ def test_budget_holds_across_kill_9_and_restart(
             assert response.json()["choices"][0]["finish_reason"] == "length"
             # Everything is spent now, but for the cached prompt tokens given back.
             expected = BUDGET - usage["prompt_tokens_details"]["cached_tokens"]
-            wait_until(lambda: spend(slow_gw.keys_db, key) == expected)
-            assert spend(slow_gw.keys_db, key) == expected
+            wait_until(lambda: spend(crash_gw.keys_db, key) == expected)
+            assert spend(crash_gw.keys_db, key) == expected
         else:
             assert response.status_code == 429, response.text
             assert response.headers["x-should-retry"] == "false"
             assert response.json()["error"]["code"] == "insufficient_quota"
-            assert spend(slow_gw.keys_db, key) == spent
+            assert spend(crash_gw.keys_db, key) == spent
         again = httpx.post(
             restarted.url + "/v1/chat/completions",
             json={"model": MODEL_NAME, "messages": CHAT, "max_tokens": 5},
@@ -739,7 +774,7 @@ def test_budget_holds_across_kill_9_and_restart(
         code = restarted.stop()
     assert code == 0
     # The audit chain survives the crash (a torn last line is set aside) and the restart.
-    cli("audit", "verify", str(slow_gw.audit_dir))
+    cli("audit", "verify", str(crash_gw.audit_dir))
 
 
 def _granted(stream: dict) -> int:
@@ -747,10 +782,11 @@ def _granted(stream: dict) -> int:
     return stream["max_tokens"] if clamped is None else int(clamped)
 
 
-# -- audit (last: it stops the fast server) -----------------------------------------------------
+# -- audit (a server of its own: the test stops it) ---------------------------------------------
 
 
-def test_audit_one_record_per_request_flushed_on_sigterm(gw: Served) -> None:
+def test_audit_one_record_per_request_flushed_on_sigterm(audit_gw: Served) -> None:
+    gw = audit_gw
     key = gw.secret("audit")
     sent: dict[str, tuple[int, str]] = {}  # request id -> (status, expected key_id)
 
@@ -758,14 +794,24 @@ def test_audit_one_record_per_request_flushed_on_sigterm(gw: Served) -> None:
         sent[response.headers["request-id"]] = (response.status_code, key_id)
 
     key_id = gw.keys["audit"]["key_id"]
-    note(gw.messages(key, max_tokens=3), key_id)
-    note(gw.chat(key, max_tokens=4, **IGNORE_EOS), key_id)
-    note(gw.chat(key), key_id)  # rpm 2: refused
     note(gw.messages("zh-wrong"), "anonymous")
     note(gw.chat(None), "anonymous")
+    note(gw.messages(key, max_tokens=3), key_id)
+    note(gw.chat(key, max_tokens=4, **IGNORE_EOS), key_id)
+    note(gw.chat(key), key_id)  # rpm 2: refused, the last request
     assert sorted(s for s, _ in sent.values()) == [200, 200, 401, 401, 429]
-    time.sleep(1.1)  # past the request metrics' max age: the next scrape is current
-    samples = scrape(gw.server)
+    # The request metrics are re-rendered at most once a second: wait for a scrape that has
+    # the last request in it, hence every one before.
+    refused = ("zerohop_requests_total", frozenset(
+        {("surface", "openai"), ("status", "429"), ("tenant", "audit")}
+    ))  # fmt: skip
+
+    def current() -> dict:
+        samples = scrape(gw.server)
+        return samples if samples.get(refused) else {}
+
+    samples = wait_until(current, timeout=30)
+    assert samples, scrape(gw.server)
     served = sum(v for (name, _), v in samples.items() if name == "zerohop_requests_total")
     assert gw.server.stop() == 0  # SIGTERM: everything queued is written and fsynced
 
