@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop import LLM, SamplingParams
+from zerohop import LLM, SamplingParams, sse
 from zerohop.api.errors import ApiError
 from zerohop.api.openai import OpenAIApi
 from zerohop.api.openai_stream import ChatStream
@@ -284,7 +284,9 @@ def test_http2_h2c(live_server: LiveServer, llm: LLM) -> None:
         with h2.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
             assert stream.http_version == "HTTP/2"
             assert stream.headers["content-type"].startswith("text/event-stream")
-            events = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
+            events = [
+                e.data.decode() for e in sse.events(stream.iter_bytes()) if e.data is not None
+            ]
     assert events[-1] == "[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == want.text
