@@ -32,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import MODEL_NAME, LiveServer
+from zerohop import sse
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.cli import main as zerohop_main
@@ -674,13 +675,13 @@ async def _crash_stream(client: httpx.AsyncClient, url: str, key: str, max_token
             if response.status_code != 200:
                 state["body"] = json.loads(await response.aread())
                 return state
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
+            async for event in sse.aevents(response.aiter_bytes()):
+                if event.data is None:
                     continue
-                if line == "data: [DONE]":
+                if event.data == b"[DONE]":
                     state["done"] = True
                     break
-                chunk = json.loads(line.removeprefix("data: "))
+                chunk = json.loads(event.data)
                 if chunk.get("usage"):
                     state["usage"] = chunk["usage"]
     except httpx.HTTPError as exc:
