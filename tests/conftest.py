@@ -9,6 +9,19 @@ import pytest
 
 TinyModelFactory = Callable[[str], Path]
 
+# The `slow` tests, which `pytest -m "not slow"` skips (`make test` and CI run them all): the
+# real default model (every test served by the `default_server` fixture), the five-replica
+# fleet (every test on the `fleet` fixture) and the engine soak of 1000 random requests.
+SLOW_FIXTURES = frozenset({"default_server", "fleet"})
+SLOW_TESTS = frozenset({"test_no_block_leaks_after_1000_random_requests"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & SLOW_FIXTURES or getattr(item, "originalname", item.name) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads() -> None:
