@@ -1,7 +1,10 @@
-"""Run `zerohop serve` as a real subprocess on free 127.0.0.1 ports, for API tests."""
+"""Run `zerohop serve` as a real subprocess for API tests, on ports the server binds itself
+(`--port 0 --grpc-port auto`) and reports in its `--port-file`: no port is picked here and
+then bound there, so two servers cannot race for one."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,6 +24,8 @@ MODEL_NAME = "tiny-llama"
 
 
 def free_port() -> int:
+    """A port nothing listens on now, for a client that must find it closed. A server should
+    bind port 0 itself and report what it got, not listen on this (another may take it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -32,10 +37,11 @@ class LiveServer:
     extra_args: list[str] = field(default_factory=list)
     served_model_name: str | None = MODEL_NAME
     extra_env: dict[str, str] = field(default_factory=dict)
-    port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
+    port: int = 0  # the ports the server bound, read from its --port-file by start()
+    grpc_port: int | None = None  # None: no gRPC server (extra_args has --grpc-port 0)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    port_file: Path | None = None
 
     @property
     def url(self) -> str:
@@ -50,9 +56,12 @@ class LiveServer:
             if self.served_model_name is None
             else ["--served-model-name", self.served_model_name]
         )
+        self.port_file = log_path.with_name(log_path.stem + ".ports.json")
+        self.port_file.unlink(missing_ok=True)
+        self.port, self.grpc_port = 0, None
         cmd = [
             sys.executable, "-m", "zerohop", "serve", *model, *name,
-            "--port", str(self.port), "--grpc-port", str(self.grpc_port),
+            "--port", "0", "--grpc-port", "auto", "--port-file", str(self.port_file),
             "--num-threads", "1", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256",
             *self.extra_args,
         ]  # fmt: skip
@@ -69,6 +78,12 @@ class LiveServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
+            if not self.port_file.exists():  # written once both servers listen
+                time.sleep(0.1)
+                continue
+            if not self.port:
+                ports = json.loads(self.port_file.read_text())
+                self.port, self.grpc_port = ports["http"], ports["grpc"]
             try:
                 ready = httpx.get(self.url + "/ready", timeout=1.0, verify=False)
                 if ready.status_code == 200:

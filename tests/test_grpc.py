@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import signal
 import time
@@ -46,11 +47,16 @@ def stub(channel) -> pb_grpc.ZerohopStub:
     return pb_grpc.ZerohopStub(channel)
 
 
+def _slow_server(llama_dir, folder: Path) -> LiveServer:
+    """A server whose engine sleeps after each step, so a request outlives its client."""
+    return LiveServer(llama_dir, ["--debug-step-delay", str(STEP_DELAY)]).start(
+        folder / "server.log"
+    )
+
+
 @pytest.fixture(scope="module")
 def slow_server(llama_dir, tmp_path_factory):
-    """A server whose engine sleeps after each step, so a request outlives its client."""
-    log = tmp_path_factory.mktemp("slow_server") / "server.log"
-    server = LiveServer(llama_dir, ["--debug-step-delay", str(STEP_DELAY)]).start(log)
+    server = _slow_server(llama_dir, tmp_path_factory.mktemp("slow_server"))
     yield server
     server.stop()
 
@@ -237,7 +243,7 @@ def _engine_stats(server) -> dict:
     return httpx.get(server.url + "/engine/stats", timeout=5).json()
 
 
-def _wait_engine_idle(server, timeout: float = 10.0) -> dict:
+def _wait_engine_idle(server, timeout: float = 30.0) -> dict:
     """The engine's counters once no request runs, or after `timeout` if one still does."""
     deadline = time.monotonic() + timeout
     while True:
@@ -276,22 +282,36 @@ def test_deadline_aborts_the_engine_request(slow_stub, slow_server) -> None:
     _assert_freed_and_serving(slow_server, slow_stub)
 
 
-def test_engine_death_is_unavailable(slow_stub, slow_server) -> None:
-    """Last on the slow server: kills its engine process."""
-    pid = slow_server.process.pid
+@pytest.fixture
+def doomed_server(llama_dir, tmp_path):
+    """A slow server of its own, for the test that kills its engine process."""
+    server = _slow_server(llama_dir, tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def doomed_stub(doomed_server):
+    with grpc.insecure_channel(f"127.0.0.1:{doomed_server.grpc_port}") as channel:
+        yield pb_grpc.ZerohopStub(channel)
+
+
+def test_engine_death_is_unavailable(doomed_stub, doomed_server) -> None:
+    """Kills the engine process, of a server of its own."""
+    pid = doomed_server.process.pid
     tasks = Path(f"/proc/{pid}/task").glob("*/children")
     (engine_pid,) = [int(child) for task in tasks for child in task.read_text().split()]
-    call = slow_stub.Generate(_request(prompt="doomed", **LONG), timeout=60)
+    call = doomed_stub.Generate(_request(prompt="doomed", **LONG), timeout=60)
     next(call)
     os.kill(engine_pid, signal.SIGKILL)
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError) as info:
-        _collect(slow_stub, _request(prompt="no engine", max_tokens=2))
+        _collect(doomed_stub, _request(prompt="no engine", max_tokens=2))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    with grpc.insecure_channel(f"127.0.0.1:{slow_server.grpc_port}") as slow_channel:
-        health = health_pb2_grpc.HealthStub(slow_channel)
+    with grpc.insecure_channel(f"127.0.0.1:{doomed_server.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
         reply = health.Check(health_pb2.HealthCheckRequest(service=""))
     assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -301,11 +321,19 @@ def test_a_second_server_cannot_take_the_port(live_server, llama_dir) -> None:
     ctx = ServingContext(AsyncEngine(), Tokenizer.from_dir(llama_dir), MODEL_NAME, 2048)
 
     async def start() -> None:
-        server = await start_grpc_server(ctx, "127.0.0.1", live_server.grpc_port)
+        server, _ = await start_grpc_server(ctx, "127.0.0.1", live_server.grpc_port)
         await server.stop(None)
 
     with pytest.raises(RuntimeError):
         asyncio.run(start())
+
+
+def test_the_grpc_port_bound_is_reported(live_server) -> None:
+    # --grpc-port auto (LiveServer's): the port gRPC bound, in --port-file and on stdout.
+    ports = json.loads(live_server.port_file.read_text())
+    assert ports == {"http": live_server.port, "grpc": live_server.grpc_port}
+    assert live_server.grpc_port not in (None, 0, live_server.port)
+    assert f", gRPC on 127.0.0.1:{live_server.grpc_port}\n" in live_server.log()
 
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:

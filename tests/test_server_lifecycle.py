@@ -15,13 +15,33 @@ from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import sse
 
 
+def _slow_server(llama_dir: Path, log: Path) -> LiveServer:
+    return LiveServer(llama_dir, ["--grpc-port", "0", "--debug-step-delay", "0.05"]).start(log)
+
+
 @pytest.fixture(scope="module")
 def slow_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("lifecycle") / "server.log"
-    server = LiveServer(llama_dir, ["--grpc-port", "0", "--debug-step-delay", "0.05"])
-    server.start(log)
+    server = _slow_server(llama_dir, tmp_path_factory.mktemp("lifecycle") / "server.log")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def draining_server(llama_dir: Path, tmp_path: Path):
+    """A server of its own, for the test that ends it with SIGTERM."""
+    server = _slow_server(llama_dir, tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+def test_the_ports_bound_are_reported(slow_server: LiveServer) -> None:
+    # --port 0 (LiveServer's): the port the server bound, in --port-file and on stdout;
+    # --grpc-port 0: no gRPC server, and null for it.
+    ports = json.loads(slow_server.port_file.read_text())
+    assert ports == {"http": slow_server.port, "grpc": None}
+    assert slow_server.port > 0
+    announced = f"on http://127.0.0.1:{slow_server.port} (HTTP/1.1 and HTTP/2)\n"
+    assert announced in slow_server.log(), slow_server.log()
 
 
 def _engine_pid(server: LiveServer) -> int:
@@ -77,8 +97,8 @@ def test_health_answers_while_the_engine_is_saturated(slow_server: LiveServer) -
     assert len(done) == 12
 
 
-def test_sigterm_drains_streams_then_exits_zero(slow_server: LiveServer) -> None:
-    url = slow_server.url + "/v1/messages"
+def test_sigterm_drains_streams_then_exits_zero(draining_server: LiveServer) -> None:
+    url = draining_server.url + "/v1/messages"
     events: list[str] = []
     started = threading.Event()
 
@@ -94,11 +114,11 @@ def test_sigterm_drains_streams_then_exits_zero(slow_server: LiveServer) -> None
     thread = threading.Thread(target=stream)
     thread.start()
     assert started.wait(30)
-    slow_server.process.send_signal(signal.SIGTERM)
+    draining_server.process.send_signal(signal.SIGTERM)
     thread.join(60)
-    assert slow_server.process.wait(60) == 0
+    assert draining_server.process.wait(60) == 0
     # Finished normally (sampling may reach end of turn before max_tokens), not cut off.
     assert events[-1] == "message_stop", events
     assert {"max_tokens", "end_turn"} & set(events), events
     with pytest.raises(httpx.ConnectError):
-        httpx.get(slow_server.url + "/health", timeout=2.0)
+        httpx.get(draining_server.url + "/health", timeout=2.0)

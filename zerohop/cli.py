@@ -1,4 +1,15 @@
-"""`zerohop` command line: `serve` (HTTP + gRPC), `generate` (offline)."""
+"""`zerohop` command line: serve, bench, probe, keys, audit and generate.
+
+- `serve`: serve a model over HTTP (the Anthropic and OpenAI APIs on one port: HTTP/1.1, h2c,
+  TLS+ALPN h2) and gRPC, with the gateway built in (API keys, limits, budgets, audit, metrics)
+  and the connection protection a reverse proxy used to give;
+- `bench`: benchmark a running server (`zerohop.bench.cli`);
+- `probe`: time one streamed request and find buffering on the way (`zerohop.bench.probe_cli`);
+- `keys`: manage API keys, tenants, their limits and budgets, and signed keys
+  (`zerohop.gateway.keys_cli`);
+- `audit`: check an audit log's hash chain (`zerohop.gateway.audit`);
+- `generate`: generate text offline from one prompt, with the engine in this process.
+"""
 
 from __future__ import annotations
 
@@ -105,6 +116,7 @@ def resolve_model(model: str | None) -> Path:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """`zerohop generate`: one prompt through the offline `LLM`, the text on stdout."""
     from zerohop import LLM, SamplingParams
 
     llm = LLM(resolve_model(args.model), **engine_options(args))
@@ -129,6 +141,7 @@ def default_engine_threads() -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """`zerohop serve`: the arguments as `ServeOptions`, served until SIGTERM/SIGINT."""
     import logging
 
     from zerohop.api.asgi import BodyDeadline
@@ -142,7 +155,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_path=resolve_model(args.model),
         host=args.host,
         port=args.port,
-        grpc_port=args.grpc_port or None,
+        grpc_port=args.grpc_port,
+        port_file=args.port_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         served_model_name=args.served_model_name,
@@ -190,14 +204,30 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser(
         "serve",
         help="serve a model over HTTP (Anthropic + OpenAI APIs) and gRPC",
-        description="Serve MODEL (a GGUF file or a Hugging Face folder), or the default model.",
+        description="Serve MODEL (a GGUF file, a Hugging Face folder or 'tiny'), or the default"
+        " model, over HTTP (Anthropic + OpenAI APIs) and gRPC, with the gateway (keys, limits,"
+        " budgets, audit, metrics) built in.",
     )
     srv.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     srv.add_argument(
-        "--port", type=int, default=8000, help="HTTP port: HTTP/1.1, h2c and TLS+ALPN h2"
+        "--port",
+        type=int,
+        default=8000,
+        help="HTTP port: HTTP/1.1, h2c and TLS+ALPN h2 (0: any free port, see --port-file)",
     )
-    srv.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: no gRPC server)")
+    srv.add_argument(
+        "--grpc-port",
+        type=_grpc_port,
+        default=50051,
+        help="gRPC port (0: no gRPC server; auto: any free port, see --port-file)",
+    )
+    srv.add_argument(
+        "--port-file",
+        type=Path,
+        help='once listening, write the ports bound to this file as JSON: {"http": PORT,'
+        ' "grpc": PORT} ("grpc": null without a gRPC server)',
+    )
     srv.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (h2 or http/1.1 by ALPN)")
     srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
     srv.add_argument(
@@ -216,6 +246,19 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     add_gateway_options(srv)
     add_engine_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def _grpc_port(text: str) -> int | None:
+    """ServeOptions.grpc_port: 'auto' -> 0 (any free port), '0' -> None (no gRPC server)."""
+    if text == "auto":
+        return 0
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a port number, 0 (no gRPC server) or auto") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError("a port number, 0 (no gRPC server) or auto")
+    return port or None
 
 
 def add_protection_options(parser: argparse.ArgumentParser) -> None:
@@ -320,7 +363,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerohop", description=__doc__)
+    parser = argparse.ArgumentParser(prog="zerohop", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)

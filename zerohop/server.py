@@ -1,14 +1,20 @@
 """`zerohop serve`: the engine process, the HTTP server (HTTP/1.1, h2c, TLS+ALPN h2 on one
-port) and the gRPC server, started in that order and drained in reverse on SIGTERM."""
+port) and the gRPC server, started in that order and drained in reverse on SIGTERM.
+
+Port 0 binds any free port; once both servers listen, the ports they bound are announced on
+stdout and, with `port_file`, written to that file as JSON (`{"http": PORT, "grpc": PORT}`,
+`"grpc": null` without a gRPC server)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
+import os
 import signal
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +44,9 @@ log = logging.getLogger("zerohop")
 class ServeOptions:
     model_path: Path  # a Hugging Face folder or a GGUF file
     host: str = "127.0.0.1"
-    port: int = 8000
-    grpc_port: int | None = 50051
+    port: int = 8000  # 0: any free port
+    grpc_port: int | None = 50051  # 0: any free port; None: no gRPC server
+    port_file: Path | None = None  # once listening: {"http": PORT, "grpc": PORT | null}
     tls_cert: str | None = None
     tls_key: str | None = None
     served_model_name: str | None = None
@@ -78,9 +85,21 @@ class DrainingServer(uvicorn.Server):
     (uvicorn's own handlers re-raise the signal after shutdown, which exits non-zero.)
     """
 
-    def __init__(self, config: uvicorn.Config, ctx: ServingContext) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        ctx: ServingContext,
+        on_listening: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.ctx = ctx
+        self.on_listening = on_listening  # called with the bound HTTP port once listening
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_listening is not None:
+            # As uvicorn reports it for port 0: the first listening socket's port.
+            self.on_listening(self.servers[0].sockets[0].getsockname()[1])
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -148,18 +167,23 @@ async def serve(options: ServeOptions) -> int:
     config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
     if gateway is not None and gateway.metrics is not None:
         gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
-    server = DrainingServer(config, ctx)
-    grpc_server = None
+    grpc_server = grpc_port = None
+
+    def listening(http_port: int) -> None:
+        _announce(options, ctx, http_port, grpc_port)
+        if options.port_file is not None:
+            write_port_file(options.port_file, http_port, grpc_port)
+
+    server = DrainingServer(config, ctx, on_listening=listening)
     try:
-        if options.grpc_port:
+        if options.grpc_port is not None:
             from zerohop.api.grpc_service import start_grpc_server
 
-            grpc_server = await start_grpc_server(
+            grpc_server, grpc_port = await start_grpc_server(
                 ctx, options.host, options.grpc_port, options.grpc_max_concurrent_streams
             )
         if gateway is not None:
             gateway.start_watching()
-        _announce(options, ctx)
         await server.serve()
     finally:
         ctx.draining = True
@@ -254,10 +278,19 @@ def _uvicorn_config(options: ServeOptions, ctx: ServingContext) -> uvicorn.Confi
     )
 
 
-def _announce(options: ServeOptions, ctx: ServingContext) -> None:
+def write_port_file(path: Path, http_port: int, grpc_port: int | None) -> None:
+    """The bound ports as JSON, replaced in one step: a reader never sees half a file."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"http": http_port, "grpc": grpc_port}) + "\n")
+    os.replace(partial, path)
+
+
+def _announce(
+    options: ServeOptions, ctx: ServingContext, http_port: int, grpc_port: int | None
+) -> None:
     scheme = "https" if options.tls_cert else "http"
-    base = f"{scheme}://{options.host}:{options.port}"
-    grpc = f", gRPC on {options.host}:{options.grpc_port}" if options.grpc_port else ""
+    base = f"{scheme}://{options.host}:{http_port}"
+    grpc = f", gRPC on {options.host}:{grpc_port}" if grpc_port is not None else ""
     print(f"zerohop: serving '{ctx.model_name}' on {base} (HTTP/1.1 and HTTP/2){grpc}", flush=True)
     gateway = ctx.gateway
     if gateway is not None and not gateway.auth.keys_configured:

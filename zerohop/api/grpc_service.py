@@ -267,8 +267,9 @@ _PROTECTION_OPTIONS = [
 
 async def start_grpc_server(
     ctx: ServingContext, host: str, port: int, max_concurrent_streams: int = 100
-) -> grpc.aio.Server:
-    """Start serving on host:port and return the started server (stop it with `.stop()`)."""
+) -> tuple[grpc.aio.Server, int]:
+    """Start serving on host:port (port 0: any free port) and return the started server (stop
+    it with `.stop()`) and the port it bound."""
     server = grpc.aio.server(
         options=[
             ("grpc.so_reuseport", 0),  # else a second server can silently share the port
@@ -286,8 +287,9 @@ async def start_grpc_server(
         [SERVICE_NAME, health_name, reflection.SERVICE_NAME], server
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if server.add_insecure_port(address) == 0:
+    bound = server.add_insecure_port(address)
+    if bound == 0:
         raise RuntimeError(f"gRPC: could not bind {address}")
     await server.start()
     health.follow()
-    return server
+    return server, bound
