@@ -1,6 +1,7 @@
 """Model loading, paged KV cache, scheduler, runner, sampler and tokenizers.
 
-Knows nothing of HTTP or API keys; the gateway talks to it through `policy`.
+Knows nothing of HTTP or API keys: each request arrives with its tenant, weight and priority,
+and the scheduler orders them through a `SchedulingPolicy` (policy.py).
 """
 
 # First, before any engine module loads torch: OpenMP's wait policy (see omp.py).
