@@ -12,10 +12,12 @@ from urllib.parse import urlparse
 
 import anthropic
 import httpx
+import msgspec
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams, sse
+from zerohop.api import anthropic_schema
 
 QUESTION = "Tell me a story about a lighthouse keeper."
 STREAM_EVENTS_ORDER = ["message_start", "content_block_start", "ping"]
@@ -257,7 +259,7 @@ BAD_REQUESTS = {
     "malformed json": (b'{"model": "tiny-llama", ', JSON, 400, "not valid JSON"),
     "not an object": (b"[1, 2]", JSON, 400, "request body is invalid"),
     "wrong type": (encoded(max_tokens="4"), JSON, 400, "max_tokens: Expected `int`"),
-    "missing max_tokens": (encoded(max_tokens=None), JSON, 400, "max_tokens: Expected"),
+    "null max_tokens": (encoded(max_tokens=None), JSON, 400, "max_tokens: Field required"),
     "missing messages": (
         b'{"model": "tiny-llama", "max_tokens": 4}', JSON, 400, "messages: Field required",
     ),
@@ -324,6 +326,59 @@ def test_bad_requests_leave_the_server_serving(live_server) -> None:
     count = httpx.post(url + "/count_tokens", json={"model": MODEL_NAME})
     check_error(count, 400, "invalid_request_error", "messages: Field required")
     assert httpx.post(url, json=body()).json()["usage"]["output_tokens"] == 4
+
+
+# -- explicit nulls: as if absent ----------------------------------------------------------
+
+# The smallest valid body of each Struct, to which each optional field is added as null.
+MINIMAL = {
+    anthropic_schema.MessagesRequest: body(),
+    anthropic_schema.CountTokensRequest: {"model": MODEL_NAME, "messages": user("hi")},
+    anthropic_schema.TextBlock: {"type": "text", "text": "hi"},
+    anthropic_schema.Metadata: {},
+}
+
+
+def optional_fields(kind: type) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(kind) if f.required is False]
+
+
+@pytest.mark.parametrize("kind", list(MINIMAL), ids=lambda kind: kind.__name__)
+def test_every_optional_field_takes_null_as_absent(kind: type) -> None:
+    decoder = msgspec.json.Decoder(kind)
+    absent = decoder.decode(json.dumps(MINIMAL[kind]))
+    for name in optional_fields(kind):
+        assert decoder.decode(json.dumps({**MINIMAL[kind], name: None})) == absent, name
+
+
+def test_nulls_are_the_defaults(live_server) -> None:
+    kind = anthropic_schema.MessagesRequest
+    nulls = {**MINIMAL[kind], **dict.fromkeys(optional_fields(kind))}
+    response = httpx.post(live_server.url + "/v1/messages", json=nulls, timeout=60)
+    assert response.status_code == 200, response.text  # stream: null is not a stream
+    got = response.json()
+    assert got["type"] == "message" and 1 <= got["usage"]["output_tokens"] <= 4
+    count = {"model": MODEL_NAME, "messages": user("hi"), "system": None, "cache_control": None}
+    counted = httpx.post(live_server.url + "/v1/messages/count_tokens", json=count)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
+def test_sdk_none_arguments_are_the_defaults(live_server) -> None:
+    # The SDK sends an argument given as None as an explicit null.
+    got = client(live_server).messages.create(
+        model=MODEL_NAME,
+        max_tokens=3,
+        messages=user("hi"),
+        stop_sequences=None,
+        metadata=None,
+        system=None,
+        cache_control=None,
+        service_tier=None,
+        speed=None,
+        inference_geo=None,
+        extra_body={"temperature": None, "top_p": None, "top_k": None},
+    )
+    assert 1 <= got.usage.output_tokens <= 3
 
 
 def test_sdk_raises_typed_errors(live_server) -> None:

@@ -13,12 +13,14 @@ import h2.config
 import h2.connection
 import h2.events
 import httpx
+import msgspec
 import openai
 import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams, sse
+from zerohop.api import openai_schema
 from zerohop.api.errors import ApiError
 from zerohop.api.openai import OpenAIApi
 from zerohop.api.openai_stream import ChatStream
@@ -208,6 +210,97 @@ def test_completions_default_max_tokens_is_16(live_server: LiveServer) -> None:
         model=MODEL_NAME, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True}
     )
     assert got.usage.completion_tokens == 16 and got.choices[0].finish_reason == "length"
+
+
+# -- explicit nulls: as if absent ----------------------------------------------------------
+
+# The smallest valid body of each Struct, to which each optional field is added as null.
+MINIMAL = {
+    openai_schema.ChatRequest: {"model": MODEL_NAME, "messages": CHAT},
+    openai_schema.CompletionRequest: {"model": MODEL_NAME, "prompt": PROMPT},
+    openai_schema.Message: {"role": "user"},
+    openai_schema.ContentPart: {"type": "text"},
+    openai_schema.StreamOptions: {},
+}
+
+
+def optional_fields(kind: type) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(kind) if f.required is False]
+
+
+def all_null(kind: type, **values: object) -> dict:
+    return {**MINIMAL[kind], **dict.fromkeys(optional_fields(kind)), **values}
+
+
+@pytest.mark.parametrize("kind", list(MINIMAL), ids=lambda kind: kind.__name__)
+def test_every_optional_field_takes_null_as_absent(kind: type) -> None:
+    absent = openai_schema.decode(orjson.dumps(MINIMAL[kind]), kind)
+    for name in optional_fields(kind):
+        body = orjson.dumps({**MINIMAL[kind], name: None})
+        assert openai_schema.decode(body, kind) == absent, name
+
+
+@pytest.mark.parametrize("name", ["model", "prompt"])
+def test_a_required_field_sent_as_null_is_missing(live_server: LiveServer, name: str) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, name: None}
+    response = httpx.post(live_server.url + "/v1/completions", json=body)
+    error = check_error(response, 400, name)
+    assert error["message"] == f"Missing required parameter: '{name}'."
+
+
+def test_completions_null_max_tokens_is_16(live_server: LiveServer) -> None:
+    # Every optional field null but ignore_eos: the defaults, so 16 tokens (was: to the end
+    # of the context).
+    body = all_null(openai_schema.CompletionRequest, ignore_eos=True)
+    response = httpx.post(live_server.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["usage"]["completion_tokens"] == 16
+    assert got["choices"][0]["finish_reason"] == "length"
+    assert got["object"] == "text_completion"  # stream: null is not a stream
+
+
+def test_chat_nulls_are_the_defaults(live_server: LiveServer) -> None:
+    body = all_null(openai_schema.ChatRequest, max_completion_tokens=3)
+    response = httpx.post(live_server.url + CHAT_PATH, json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["object"] == "chat.completion" and got["choices"][0]["logprobs"] is None
+    assert 1 <= got["usage"]["completion_tokens"] <= 3
+    # max_completion_tokens null too: max_tokens decides; both null: the rest of the context.
+    body = all_null(openai_schema.ChatRequest, max_tokens=2)
+    assert (
+        httpx.post(live_server.url + CHAT_PATH, json=body).json()["usage"]["completion_tokens"] <= 2
+    )
+
+
+def test_sdk_none_arguments_are_the_defaults(live_server: LiveServer) -> None:
+    # The SDK sends an argument given as None as an explicit null.
+    sdk = client(live_server)
+    nulls = {"temperature": None, "top_p": None, "stop": None, "seed": None, "user": None}
+    got = sdk.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=None,
+        logprobs=None,
+        echo=None,
+        stream_options=None,
+        extra_body={"ignore_eos": True},
+        **nulls,
+    )
+    assert got.usage.completion_tokens == 16
+    chat = sdk.chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,
+        max_tokens=None,
+        max_completion_tokens=2,
+        logprobs=None,
+        top_logprobs=None,
+        metadata=None,
+        stream_options=None,
+        **nulls,
+    )
+    assert 1 <= chat.usage.completion_tokens <= 2
 
 
 def test_completions_async_stream_with_usage(live_server: LiveServer, llm: LLM) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
@@ -147,6 +148,17 @@ def test_stop_token_and_logprobs(stub, offline) -> None:
         assert lp.top[0].token_id == token  # greedy: the chosen token is the most likely
         assert lp.logprob == lp.top[0].logprob <= 0
         assert len(lp.top) == 2
+
+
+def test_null_fields_are_unset(stub, offline) -> None:
+    # gRPC has no null on the wire; in its JSON form a null field is unset, and unset is the
+    # default here (temperature 1, no logprobs, ...), as on the HTTP surfaces.
+    nulls = dict.fromkeys(["temperature", "topP", "topK", "seed", "stop", "logprobs"])
+    body = {"model": MODEL_NAME, "prompt": "Hello", "maxTokens": 4, "ignoreEos": True, **nulls}
+    request = json_format.Parse(json.dumps(body), pb.GenerateRequest())
+    assert not any(request.HasField(name) for name in ("temperature", "top_p", "logprobs"))
+    token_ids, _, messages = _collect(stub, request)
+    assert len(token_ids) == 4 and not any(m.logprobs for m in messages)
 
 
 def test_count_tokens(stub, offline) -> None:

@@ -2,7 +2,8 @@
 
 Unknown top-level fields are rejected as the API does ("<field>: Extra inputs are not
 permitted"); fields the API knows but this server does not implement (tools, thinking, ...)
-are rejected with a message that says so, rather than silently ignored.
+are rejected with a message that says so, rather than silently ignored. An explicit `null` is
+the field's default, as if absent (`null_defaults`); on a required field it is refused as missing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from zerohop.api.errors import ApiError
+from zerohop.api.null_defaults import NullMeansDefault
 
 # Fields of the real API this server does not implement: a request using them is refused.
 UNSUPPORTED_FIELDS = frozenset(
@@ -32,7 +34,7 @@ UNSUPPORTED_FIELDS = frozenset(
 )
 
 
-class TextBlock(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+class TextBlock(NullMeansDefault, tag="text", tag_field="type", forbid_unknown_fields=True):
     text: str
     cache_control: Any = None  # accepted and ignored: prefix caching is automatic
     citations: Any = None
@@ -43,11 +45,11 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
     content: str | list[TextBlock]
 
 
-class Metadata(msgspec.Struct, forbid_unknown_fields=True):
+class Metadata(NullMeansDefault, forbid_unknown_fields=True):
     user_id: str | None = None
 
 
-class CountTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[Message]
     system: str | list[TextBlock] | None = None
@@ -61,14 +63,14 @@ class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=Tr
     top_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
     metadata: Metadata | None = None
-    stream: bool = False
+    stream: bool | None = False
     # Accepted and ignored: they choose among a provider's fleets, and this is one server.
     service_tier: Literal["auto", "standard_only"] | None = None
     speed: Literal["standard", "fast"] | None = None
     inference_geo: str | None = None
     # zerohop's failover extensions (zerohop.client sends them): each text event carries the
     # ids of its tokens, and a request can continue another replica's partial answer.
-    return_token_ids: bool = False
+    return_token_ids: bool | None = False
     continue_token_ids: list[int] | None = None
 
 
@@ -77,6 +79,7 @@ _COUNT_TOKENS = msgspec.json.Decoder(CountTokensRequest)
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"`(?P<name>[^`]+)`")
+_NULL = re.compile(r"^Expected `[^`]*`, got `null`$")  # a required field sent as null
 _INVALID_TAG = re.compile(r"^Invalid value '(?P<value>[^']*)'$")
 
 
@@ -112,6 +115,8 @@ def validation_message(raw: str) -> str:
         if not path and name in UNSUPPORTED_FIELDS:
             return f"{name}: not supported by this server"
         return f"{full}: Extra inputs are not permitted"
+    if _NULL.match(problem) and path and not match["path"].endswith("]"):
+        return f"{path}: Field required"
     if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type"):
         return (
             f"{path}: '{tag['value']}' content blocks are not supported by this server"

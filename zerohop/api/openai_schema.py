@@ -6,6 +6,7 @@ supplied"); vLLM ignores them, but a silently ignored misspelt `max_token` is wo
 Parameters the API defines but this server does not implement are accepted at their neutral
 value (penalties 0, no tools, `response_format` text, ...) and rejected with a clear 400
 otherwise; bookkeeping fields (`user`, `metadata`, `store`, ...) are accepted and ignored.
+An explicit `null` is the field's default, as if absent (`null_defaults`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from zerohop.api.errors import ApiError
+from zerohop.api.null_defaults import NullMeansDefault
 from zerohop.api.service import sampling_params as build_sampling_params
 from zerohop.engine.sampling_params import SamplingParams
 
@@ -25,18 +27,18 @@ T = TypeVar("T")
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(NullMeansDefault):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None  # nothing to obfuscate: accepted, ignored
     continuous_usage_stats: bool | None = None  # vLLM's; accepted, ignored
 
 
-class ContentPart(msgspec.Struct):
+class ContentPart(NullMeansDefault):
     type: str
     text: str | None = None
 
 
-class Message(msgspec.Struct):
+class Message(NullMeansDefault):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None  # accepted, not rendered (as in vLLM's default templates)
@@ -45,7 +47,7 @@ class Message(msgspec.Struct):
     refusal: str | None = None
 
 
-class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class _Common(NullMeansDefault, forbid_unknown_fields=True, kw_only=True):
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -60,9 +62,9 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: str | None = None
     # vLLM's sampling extras (the SDK sends them through `extra_body`).
     top_k: int | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool | None = True
     repetition_penalty: float | None = None
     min_p: float | None = None
     # Scheduling: "flex" (OpenAI) or a vLLM `priority` above 0 runs the request as batch work.
@@ -70,7 +72,7 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     priority: int | None = None
     # vLLM's `return_token_ids` (each chunk's choice carries its tokens' ids) and zerohop's
     # failover extension: continue another replica's partial answer from its token ids.
-    return_token_ids: bool = False
+    return_token_ids: bool | None = False
     continue_token_ids: list[int] | None = None
 
     @property
@@ -119,6 +121,7 @@ class CompletionRequest(_Common, kw_only=True):
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_NULL = re.compile(r"^Expected `[^`]*`, got `null`$")  # a required field sent as null
 
 
 def decode(body: bytes, kind: type[T]) -> T:
@@ -145,6 +148,8 @@ def _validation_error(text: str) -> ApiError:
     if m := _MISSING.match(message):
         name = f"{path}.{m.group(1)}" if path else m.group(1)
         return ApiError(400, f"Missing required parameter: '{name}'.", param=name)
+    if _NULL.match(message) and path and not path.endswith("]"):
+        return ApiError(400, f"Missing required parameter: '{path}'.", param=path)
     if not path:
         return ApiError(400, f"invalid request body: {message}")
     return ApiError(400, f"Invalid value for '{path}': {message}", param=path)
