@@ -16,7 +16,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tests.fixtures import drive_engine
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, hf_greedy, load_hf_model
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.errors import InvalidRequestError, ModelLoadError
+from zerohop.engine.fair_share import VTCPolicy
+from zerohop.engine.policy import FCFSPolicy
 
 NUM_BLOCKS = 128
 
@@ -305,6 +307,120 @@ def run_with_one_faulty_request(folder: Path, bad: SamplingParams, words: tuple[
     # The engine goes on serving.
     again = llm.generate([prompts["a"]], greedy(10))[0]
     assert again.token_ids == runs["a"].token_ids
+
+
+class FaultyPolicy(VTCPolicy):
+    """Fair share, but `hook` raises whenever it is about the tenant "evil"."""
+
+    def __init__(self, hook: str) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def _maybe_raise(self, hook: str, tenants: set[str]) -> None:
+        if hook == self.hook and "evil" in tenants:
+            raise RuntimeError(f"injected {hook} fault")
+
+    def add(self, seq) -> None:
+        self._maybe_raise("add", {seq.tenant})
+        super().add(seq)
+
+    def admitted(self, seq) -> None:
+        self._maybe_raise("admitted", {seq.tenant})
+        super().admitted(seq)
+
+    def requeue(self, seq) -> None:
+        self._maybe_raise("requeue", {seq.tenant})
+        super().requeue(seq)
+
+    def charge(self, usage) -> None:
+        self._maybe_raise("charge", {u.tenant for u in usage})
+        super().charge(usage)
+
+
+# `requeue` needs a preemption: 6 blocks of 16 tokens for three requests that grow to 4-5.
+HOOK_OPTIONS = {"num_kv_blocks": 6, "max_num_seqs": 4, "block_size": 16}
+
+
+@pytest.mark.parametrize("hook", ["add", "admitted", "charge", "requeue"])
+def test_a_policy_hook_failing_for_one_request_fails_only_that_request(
+    llama_dir: Path, hook: str
+) -> None:
+    rng = random.Random(15)
+    prompts = {name: random_prompt(rng, n) for name, n in (("a", 20), ("b", 33), ("evil", 30))}
+    options = HOOK_OPTIONS if hook == "requeue" else {"num_kv_blocks": 64, "max_num_seqs": 8}
+    params = greedy(40)
+    clean = LLM(str(llama_dir), **options)
+    expected = {name: clean.generate([p], params)[0].token_ids for name, p in prompts.items()}
+    llm = LLM(str(llama_dir), policy=FaultyPolicy(hook), **options)
+    arrivals = {
+        0: [("a", prompts["a"], params, {"tenant": "t1"})],
+        1: [("evil", prompts["evil"], params, {"tenant": "evil"})],
+        2: [("b", prompts["b"], params, {"tenant": "t2"})],
+    }
+    runs, _ = drive_engine(llm.engine, arrivals)
+    failed = runs["evil"]
+    assert failed.finished and failed.finish_reason == "error", failed
+    assert failed.error == "the scheduling policy failed on this request"
+    for name in ("a", "b"):
+        assert runs[name].finish_reason == "length" and runs[name].error is None
+        assert runs[name].token_ids == expected[name]
+    assert llm.engine.stats().blocks_in_use == 0
+    again = llm.generate([prompts["a"]], params)[0]  # the engine goes on serving
+    assert again.token_ids == expected["a"]
+
+
+class QueueFaultPolicy(FCFSPolicy):
+    """`peek` (a hook about the whole queue) raises while `broken`."""
+
+    broken = False
+
+    def peek(self):
+        if self.broken:
+            raise RuntimeError("injected peek fault")
+        return super().peek()
+
+
+def test_a_step_that_fails_as_a_whole_fails_its_requests_and_the_engine_goes_on(
+    llama_dir: Path,
+) -> None:
+    from zerohop.engine.engine import MAX_FAILED_STEPS, EngineBrokenError
+
+    policy = QueueFaultPolicy()
+    llm = LLM(str(llama_dir), policy=policy, num_kv_blocks=64, max_num_seqs=8)
+    engine = llm.engine
+    engine.add_request("running", PROMPT, greedy(50))
+    engine.step()
+    engine.add_request("waiting", PROMPT[:5], greedy(5))
+    policy.broken = True
+    deltas = {d.request_id: d for d in engine.step()}
+    assert set(deltas) == {"running", "waiting"}
+    assert all(d.finished and d.finish_reason == "error" for d in deltas.values())
+    assert not engine.has_unfinished() and engine.stats().blocks_in_use == 0
+    policy.broken = False
+    assert llm.generate([PROMPT], greedy(5))[0].finish_reason == "length"
+    # A step failing again and again is a broken engine: it says so (its process exits).
+    policy.broken = True
+    with pytest.raises(EngineBrokenError):
+        for i in range(MAX_FAILED_STEPS):
+            engine.add_request(f"doomed-{i}", PROMPT, greedy(5))
+            engine.step()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("weight", 0), ("weight", -1.0), ("weight", float("nan")), ("weight", float("inf")),
+     ("weight", "2"), ("priority", -1), ("priority", 0.5), ("tenant", None)],
+)  # fmt: skip
+def test_bad_scheduling_options_are_refused_at_add_time(llm: LLM, option: str, value) -> None:
+    with pytest.raises(InvalidRequestError, match=option):
+        llm.engine.add_request("bad", PROMPT, greedy(5), **{option: value})
+    assert not llm.engine.has_unfinished()
+    assert llm.generate([PROMPT], greedy(5))[0].finish_reason == "length"
+
+
+def test_a_continuation_must_end_the_prompt(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="continues"):
+        llm.engine.add_request("bad", PROMPT, greedy(5), continues=[PROMPT[0], 99])
 
 
 # --- model folders we cannot load -----------------------------------------------------

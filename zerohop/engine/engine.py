@@ -1,4 +1,12 @@
-"""The step loop: schedule, run the model, sample, detokenize, report per-request deltas."""
+"""The step loop: schedule, run the model, sample, detokenize, report per-request deltas.
+
+One request never ends the loop: a bad value is refused when it is added, and a failure
+attributable to one request (a policy hook about it, its sampling row, its detokenizing)
+fails that request with an error delta. A failure of the batch as a whole (the forward pass,
+a policy hook about the whole queue) fails the requests of that step, whose blocks are freed,
+and the loop goes on; only `MAX_FAILED_STEPS` such steps in a row raise (the engine process
+then exits, and the API process starts a new one).
+"""
 
 from __future__ import annotations
 
@@ -19,16 +27,24 @@ from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
 from zerohop.engine.quant import needs_kernels
+from zerohop.engine.request_options import check_request_options
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
-from zerohop.engine.scheduler import ScheduledChunk, Scheduler
+from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
 from zerohop.engine.throughput import ThroughputMeter
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_GIB = 1.0
+MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
+REQUEST_FAILED = "the engine failed while processing this request"
+STEP_FAILED = "the engine failed while scheduling the batch this request was in"
+
+
+class EngineBrokenError(RuntimeError):
+    """Every step fails: no request can be served by this engine any more."""
 
 
 class LLMEngine:
@@ -86,6 +102,8 @@ class LLMEngine:
         )
         self.requests: dict[str, Sequence] = {}
         self._pending_aborts: list[str] = []
+        self._failed_adds: list[RequestDelta] = []  # reported by the next step
+        self._failed_steps = 0  # in a row
         self.warmup()
 
     # -- set-up ------------------------------------------------------------------------
@@ -138,6 +156,7 @@ class LLMEngine:
         (a client's failover); they are not sent again, and the text resumes after them."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        check_request_options(tenant, weight, priority, cache_salt)
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -154,10 +173,15 @@ class LLMEngine:
             self.tokenizer, params.stop or [], params.skip_special_tokens
         )
         if continues:
-            assert prompt_token_ids[len(prompt_token_ids) - len(continues) :] == continues
+            if list(prompt_token_ids[len(prompt_token_ids) - len(continues) :]) != continues:
+                raise InvalidRequestError("the prompt must end with the tokens it continues")
             seq.detokenizer.replay(continues)
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        try:
+            self.scheduler.add(seq)
+        except Exception:  # the policy failed on it: this request fails at the next step
+            log.exception("scheduling policy failed to add request %s", request_id)
+            self._failed_adds.append(self._fail(seq, POLICY_FAILED))
 
     def _resolve_max_tokens(self, prompt: list[int], params: SamplingParams) -> int:
         n = len(prompt)
@@ -180,7 +204,7 @@ class LLMEngine:
         self._pending_aborts.append(request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self._failed_adds)
 
     def stats(self) -> EngineStats:
         pool = self.pool
@@ -200,8 +224,14 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        deltas = self._apply_aborts()
-        plan = self.scheduler.schedule()
+        deltas = self._apply_aborts() + self._failed_adds
+        self._failed_adds = []
+        try:
+            plan = self.scheduler.schedule()
+        except Exception:  # not one request's fault: the scheduler's every request fails
+            log.exception("scheduling failed")
+            return deltas + self._step_failed(list(self.requests.values()), STEP_FAILED)
+        deltas += [self._fail(seq, seq.error or POLICY_FAILED) for seq in plan.failed]
         if not plan.chunks:
             return deltas
         chunks = ModelRunner.order_chunks(plan.chunks)
@@ -211,14 +241,58 @@ class LLMEngine:
             logits = self.runner.execute(chunks)
         except Exception as exc:  # e.g. out of memory: fail this step's requests, go on
             log.exception("forward pass failed")
-            return deltas + [self._fail(c.seq, f"forward pass failed: {exc}") for c in chunks]
-        step_deltas = {c.seq.request_id: self._advance(c) for c in chunks}
+            failing = [c.seq for c in chunks]
+            return deltas + self._step_failed(failing, f"forward pass failed: {exc}")
+        self._failed_steps = 0
+        step_deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks}
         result = self._sample(logits, completing)
         for row, seq in enumerate(completing):
-            self._append_token(seq, row, result, step_deltas[seq.request_id])
-        self.scheduler.policy.charge([self._usage(c, step_deltas) for c in chunks])
+            if not seq.is_finished:  # it may have failed in `_advance`
+                self._append_or_fail(seq, row, result, step_deltas[seq.request_id])
+        self._charge(chunks, step_deltas)
         self.throughput.record(plan.num_tokens, time.perf_counter() - started)
         return deltas + list(step_deltas.values())
+
+    def _step_failed(self, seqs: list[Sequence], message: str) -> list[RequestDelta]:
+        """Fail a whole step's requests (their blocks are freed); raise when steps keep
+        failing, so the engine process exits and a fresh one is started."""
+        self._failed_steps += 1
+        failed = [self._fail(seq, message) for seq in seqs]
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            raise EngineBrokenError(f"{self._failed_steps} engine steps in a row failed")
+        return failed
+
+    def _advance_or_fail(self, chunk: ScheduledChunk) -> RequestDelta:
+        try:
+            return self._advance(chunk)
+        except Exception:
+            log.exception("request %s failed after the forward pass", chunk.seq.request_id)
+            return self._fail(chunk.seq, REQUEST_FAILED)
+
+    def _append_or_fail(
+        self, seq: Sequence, row: int, result: SampleResult, delta: RequestDelta
+    ) -> None:
+        try:
+            self._append_token(seq, row, result, delta)
+        except Exception:  # e.g. detokenizing its token
+            log.exception("request %s failed after sampling", seq.request_id)
+            self._fail_into(seq, delta, REQUEST_FAILED)
+
+    def _charge(self, chunks: list[ScheduledChunk], deltas: dict[str, RequestDelta]) -> None:
+        """Report the step's tokens to the policy; if that fails, request by request, and a
+        request the policy cannot charge fails (those charged before may count twice)."""
+        policy = self.scheduler.policy
+        try:
+            return policy.charge([self._usage(c, deltas) for c in chunks])
+        except Exception:
+            log.exception("the policy's charge failed; charging request by request")
+        for c in chunks:
+            try:
+                policy.charge([self._usage(c, deltas)])
+            except Exception:
+                log.exception("the policy failed to charge request %s", c.seq.request_id)
+                if not c.seq.is_finished:
+                    self._fail_into(c.seq, deltas[c.seq.request_id], POLICY_FAILED)
 
     def _apply_aborts(self) -> list[RequestDelta]:
         deltas = []
@@ -267,9 +341,7 @@ class LLMEngine:
         self, seq: Sequence, row: int, result: SampleResult, delta: RequestDelta
     ) -> None:
         if result.errors[row] is not None:
-            failed = self._fail(seq, result.errors[row])
-            delta.finished, delta.finish_reason, delta.error = True, "error", failed.error
-            return
+            return self._fail_into(seq, delta, result.errors[row])
         token = result.token_ids[row]
         seq.token_ids.append(token)
         delta.new_token_ids.append(token)
@@ -305,6 +377,11 @@ class LLMEngine:
             self.scheduler.finish(seq, "error")
         seq.error = message
         return self._final_delta(seq)
+
+    def _fail_into(self, seq: Sequence, delta: RequestDelta, message: str) -> None:
+        """Fail `seq` and make `delta` (its delta of this step) its last."""
+        failed = self._fail(seq, message)
+        delta.finished, delta.finish_reason, delta.error = True, "error", failed.error
 
     def _final_delta(self, seq: Sequence) -> RequestDelta:
         return RequestDelta(

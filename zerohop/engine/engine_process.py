@@ -5,6 +5,10 @@ Messages in: ["add", request_id, prompt_ids, params, options], ["abort", request
 ["deltas", [delta, ...], stats] once per step (the engine's counters after it, so the API
 process answers /metrics without waiting for a step), ["rejected", request_id, message],
 ["reply", call_id, value], ["fatal", message].
+
+A request that cannot be added is answered alone: "rejected" when its values are invalid
+(the API answers 400), or an error delta when adding it failed otherwise (500); the step
+loop goes on. Only a broken engine (see `engine.MAX_FAILED_STEPS`) ends it with "fatal".
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import traceback
 from typing import Any
 
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.engine import LLMEngine
+from zerohop.engine.engine import REQUEST_FAILED, LLMEngine
 from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.wire import FrameSocket, delta_to_wire, params_from_wire
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,11 @@ def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:
             engine.add_request(request_id, prompt, params_from_wire(params), **options)
         except (InvalidRequestError, ValueError, TypeError) as exc:
             channel.send(["rejected", request_id, str(exc)])
+        except Exception:
+            log.exception("engine process: adding request %s failed", request_id)
+            failed = RequestDelta(request_id, finished=True, finish_reason="error")
+            failed.error = REQUEST_FAILED
+            channel.send(["deltas", [delta_to_wire(failed)]])
     elif kind == "abort":
         engine.abort(message[1])
     elif kind == "call":

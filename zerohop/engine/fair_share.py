@@ -31,6 +31,7 @@ from collections import Counter, deque
 from collections.abc import Sequence as Seq
 
 from zerohop.engine.policy import SchedulingPolicy, TokenUsage
+from zerohop.engine.request_options import check_weight
 from zerohop.engine.sequence import Sequence
 
 INTERACTIVE, BATCH = 0, 1
@@ -115,7 +116,7 @@ class VTCPolicy(SchedulingPolicy):
         self.counters[tenant] += service / self.weights[tenant]
 
     def _enqueue(self, seq: Sequence, front: bool) -> None:
-        assert seq.weight > 0, "a tenant's weight must be positive"
+        check_weight(seq.weight)  # the engine checks at add time; a direct caller may not
         tenant = seq.tenant
         self.weights[tenant] = seq.weight
         if not self._is_waiting(tenant):

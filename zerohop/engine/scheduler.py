@@ -4,15 +4,34 @@ Each step: running requests first (one decode token each, or the next chunk of a
 then waiting requests in the policy's order while the token budget, the sequence cap and
 the KV pool allow. When the pool runs dry, the policy's victim is preempted by recompute:
 its blocks are freed and it waits again with every token it has, prompt and output.
+
+A policy hook that fails for one request (`remove`, `admitted` or `requeue` of that request)
+fails that request only: it is taken out of the batch, its blocks freed, and reported in
+`SchedulerOutput.failed`; what was planned before stays planned. Any other failure is
+raised to the engine, which fails the step's requests (see `LLMEngine.step`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy
 from zerohop.engine.sequence import Sequence, Status
+
+log = logging.getLogger(__name__)
+POLICY_FAILED = "the scheduling policy failed on this request"
+
+
+class RequestFault(Exception):
+    """A policy hook raised for one request; `in_policy`: it may still be in its queue."""
+
+    def __init__(self, seq: Sequence, in_policy: bool) -> None:
+        super().__init__(seq.request_id)
+        self.seq, self.in_policy = seq, in_policy
 
 
 @dataclass(slots=True)
@@ -30,6 +49,7 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    failed: list[Sequence] = field(default_factory=list)  # finished with an error
 
     @property
     def num_tokens(self) -> int:
@@ -59,11 +79,38 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        try:
+            self._plan(out)
+        except RequestFault as fault:  # that request fails; the rest waits for the next step
+            log.exception("scheduling policy failed on request %s", fault.seq.request_id)
+            self._drop(fault, out)
+        return out
+
+    def _plan(self, out: SchedulerOutput) -> None:
         displaced = self._displace_for_waiting(out)
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if len(out.preempted) == displaced:  # no request was preempted for KV blocks
             self._schedule_waiting(out, budget)
-        return out
+
+    def _hook(self, seq: Sequence, in_policy: bool, hook: Callable[[Sequence], None]) -> None:
+        """Call a policy hook about `seq`; its failure is that request's alone."""
+        try:
+            hook(seq)
+        except Exception as exc:
+            raise RequestFault(seq, in_policy) from exc
+
+    def _drop(self, fault: RequestFault, out: SchedulerOutput) -> None:
+        seq = fault.seq
+        out.chunks = [c for c in out.chunks if c.seq is not seq]
+        if seq in self.running:
+            self.running.remove(seq)
+        if fault.in_policy:
+            with contextlib.suppress(Exception):  # the policy failed on it already
+                self.policy.remove(seq)
+        self.pool.release(seq)
+        seq.finish("error")
+        seq.error = POLICY_FAILED
+        out.failed.append(seq)
 
     def _displace_for_waiting(self, out: SchedulerOutput) -> int:
         """With every slot taken, the policy may preempt one running request (per step) so
@@ -105,12 +152,15 @@ class Scheduler:
             seq = self.policy.peek()
             if seq is None:
                 return
+            if seq.status is not Status.WAITING:  # its removal failed when it ended
+                self.policy.remove(seq)  # once more; raising now fails the step
+                continue
             hits = self.pool.match_prefix(seq)
             num_new = min(seq.num_tokens - len(hits) * self.pool.block_size, budget)
             if not self.pool.can_admit(seq, hits, num_new):
                 return
-            self.policy.remove(seq)
-            self.policy.admitted(seq)
+            self._hook(seq, True, self.policy.remove)
+            self._hook(seq, False, self.policy.admitted)
             self.pool.admit(seq, hits, seq.num_tokens)
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -127,14 +177,17 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = Status.WAITING
-        self.policy.requeue(seq)
         out.preempted.append(seq)
+        self._hook(seq, True, self.policy.requeue)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """End a sequence (finished, aborted or failed) and return its blocks."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq.status is Status.WAITING:
-            self.policy.remove(seq)
+            try:
+                self.policy.remove(seq)
+            except Exception:  # it ends anyway; `_schedule_waiting` retries if offered it
+                log.exception("scheduling policy failed to remove request %s", seq.request_id)
         self.pool.release(seq)
         seq.finish(reason, stop_reason)
