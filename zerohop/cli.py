@@ -188,6 +188,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             audit_max_bytes=args.audit_max_bytes,
             metrics=not args.no_metrics,
             metrics_key=args.metrics_key or os.environ.get("ZEROHOP_METRICS_KEY"),
+            durability=args.durability,
+            ledger_failure=args.ledger_failure,
         ),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -359,6 +361,21 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--metrics-key", help="bearer token GET /metrics requires (env ZEROHOP_METRICS_KEY)"
+    )
+    g.add_argument(
+        "--durability",
+        choices=("normal", "full"),
+        default="full",
+        help="the budget ledger: full (default) fsyncs every group commit and survives power"
+        " loss; normal survives a killed process, but an OS crash or power loss can lose the"
+        " last reservations",
+    )
+    g.add_argument(
+        "--ledger-failure",
+        choices=("open", "closed"),
+        default="open",
+        help="requests without a token budget while the budget ledger cannot be written: open"
+        " (default) serves them, closed refuses them too (budgeted ones are always refused)",
     )
 
 

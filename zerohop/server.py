@@ -77,6 +77,8 @@ class GatewayOptions:
     audit_max_bytes: int = 64 * 2**20
     metrics: bool = True
     metrics_key: str | None = None
+    durability: str = "full"  # the budget ledger: "normal" or "full" (see ledger_writer)
+    ledger_failure: str = "open"  # unbudgeted requests while the ledger fails: open/closed
 
 
 class DrainingServer(uvicorn.Server):
@@ -94,6 +96,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.ctx = ctx
         self.on_listening = on_listening  # called with the bound HTTP port once listening
+        self.on_drain: list[Callable[[bool], None]] = []  # each signal: hook(second signal?)
 
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
@@ -113,10 +116,13 @@ class DrainingServer(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
     def begin_drain(self) -> None:
-        if self.ctx.draining:
+        again = self.ctx.draining
+        if again:
             self.force_exit = True  # a second signal: stop waiting
         self.ctx.draining = True
         self.should_exit = True
+        for hook in self.on_drain:
+            hook(again)
 
 
 async def serve(options: ServeOptions) -> int:
@@ -177,18 +183,20 @@ async def serve(options: ServeOptions) -> int:
     server = DrainingServer(config, ctx, on_listening=listening)
     try:
         if options.grpc_port is not None:
-            from zerohop.api.grpc_service import start_grpc_server
+            from zerohop.api.grpc_service import GrpcDrain, start_grpc_server
 
-            grpc_server, grpc_port = await start_grpc_server(
+            started, grpc_port = await start_grpc_server(
                 ctx, options.host, options.grpc_port, options.grpc_max_concurrent_streams
             )
+            grpc_server = GrpcDrain(started, options.drain_seconds)
+            server.on_drain.append(grpc_server.begin)  # beside HTTP's drain, as long
         if gateway is not None:
             gateway.start_watching()
         await server.serve()
     finally:
         ctx.draining = True
         if grpc_server is not None:
-            await grpc_server.stop(grace=min(options.drain_seconds, 5.0))
+            await grpc_server.finish()
         await engine.shutdown()
         if gateway is not None:
             await gateway.close()  # after the streams: their audit records are flushed too
@@ -216,7 +224,14 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
             include_content=g.audit_content,
         )
     metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
-    gateway = Gateway.from_store(keys_db, verifier, audit=audit, metrics=metrics)
+    gateway = Gateway.from_store(
+        keys_db,
+        verifier,
+        g.durability,
+        audit=audit,
+        metrics=metrics,
+        ledger_failure=g.ledger_failure,
+    )
     gateway.start()
     return gateway
 

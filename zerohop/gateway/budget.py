@@ -1,23 +1,24 @@
-"""Token budgets that are never exceeded, not even across a crash.
+"""Token budgets that are never exceeded and never under-counted, not even across a crash.
 
 A budget is a number of tokens (uncached input + output) per UTC day, per UTC month, or in
 total, for a key and for its tenant. Admission reserves prompt + max_tokens (max_tokens
 clamped to what remains) against every budget that applies, in memory at once, and durably
-before the request reaches the engine: reservations of concurrent admissions are written
-in one SQLite transaction by a writer thread (group commit), and each request awaits its
-own commit without blocking the event loop. The ledger row already counts the whole
-reservation; when the request ends the unused part is given back. So a crash (kill -9)
-between the two leaves the reservation counted in full: spend can be over-counted by a
-crash, never under-counted.
+before the request reaches the engine (`confirm`): the writer thread of
+`zerohop.gateway.ledger_writer` group-commits the reservations of concurrent admissions, and
+each request awaits its own commit without blocking the event loop. The ledger row already
+counts the whole reservation; when the request ends the unused part is given back, once per
+request id. So a crash between the two leaves the reservation counted in full: spend can be
+over-counted by a crash, never under-counted. A reservation that could not be written
+(a disk error) is taken back and its request refused: nothing is refunded for it.
+
+What a crash cannot lose depends on `durability`: `normal` survives a killed process (kill
+-9, the OOM killer); `full` also survives an OS crash or power loss, at one fsync per group
+commit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import queue
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,11 +26,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from zerohop.gateway.identity import Budget, Identity
-from zerohop.gateway.store import connect
+from zerohop.gateway.ledger_writer import (
+    Charge,
+    Durability,
+    LedgerUnavailable,
+    LedgerWriter,
+    ReserveOp,
+    SettleOp,
+)
 
-log = logging.getLogger(__name__)
-
-Charge = tuple[str, str, int]  # (subject, period, tokens)
+__all__ = ["BudgetExhausted", "BudgetLedger", "Charge", "LedgerUnavailable", "Reservation"]
 
 
 class BudgetExhausted(Exception):
@@ -53,48 +59,39 @@ class Reservation:
     clamped: bool
     durable: asyncio.Future | None = None
     used: int = 0  # tokens spent so far (uncached input + output), settled per step
-    settled: bool = False
+    settled: bool = False  # given back (or taken back): nothing more to do
 
     @property
     def reserved(self) -> int:
         return self.charges[0][2] if self.charges else 0
 
 
-@dataclass(slots=True)
-class _Op:
-    kind: str  # "reserve" | "settle"
-    request_id: str
-    charges: list[Charge]
-    done: asyncio.Future | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-
-
 class BudgetLedger:
     """In-memory spend per (subject, period), kept durable by a group-committing writer."""
 
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: Path, durability: Durability = "full") -> None:
         self.db_path = db_path
         self.spent: dict[tuple[str, str], int] = defaultdict(int)
-        self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self.commits = 0  # transactions written (group commit: fewer than requests)
+        self.writer = LedgerWriter(db_path, durability)
+
+    @property
+    def durability(self) -> Durability:
+        return self.writer.durability
+
+    @property
+    def failing(self) -> bool:
+        """The last write failed: budgeted requests are being refused."""
+        return self.writer.failing
+
+    @property
+    def commits(self) -> int:
+        return self.writer.commits
 
     def start(self) -> None:
-        conn = connect(self.db_path)
-        # Reservations left by a crash stay counted in full: forget them, keep the spend.
-        conn.execute("DELETE FROM reservations")
-        for subject, period, tokens in conn.execute("SELECT subject, period, tokens FROM spend"):
-            self.spent[(subject, period)] = tokens
-        self._thread = threading.Thread(
-            target=self._write_loop, args=(conn,), name="zerohop-ledger", daemon=True
-        )
-        self._thread.start()
+        self.spent.update(self.writer.start())
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._ops.put(None)
-            self._thread.join()
-            self._thread = None
+        self.writer.close()
 
     # -- the request path (event loop) ----------------------------------------------------
 
@@ -102,7 +99,7 @@ class BudgetLedger:
         self, identity: Identity, request_id: str, prompt: int, max_tokens: int
     ) -> Reservation | None:
         """Reserve prompt + max_tokens (clamped) on every budget of the key and its tenant;
-        None when neither has a budget."""
+        None when neither has a budget. `confirm` it before the request reaches the engine."""
         budgets = _budgets_of(identity)
         if not budgets:
             return None
@@ -121,77 +118,37 @@ class BudgetLedger:
             self.spent[key] += reserved
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._ops.put(_Op("reserve", request_id, charges, done, loop))
+        self.writer.submit(ReserveOp(request_id, charges, done, loop))
         return Reservation(request_id, charges, granted, granted < max_tokens, done)
 
+    async def confirm(self, reservation: Reservation) -> None:
+        """Wait until the reservation is durable. When it cannot be written, it is taken back
+        (nothing to refund later) and `LedgerUnavailable` is raised: refuse the request."""
+        assert reservation.durable is not None, "confirm a reservation made by reserve()"
+        try:
+            await reservation.durable
+        except LedgerUnavailable:
+            self._take_back(reservation)
+            raise
+
     def settle(self, reservation: Reservation) -> None:
-        """Give back what the request did not use; durable soon after, awaited by nobody."""
+        """Give back what the request did not use, once; durable soon after, awaited by
+        nobody (the writer refunds a request id only if its reservation is durable)."""
         if reservation.settled:
             return
         reservation.settled = True
         unused = max(0, reservation.reserved - reservation.used)
-        refunds = [(s, p, -unused) for s, p, _ in reservation.charges]
-        for subject, period, delta in refunds:
-            self.spent[(subject, period)] += delta
-        self._ops.put(_Op("settle", reservation.request_id, refunds))
+        for subject, period, _ in reservation.charges:
+            self.spent[(subject, period)] -= unused
+        used = reservation.reserved - unused
+        self.writer.submit(SettleOp(reservation.request_id, reservation.charges, used))
 
-    # -- the writer thread ------------------------------------------------------------------
-
-    def _write_loop(self, conn) -> None:
-        while True:
-            op = self._ops.get()
-            batch = [op]
-            while not self._ops.empty():
-                batch.append(self._ops.get_nowait())
-            stop = None in batch
-            ops = [o for o in batch if o is not None]
-            if ops:
-                self._commit(conn, ops)
-            if stop:
-                conn.close()
-                return
-
-    def _commit(self, conn, ops: list[_Op]) -> None:
-        error: Exception | None = None
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for op in ops:
-                self._apply(conn, op)
-            conn.execute("COMMIT")
-            self.commits += 1
-        except Exception as exc:  # a disk error fails these admissions, not the server
-            log.exception("budget ledger write failed")
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            error = exc
-        for op in ops:
-            if op.done is not None and op.loop is not None:
-                op.loop.call_soon_threadsafe(_resolve, op.done, error)
-
-    @staticmethod
-    def _apply(conn, op: _Op) -> None:
-        for subject, period, tokens in op.charges:
-            conn.execute(
-                "INSERT INTO spend (subject, period, tokens) VALUES (?, ?, ?)"
-                " ON CONFLICT(subject, period) DO UPDATE SET tokens = tokens + excluded.tokens",
-                (subject, period, tokens),
-            )
-        if op.kind == "reserve":
-            conn.execute(
-                "INSERT OR REPLACE INTO reservations VALUES (?, ?, ?)",
-                (op.request_id, json.dumps(op.charges), time.time()),
-            )
-        else:
-            conn.execute("DELETE FROM reservations WHERE request_id = ?", (op.request_id,))
-
-
-def _resolve(future: asyncio.Future, error: Exception | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    def _take_back(self, reservation: Reservation) -> None:
+        if reservation.settled:
+            return
+        reservation.settled = True
+        for subject, period, tokens in reservation.charges:
+            self.spent[(subject, period)] -= tokens
 
 
 def _budgets_of(identity: Identity) -> list[tuple[str, Budget]]:

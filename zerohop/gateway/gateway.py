@@ -20,9 +20,15 @@ from zerohop.gateway.auth import (
     PermissionDenied,
     check_model,
 )
-from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, Reservation
+from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, LedgerUnavailable, Reservation
 from zerohop.gateway.identity import ANONYMOUS, Identity
+from zerohop.gateway.ledger_writer import Durability
 from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
+
+# What requests without a token budget do while the ledger cannot be written: "open" serves
+# them (the ledger records nothing for them), "closed" refuses them too.
+LEDGER_FAILURE_POLICIES = ("open", "closed")
+LEDGER_RETRY_AFTER = 1.0  # seconds: the ledger's writer tries the disk again every second
 
 
 class GatewayStartError(Exception):
@@ -89,17 +95,26 @@ class Gateway:
         ledger: BudgetLedger | None,
         audit: Any | None = None,
         metrics: Any | None = None,
+        ledger_failure: str = "open",
     ) -> None:
+        assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
         self.auth = authenticator
         self.limiter = RateLimiter()
         self.ledger = ledger
+        self.ledger_failure = ledger_failure
         self.audit = audit
         self.metrics = metrics
 
     @classmethod
-    def from_store(cls, store_path: Path, verifier: Any | None = None, **parts: Any) -> Gateway:
+    def from_store(
+        cls,
+        store_path: Path,
+        verifier: Any | None = None,
+        durability: Durability = "full",
+        **parts: Any,
+    ) -> Gateway:
         authenticator = Authenticator(store_path, verifier)
-        return cls(authenticator, BudgetLedger(store_path), **parts)
+        return cls(authenticator, BudgetLedger(store_path, durability), **parts)
 
     def start(self) -> None:
         self.auth.load()
@@ -158,10 +173,38 @@ class Gateway:
         call.prompt_tokens = prompt_tokens  # counted from here: this prompt reaches the engine
         if call.reservation is not None:
             granted = call.reservation.max_tokens
-            await call.reservation.durable  # durable before the engine sees the request
+            await self._confirm(call, prompt_tokens)  # durable before the engine sees it
+        elif self._refuses_unbudgeted():
+            raise self._ledger_refusal(call, prompt_tokens)
         call.decision = "clamped" if granted < max_tokens else "admitted"
         call.admitted_at = time.monotonic()
         return granted
+
+    async def _confirm(self, call: Call, prompt_tokens: int) -> None:
+        assert self.ledger is not None and call.reservation is not None
+        try:
+            await self.ledger.confirm(call.reservation)
+        except LedgerUnavailable as exc:
+            call.reservation = None  # taken back: nothing to settle
+            raise self._ledger_refusal(call, prompt_tokens) from exc
+
+    def _refuses_unbudgeted(self) -> bool:
+        ledger = self.ledger
+        return self.ledger_failure == "closed" and ledger is not None and ledger.failing
+
+    def _ledger_refusal(self, call: Call, prompt_tokens: int) -> GatewayError:
+        """Fail closed: the request never reaches the engine, and uses none of its limits."""
+        limits.undo_admission(call.rate_subjects, prompt_tokens)
+        call.rate_subjects, call.admitted, call.prompt_tokens = [], False, 0
+        call.decision = "ledger"
+        message = (
+            "the token budget ledger cannot be written (a storage error on this server):"
+            " requests are refused until it can; retry later or on another replica"
+        )
+        return GatewayError(
+            503, message, "ledger", retry_after=LEDGER_RETRY_AFTER, should_retry=True,
+            code="ledger_unavailable",
+        )  # fmt: skip
 
     def _refused(self, call: Call, refusal: Refusal) -> GatewayError:
         call.decision = refusal.reason

@@ -79,13 +79,17 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def connect(path: Path) -> sqlite3.Connection:
+def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
+    """The store in WAL mode. `synchronous`: FULL (the key store's own changes, rare: a
+    revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
+    committed when the process is killed, only on an OS crash or power loss (the budget
+    ledger's `--durability normal`)."""
+    assert synchronous in ("NORMAL", "FULL"), synchronous
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
-    # A killed process loses nothing committed under WAL + NORMAL; only power loss could.
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.executescript(SCHEMA)
     return conn
