@@ -6,13 +6,17 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import sse
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 
 def _slow_server(llama_dir: Path, log: Path) -> LiveServer:
@@ -122,3 +126,75 @@ def test_sigterm_drains_streams_then_exits_zero(draining_server: LiveServer) -> 
     assert {"max_tokens", "end_turn"} & set(events), events
     with pytest.raises(httpx.ConnectError):
         httpx.get(draining_server.url + "/health", timeout=2.0)
+
+
+# A gRPC stream of GRPC_TOKENS tokens at one token per engine step of at least GRPC_STEP_DELAY
+# seconds: after AFTER_SIGTERM tokens it has run longer than the old 5 s cap on gRPC drain.
+GRPC_STEP_DELAY, GRPC_TOKENS, AFTER_SIGTERM = 0.1, 80, 60
+
+
+@pytest.fixture
+def grpc_draining_server(llama_dir: Path, tmp_path: Path):
+    args = ["--debug-step-delay", str(GRPC_STEP_DELAY), "--drain-seconds", "30"]
+    server = LiveServer(llama_dir, args).start(tmp_path / "server.log")
+    yield server
+    server.stop()
+
+
+def _grpc_stream(server: LiveServer, first: threading.Event, got: list) -> None:
+    """Generate GRPC_TOKENS tokens; `got` gets each message's token count, then the end
+    (a finish reason, or the status code that cut the stream)."""
+    request = pb.GenerateRequest(
+        model=MODEL_NAME, prompt="Tell me a story.", max_tokens=GRPC_TOKENS, ignore_eos=True
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        try:
+            for message in pb_grpc.ZerohopStub(channel).Generate(request, timeout=120):
+                got.append(len(message.token_ids))
+                first.set()
+                if message.finish_reason:
+                    got.append(pb.FinishReason.Name(message.finish_reason))
+        except grpc.RpcError as exc:
+            got.append(exc.code())
+        finally:
+            first.set()
+
+
+def test_sigterm_drains_grpc_streams_for_drain_seconds(grpc_draining_server) -> None:
+    first, got = threading.Event(), []
+    thread = threading.Thread(target=_grpc_stream, args=(grpc_draining_server, first, got))
+    thread.start()
+    assert first.wait(60) and got and isinstance(got[0], int), got
+    tokens_before = sum(n for n in list(got) if isinstance(n, int))
+    grpc_draining_server.process.send_signal(signal.SIGTERM)
+    thread.join(120)  # a safety net: the stream ends by itself
+    assert grpc_draining_server.process.wait(60) == 0
+    assert got[-1] == "FINISH_REASON_LENGTH", got[-5:]
+    assert sum(got[:-1]) == GRPC_TOKENS
+    # Most of the stream was generated after SIGTERM, so it ran past 5 s of drain.
+    assert GRPC_TOKENS - tokens_before >= AFTER_SIGTERM
+
+
+def _wait_closed(server: LiveServer) -> None:
+    """Until the HTTP port is closed (the first thing a drain does)."""
+    for _ in range(600):  # a safety net
+        try:
+            httpx.get(server.url + "/health", timeout=2.0)
+        except httpx.ConnectError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the HTTP port stayed open after SIGTERM")
+
+
+def test_a_second_sigterm_ends_grpc_streams_at_once(grpc_draining_server) -> None:
+    first, got = threading.Event(), []
+    thread = threading.Thread(target=_grpc_stream, args=(grpc_draining_server, first, got))
+    thread.start()
+    assert first.wait(60) and got and isinstance(got[0], int), got
+    grpc_draining_server.process.send_signal(signal.SIGTERM)
+    _wait_closed(grpc_draining_server)  # the first signal is handled: a second is not merged
+    grpc_draining_server.process.send_signal(signal.SIGTERM)
+    thread.join(120)  # a safety net
+    assert grpc_draining_server.process.wait(60) == 0
+    assert isinstance(got[-1], grpc.StatusCode), got[-5:]  # cut off, not finished
+    assert sum(got[:-1]) < GRPC_TOKENS

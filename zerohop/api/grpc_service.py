@@ -254,6 +254,28 @@ class ReadinessHealth(health_aio.HealthServicer):
         await self.enter_graceful_shutdown()
 
 
+class GrpcDrain:
+    """SIGTERM for the gRPC server, as uvicorn drains HTTP: no new calls from the first
+    signal on, the calls in flight get `grace` seconds to finish (--drain-seconds), and a
+    second signal ends them at once. HTTP and gRPC drain side by side, not one after the
+    other."""
+
+    def __init__(self, server: grpc.aio.Server, grace: float) -> None:
+        self.server = server
+        self.grace = grace
+        self._stops: list[asyncio.Future] = []
+
+    def begin(self, now: bool = False) -> None:
+        # grpc.aio allows a second stop during the first: the smaller grace wins.
+        self._stops.append(asyncio.ensure_future(self.server.stop(None if now else self.grace)))
+
+    async def finish(self) -> None:
+        """Wait until the server has stopped (stopping it now if no signal began it)."""
+        if not self._stops:
+            self.begin()
+        await asyncio.gather(*self._stops)
+
+
 # Keepalive enforcement: a client may ping at most every 5 minutes without calls in
 # flight (gRPC's default policy, made explicit), and is sent GOAWAY after 2 strikes; idle
 # connections are closed after 10 minutes.
