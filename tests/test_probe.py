@@ -146,7 +146,9 @@ def test_probe_cli_json_and_plot(live_server: LiveServer, tmp_path: Path) -> Non
 class BufferingProxy:
     """A TCP proxy that passes requests straight on but holds each response, forwarding what
     it has gathered every `hold_s` seconds, as a proxy with response buffering on does. It
-    marks the first response of a connection with a `via` header."""
+    marks the first response of a connection with `headers` (a `via` header)."""
+
+    headers = b"via: 1.1 buffering-proxy\r\n"
 
     def __init__(self, upstream_port: int, hold_s: float = 0.2) -> None:
         self.upstream_port, self.hold_s = upstream_port, hold_s
@@ -203,7 +205,7 @@ class BufferingProxy:
 
     async def _gather(self, source: asyncio.StreamReader, held: bytearray) -> None:
         status_line = await source.readline()  # of the first response: mark it as proxied
-        held += status_line + b"via: 1.1 buffering-proxy\r\n"
+        held += status_line + self.headers
         while data := await source.read(65536):
             held += data
 
@@ -224,3 +226,30 @@ def test_probe_flags_a_buffering_proxy(live_server: LiveServer, buffering_proxy)
     assert probe.error is None and probe.stamped_events > 0
     assert probe.buffering.detected is True, probe.buffering
     assert probe.proxy_headers == {"server": "zerohop", "via": "1.1 buffering-proxy"}
+
+
+class ClosingProxy(BufferingProxy):
+    """A proxy that closes each connection after its response (`connection: close`), as an
+    HTTP/1.0-minded intermediary does: the client's socket is gone once the body is read."""
+
+    headers = b"via: 1.1 closing-proxy\r\nconnection: close\r\n"
+
+
+@pytest.fixture
+def closing_proxy(live_server: LiveServer) -> Iterator[ClosingProxy]:
+    with ClosingProxy(live_server.port, hold_s=0.01) as proxy:
+        yield proxy
+
+
+def test_probe_keeps_its_measurement_when_the_peer_closes(closing_proxy: ClosingProxy) -> None:
+    # Was: OSError (Bad file descriptor) asking the closed socket for its peer, and nothing.
+    url = f"http://127.0.0.1:{closing_proxy.port}"
+    command = [sys.executable, "-m", "zerohop", "probe", url, "--json", "--max-tokens", "8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout)["requests"][0]
+    assert probe["status"] == 200 and probe["error"] is None
+    assert probe["remote_address"] == f"127.0.0.1:{closing_proxy.port}"
+    assert probe["proxy_headers"]["via"] == "1.1 closing-proxy"
+    assert 0 < probe["ttfb_s"] <= probe["ttft_s"] <= probe["total_s"]
+    assert len(probe["token_received_s"]) == probe["output_tokens"] > 0

@@ -172,6 +172,8 @@ class _Exchange:
     stream: _Stream
     trace: _Trace = field(default_factory=_Trace)
     response: httpx2.Response | None = None
+    peer: str | None = None  # read while the connection is open: a closed socket has none
+    tls_version: str | None = None
     arrivals: list[tuple[float, bytes]] = field(default_factory=list)
     stamps: int = 0
     ended: float = 0.0
@@ -279,11 +281,20 @@ def _send(
             "POST", url, json=body, headers=headers, extensions=extensions
         ) as response:
             exchange.response = response
+            _note_connection(response, exchange)
             _read(response, exchange)
     except httpx2.HTTPError as exc:
         exchange.error = f"{type(exc).__name__}: {exc}"
     exchange.ended = exchange.clock.now()
     _parse(exchange)
+
+
+def _note_connection(response: httpx2.Response, exchange: _Exchange) -> None:
+    """The peer's address and TLS version, asked of the socket before the body is read: a
+    peer that closes after the response (`connection: close`) leaves no socket to ask."""
+    exchange.peer = _address(_extra(response, "server_addr"))
+    ssl_object = _extra(response, "ssl_object")
+    exchange.tls_version = None if ssl_object is None else ssl_object.version()
 
 
 def _read(response: httpx2.Response, exchange: _Exchange) -> None:
@@ -312,14 +323,13 @@ def _record(exchange: _Exchange, index: int, dns_s: float | None) -> RequestProb
     received = stream.token_received
     sent, delays = stream.aligned_sends()
     headers_at = trace.since("receive_response_headers.complete", origin)
-    ssl_object = _extra(response, "ssl_object")
     return RequestProbe(
         index=index,
         status=0 if response is None else response.status_code,
         http_version="" if response is None else response.http_version,
         reused_connection="connect_tcp.started" not in trace.at,
-        remote_address=_address(_extra(response, "server_addr")),
-        tls_version=None if ssl_object is None else ssl_object.version(),
+        remote_address=exchange.peer,
+        tls_version=exchange.tls_version,
         dns_s=dns_s,
         connect_s=trace.span("connect_tcp"),
         tls_s=trace.span("start_tls"),
@@ -339,9 +349,12 @@ def _record(exchange: _Exchange, index: int, dns_s: float | None) -> RequestProb
     )
 
 
-def _extra(response: httpx2.Response | None, name: str) -> Any:
-    stream = None if response is None else response.extensions.get("network_stream")
-    return None if stream is None else stream.get_extra_info(name)
+def _extra(response: httpx2.Response, name: str) -> Any:
+    stream = response.extensions.get("network_stream")
+    try:
+        return None if stream is None else stream.get_extra_info(name)
+    except OSError:  # the connection is already gone: the fact is unknown, not an error
+        return None
 
 
 def _address(peer: Any) -> str | None:
