@@ -33,7 +33,7 @@ from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
-from zerohop.engine.throughput import ThroughputMeter
+from zerohop.engine.throughput import ThroughputMeter, quantiles
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,13 @@ class LLMEngine:
             num_waiting=len(self.scheduler.policy),
             tokens_per_second=self.throughput.tokens_per_second(),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
+            block_size=self.config.block_size,
+            step_times=self.throughput.step_times.table(),
+            step_seconds=self.throughput.last_step_seconds,
+            remaining_tokens=quantiles(
+                [s.max_tokens - s.num_output_tokens for s in self.scheduler.running]
+            ),
         )
 
     # -- the step --------------------------------------------------------------------

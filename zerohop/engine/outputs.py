@@ -37,3 +37,11 @@ class EngineStats:
     num_waiting: int
     tokens_per_second: float = 0.0  # tokens computed per second of step time, last seconds
     max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
+    block_size: int = 0
+    # [[tokens, seconds], ...]: the mean step of each size (zerohop.engine.step_times)
+    step_times: list[list[float]] = field(default_factory=list)
+    step_seconds: float = 0.0  # the latest step's
+    # Output tokens the running requests may still produce (max_tokens left), ascending,
+    # at most 17 evenly spaced of them (throughput.quantiles)
+    remaining_tokens: list[int] = field(default_factory=list)
