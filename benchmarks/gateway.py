@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import shutil
 import sqlite3
@@ -479,9 +480,11 @@ def time_limits(gateway: Gateway, reqs: list[Req], prompt: int, output: int) -> 
 async def time_budget(ledger: BudgetLedger, reqs: list[Req], prompt: int, output: int) -> dict:
     """The event loop's side: the ledger's writer is not running, its queue just grows."""
     reservations: list[Reservation] = []
+    rounds = itertools.count()  # a request id reserves once: each round has its own
 
     def reserve(r: Req) -> None:
-        reservations.append(ledger.reserve(r.identity, r.call.request_id, prompt, output))
+        request_id = f"{r.call.request_id}-{next(rounds)}"
+        reservations.append(ledger.reserve(r.identity, request_id, prompt, output))
 
     def fresh() -> None:
         reservations.clear()
@@ -646,7 +649,7 @@ async def whole_path(
     audit.start()
     gateway.start_watching()
     assert gateway.ledger is not None
-    ledger = WriterMeter(gateway.ledger, "_commit")
+    ledger = WriterMeter(gateway.ledger.writer, "_commit")
     writer = WriterMeter(audit, "_write_batch")
     out = {}
     try:

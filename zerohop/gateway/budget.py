@@ -73,6 +73,7 @@ class BudgetLedger:
         self.db_path = db_path
         self.spent: dict[tuple[str, str], int] = defaultdict(int)
         self.writer = LedgerWriter(db_path, durability)
+        self._open: dict[str, Reservation] = {}  # request id -> its (first) reservation
 
     @property
     def durability(self) -> Durability:
@@ -119,7 +120,9 @@ class BudgetLedger:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self.writer.submit(ReserveOp(request_id, charges, done, loop))
-        return Reservation(request_id, charges, granted, granted < max_tokens, done)
+        reservation = Reservation(request_id, charges, granted, granted < max_tokens, done)
+        self._open.setdefault(request_id, reservation)
+        return reservation
 
     async def confirm(self, reservation: Reservation) -> None:
         """Wait until the reservation is durable. When it cannot be written, it is taken back
@@ -134,9 +137,8 @@ class BudgetLedger:
     def settle(self, reservation: Reservation) -> None:
         """Give back what the request did not use, once; durable soon after, awaited by
         nobody (the writer refunds a request id only if its reservation is durable)."""
-        if reservation.settled:
+        if not self._close(reservation):
             return
-        reservation.settled = True
         unused = max(0, reservation.reserved - reservation.used)
         for subject, period, _ in reservation.charges:
             self.spent[(subject, period)] -= unused
@@ -144,11 +146,20 @@ class BudgetLedger:
         self.writer.submit(SettleOp(reservation.request_id, reservation.charges, used))
 
     def _take_back(self, reservation: Reservation) -> None:
+        if self._close(reservation):
+            for subject, period, tokens in reservation.charges:
+                self.spent[(subject, period)] -= tokens
+
+    def _close(self, reservation: Reservation) -> bool:
+        """Mark it settled; False when it was already, or is not its request id's own (the
+        writer would refund nothing for it either)."""
         if reservation.settled:
-            return
+            return False
         reservation.settled = True
-        for subject, period, tokens in reservation.charges:
-            self.spent[(subject, period)] -= tokens
+        if self._open.get(reservation.request_id) is not reservation:
+            return False
+        del self._open[reservation.request_id]
+        return True
 
 
 def _budgets_of(identity: Identity) -> list[tuple[str, Budget]]:

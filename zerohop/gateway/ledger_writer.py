@@ -75,6 +75,7 @@ class LedgerWriter:
         self.db_path, self.durability = db_path, durability
         self.commits = 0  # transactions written (group commit: fewer than requests)
         self.failing = False  # the last transaction failed; cleared by the next that succeeds
+        self.synchronous: int | None = None  # the connection's PRAGMA synchronous (1, 2)
         self._ops: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
         self._retry: dict[str, SettleOp] = {}  # settlements a failed transaction kept
         self._thread: threading.Thread | None = None
@@ -82,6 +83,7 @@ class LedgerWriter:
     def start(self) -> dict[tuple[str, str], int]:
         """Open the ledger and start the thread; returns the durable spend."""
         conn = connect(self.db_path, synchronous=SYNCHRONOUS[self.durability])
+        self.synchronous = conn.execute("PRAGMA synchronous").fetchone()[0]
         _forget_reservations(conn)
         spend = {(s, p): t for s, p, t in conn.execute("SELECT subject, period, tokens FROM spend")}
         self._thread = threading.Thread(
