@@ -119,9 +119,26 @@ def _fields(identity: Identity) -> dict:
 def test_minimal_claims_and_defaults(tmp_path, keys):
     private, public = keys["ed25519"]
     token = sign(private, {"sub": "k", "tenant": "t"}, expires_in=None)
-    identity = verifier(tmp_path, public).verify(token)
+    identity = verifier(tmp_path, public, allow_nonexpiring=True).verify(token)
     assert identity == Identity(key_id="k", tenant=Tenant("t"), source="jwt")
     assert identity.expires_at is None and identity.allows_model("anything")
+
+
+def test_a_token_without_exp_is_refused_unless_allowed(tmp_path, keys):
+    """Issue 19 failure 7: a signed key without `exp` was accepted and never expired."""
+    private, public = keys["ed25519"]
+    token = sign(private, {"sub": "k", "tenant": "t"}, expires_in=None)
+    strict = verifier(tmp_path, public)
+    assert not strict.allow_nonexpiring  # the default
+    for _ in range(2):  # and remembered as refused: no second signature check
+        with pytest.raises(
+            AuthenticationError, match=r"token for key 'k' has no expiry \(claim 'exp'\)"
+        ):
+            strict.verify(token)
+    assert strict.signature_checks == 1
+    expiring = sign(private, {"sub": "k", "tenant": "t"}, expires_in=60)
+    assert strict.verify(expiring).expires_at is not None
+    assert verifier(tmp_path, public, allow_nonexpiring=True).verify(token).expires_at is None
 
 
 def test_claims_identity_round_trip():
@@ -144,6 +161,12 @@ def test_claims_identity_round_trip():
         ({"sub": "k", "tenant": "t", "budget": {"tokens": 5, "period": "week"}}, "period"),
         ({"sub": "k", "tenant": "t", "tenant_budget": {"period": "day"}}, "'tokens'"),
         ({"sub": "k", "tenant": "t", "tenant_weight": 0}, "tenant_weight"),
+        ({"sub": "k", "tenant": "t", "tenant_weight": -1}, "tenant_weight"),
+        ({"sub": "k", "tenant": "t", "tenant_weight": float("inf")}, "tenant_weight"),
+        ({"sub": "k", "tenant": "t", "budget": {"tokens": 0}}, "budget.tokens"),
+        ({"sub": "k", "tenant": "t", "tenant_budget": {"tokens": -5}}, "tenant_budget.tokens"),
+        ({"sub": "k", "tenant": "t", "tenant_limits": {"otpm": -1}}, "tenant_limits.otpm"),
+        ({"sub": "k", "tenant": "t", "limits": {"max_concurrency": 1.5}}, "max_concurrency"),
         ({"sub": "k", "tenant": "t", "exp": "tomorrow"}, "'exp'"),
     ],
 )
@@ -513,7 +536,7 @@ def test_parse_budget():
     assert parse_budget("1_000_000 / Month") == Budget(1_000_000, "month")
     assert parse_budget("5000") == Budget(5000, "total")
     assert parse_budget("5000/total") == Budget(5000, "total")
-    for bad in ("", "-5", "5000/week", "5k/day", "day", "5000/", "1_/day"):
+    for bad in ("", "-5", "0", "0/day", "5000/week", "5k/day", "day", "5000/", "1_/day"):
         with pytest.raises(ValueError, match="budget"):
             parse_budget(bad)
 
@@ -577,14 +600,28 @@ def test_cli_keygen_and_sign_round_trip(tmp_path, capsys, kind):
 def test_cli_sign_errors_and_defaults(tmp_path, capsys, keys):
     priv = write(tmp_path, "op.key", keys["es256"][0])
     base = ["--private-key", str(priv), "--key-id", "k", "--tenant", "t"]
-    assert cmd_sign(_parse(add_sign_arguments, base)) == 0
+    with pytest.raises(SystemExit):  # no expiry unless asked for explicitly
+        _parse(add_sign_arguments, base)
+    assert "one of the arguments --expires --no-expiry is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse(add_sign_arguments, [*base, "--expires", "1h", "--no-expiry"])
+    assert "not allowed with" in capsys.readouterr().err
+    assert cmd_sign(_parse(add_sign_arguments, [*base, "--no-expiry"])) == 0
     out = capsys.readouterr()
-    assert "never expires" in out.err
-    identity = verifier(tmp_path, keys["es256"][1]).verify(out.out.strip())
+    assert "never expires" in out.err and "--allow-nonexpiring-signed-keys" in out.err
+    never = out.out.strip()
+    identity = verifier(tmp_path, keys["es256"][1], allow_nonexpiring=True).verify(never)
     assert identity == Identity(key_id="k", tenant=Tenant("t"), source="jwt")
+    with pytest.raises(AuthenticationError, match="no expiry"):
+        verifier(tmp_path, keys["es256"][1]).verify(never)
+    for bad, field in (("--tenant-weight", "0"), ("--tenant-weight", "nan"), ("--rpm", "-1")):
+        with pytest.raises(SystemExit):
+            _parse(add_sign_arguments, [*base, "--expires", "1h", bad, field])
+        assert f"argument {bad}:" in capsys.readouterr().err
 
     assert cmd_sign(_parse(add_sign_arguments, [*base, "--expires", "2001-01-01"])) == 2
     assert "is past" in capsys.readouterr().err
+    base += ["--expires", "1h"]
     args = _parse(add_sign_arguments, [*base, "--kid", "es-1", "--audience", "fleet-a"])
     assert cmd_sign(args) == 0
     token = capsys.readouterr().out.strip()

@@ -4,6 +4,12 @@ The store's keys are held in a dict from secret hash to Identity, swapped whole 
 store changes (polled every half second off the event loop), so a lookup takes no lock and
 touches no disk. With no key in the store and no signing key configured, every caller is
 anonymous (the server only allows that on loopback, or with --allow-anonymous).
+
+A key whose row in the store (or whose tenant's row) holds an invalid value, written by an
+older version or by hand, is not served and does not stop the others: each load logs the
+row and field once, and a request with that key gets 403 "this key's configuration is
+invalid" naming the fields (`InvalidKeyConfiguration`), until the operator fixes the row
+with `zerohop keys update` or `zerohop keys tenant`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from zerohop.gateway.identity import ANONYMOUS, Identity
 from zerohop.gateway.store import KeyStore, hash_secret
+from zerohop.gateway.store_rows import InvalidKey
 
 log = logging.getLogger(__name__)
 RELOAD_INTERVAL = 0.5  # seconds: store changes are live within a second
@@ -30,11 +37,15 @@ class PermissionDenied(Exception):
     """A valid key that may not use this model (403)."""
 
 
+class InvalidKeyConfiguration(PermissionDenied):
+    """A known key whose stored configuration is invalid (403; the log names the row)."""
+
+
 class Authenticator:
     def __init__(self, store_path: Path, verifier: Any | None = None) -> None:
         self.store_path = store_path
         self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
-        self._index: dict[str, Identity] = {}
+        self._index: dict[str, Identity | InvalidKey] = {}
         self._has_keys = False
         self._version = -1
         self._store: KeyStore | None = None
@@ -53,7 +64,19 @@ class Authenticator:
         version, index = self._store.snapshot()
         has_keys = self._store.has_keys()
         self._index, self._has_keys, self._version = index, has_keys, version
-        log.info("keys: %d active keys loaded (store version %d)", len(index), version)
+        invalid = [entry for entry in index.values() if isinstance(entry, InvalidKey)]
+        for entry in invalid:
+            log.error(
+                "keys: key %s is refused (403) until its configuration is fixed: %s",
+                entry.key_id,
+                "; ".join(entry.problems),
+            )
+        log.info(
+            "keys: %d active keys loaded, %d of them invalid (store version %d)",
+            len(index),
+            len(invalid),
+            version,
+        )
 
     def start_watching(self) -> None:
         self._task = asyncio.create_task(self._watch())
@@ -92,6 +115,11 @@ class Authenticator:
         identity = self._index.get(hash_secret(token))
         if identity is None:
             raise AuthenticationError("invalid API key (unknown or revoked)")
+        if isinstance(identity, InvalidKey):
+            raise InvalidKeyConfiguration(
+                f"API key {identity.key_id} cannot be used: this key's configuration is"
+                f" invalid ({', '.join(identity.fields)}); the server's log says why"
+            )
         if identity.expires_at is not None and time.time() >= identity.expires_at:
             raise AuthenticationError(f"API key {identity.key_id} has expired")
         return identity

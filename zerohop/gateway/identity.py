@@ -12,16 +12,19 @@ estimates (`zerohop.api.overload`) use.
 
 `LIMIT_FIELDS` is the one list of the limits (name, help text, rate-limiter bucket): the
 `Limits` fields, the store's columns, the claims' fields and both `zerohop keys` CLIs' flags
-are made from it, and `nonnegative_int` is the one check of their values.
+are made from it. Every value is checked by `zerohop.gateway.validation`, at each entry
+(CLI flags, store rows, claims) with that entry's name for the field, and again when a
+`Limits`, `Budget`, `Tenant` or `Identity` is made: none holds a negative limit, a weight
+<= 0 (or NaN, infinity), a budget <= 0 or an unknown priority class or budget period.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
 
-PRIORITY_CLASSES = ("interactive", "batch")
-BUDGET_PERIODS = ("day", "month", "total")
+from zerohop.gateway import validation
+from zerohop.gateway.validation import BUDGET_PERIODS as BUDGET_PERIODS  # re-exported
+from zerohop.gateway.validation import PRIORITY_CLASSES as PRIORITY_CLASSES
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,13 +50,6 @@ LIMIT_FIELDS = (
 LIMIT_NAMES = tuple(f.name for f in LIMIT_FIELDS)
 
 
-def nonnegative_int(value: Any, where: str) -> int:
-    """`value` if it is an integer >= 0 (not a bool); ValueError naming `where` if not."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where} must be an integer >= 0, not {value!r}")
-    return value
-
-
 @dataclass(slots=True, frozen=True)
 class Limits:
     """Per-minute rates (token buckets of that capacity) and a concurrency cap; None: none.
@@ -64,6 +60,10 @@ class Limits:
     itpm: int | None = None  # uncached input tokens per minute
     otpm: int | None = None  # output tokens per minute
     max_concurrency: int | None = None  # requests in flight at once
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_NAMES:
+            validation.limit(getattr(self, name), name)
 
     def any(self) -> bool:
         return any(getattr(self, name) is not None for name in LIMIT_NAMES)
@@ -84,7 +84,8 @@ class Budget:
     period: str = "total"
 
     def __post_init__(self) -> None:
-        assert self.tokens >= 0 and self.period in BUDGET_PERIODS, self
+        validation.budget_tokens(self.tokens, "budget tokens")
+        validation.budget_period(self.period, "budget period")
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,6 +94,9 @@ class Tenant:
     limits: Limits = Limits()
     budget: Budget | None = None
     weight: float = 1.0  # fair-share weight: the scheduler serves tenants in proportion
+
+    def __post_init__(self) -> None:
+        validation.weight(self.weight, "weight")
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,6 +113,9 @@ class Identity:
     expires_at: float | None = None  # unix seconds
     source: str = "store"  # "store", "jwt" or "anonymous"
     extra: dict = field(default_factory=dict, compare=False, hash=False)  # jwt: jti, iat
+
+    def __post_init__(self) -> None:
+        validation.priority(self.priority, "priority")
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models

@@ -1,9 +1,11 @@
 """What both `zerohop keys` command lines share: the limit flags and the argument parsers.
 
 `add_limit_flags` makes the flags of every limit (`identity.LIMIT_FIELDS`: --rpm, --itpm,
---otpm, --max-concurrency, each a non-negative integer; "1_000" is read as 1000) and --budget,
-for `zerohop keys create/update/tenant` (`keys_cli`) and `zerohop keys sign`
-(`keys_cli_signed`), whose tenant limits are the same flags prefixed with "tenant-".
+--otpm, --max-concurrency, each an integer >= 0, 0 allowing nothing; "1_000" is read as
+1000) and --budget (tokens > 0), for `zerohop keys create/update/tenant` (`keys_cli`) and
+`zerohop keys sign` (`keys_cli_signed`), whose tenant limits are the same flags prefixed
+with "tenant-". Every value is checked by `zerohop.gateway.validation` as argparse reads
+it: a bad one is a one-line usage error naming its flag (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from zerohop.gateway.identity import BUDGET_PERIODS, LIMIT_FIELDS, Budget, nonnegative_int
+from zerohop.gateway import validation
+from zerohop.gateway.identity import BUDGET_PERIODS, LIMIT_FIELDS, Budget
 
 BUDGET_METAVAR = "N[/day|/month]"
 BUDGET_HELP = "token budget: 5000/day, 1000000/month, or 5000 (in total)"
@@ -53,7 +56,25 @@ def parse_budget(text: str) -> Budget:
     period = (m.group(2) or "total").lower()
     if period not in BUDGET_PERIODS:
         raise ValueError(f"budget {text!r}: period must be one of {', '.join(BUDGET_PERIODS)}")
-    return Budget(int(m.group(1).replace("_", "")), period)
+    tokens = validation.budget_tokens(int(m.group(1).replace("_", "")), f"budget {text!r}: tokens")
+    return Budget(tokens, period)
+
+
+NO_BUDGET = "none"  # `zerohop keys --budget none`: remove the budget
+
+
+def parse_budget_or_none(text: str) -> Budget | str:
+    """A budget, or NO_BUDGET for "none" (also "off")."""
+    return NO_BUDGET if text.strip().lower() in ("none", "off") else parse_budget(text)
+
+
+def parse_weight(text: str) -> float:
+    """A fair-share weight on the command line: a finite number > 0."""
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    return validation.weight(value, "the weight")
 
 
 def parse_limit(text: str) -> int:
@@ -62,7 +83,7 @@ def parse_limit(text: str) -> int:
         value = int(text.replace("_", ""))
     except ValueError:
         value = text  # refused below, with the same message as a negative number
-    return nonnegative_int(value, "N")
+    return validation.nonnegative_int(value, "a limit")
 
 
 def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -86,8 +107,8 @@ def add_limit_flags(
     budget_help: str = BUDGET_HELP,
 ) -> None:
     """--PREFIXrpm ... --PREFIXmax-concurrency (into `args.PREFIXrpm`..., "-" as "_") and
-    --PREFIXbudget, parsed by `budget` (default: parse_budget; `zerohop keys` takes the text,
-    where "none" removes the budget)."""
+    --PREFIXbudget, parsed by `budget` (default: parse_budget; `zerohop keys` takes
+    parse_budget_or_none, where "none" removes the budget)."""
     limit = argtype(parse_limit)
     for spec in LIMIT_FIELDS:
         parser.add_argument(f"--{prefix}{spec.flag}", type=limit, metavar="N", help=spec.help)

@@ -3,6 +3,12 @@
 Works on the same SQLite file the server reads (`--keys-db`); a running server picks up
 every change within a second. Output is a table, or JSON with `--json`. The signed-key
 commands, `zerohop keys sign` and `keygen`, are `zerohop.gateway.keys_cli_signed`.
+
+Every value is checked as argparse reads it (`keys_args`, `validation`): a negative limit,
+a weight <= 0, a budget <= 0 is a one-line usage error naming the flag (exit 2). A row the
+store holds with an invalid value (an older version's, or one written by hand) is listed as
+"invalid"; `update` and `tenant` repair it, and refuse (exit 1) to write such a row back
+without a new value for each invalid field, which would otherwise become a placeholder.
 """
 
 from __future__ import annotations
@@ -16,14 +22,30 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.gateway.budget import period_key
-from zerohop.gateway.identity import LIMIT_NAMES, PRIORITY_CLASSES, Limits, Tenant
+from zerohop.gateway.identity import LIMIT_FIELDS, LIMIT_NAMES, PRIORITY_CLASSES, Limits, Tenant
 from zerohop.gateway.keys_args import (
     BUDGET_HELP,
+    NO_BUDGET,
     add_limit_flags,
-    parse_budget,
+    argtype,
+    parse_budget_or_none,
     parse_duration_or_time,
+    parse_weight,
 )
 from zerohop.gateway.store import KeyRecord, KeyStore, default_db_path
+from zerohop.gateway.store_rows import Problems
+
+# The flag that sets each column of a store row (to name it when a row must be repaired).
+_FLAG_OF_COLUMN = {f.name: f.flag for f in LIMIT_FIELDS} | {
+    "budget_tokens": "budget",
+    "budget_period": "budget",
+    "weight": "weight",
+    "priority": "priority",
+    "models": "models",
+    "expires": "expires",
+    "name": "name",
+    "tenant": "tenant",
+}
 
 
 def add_keys_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +70,9 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     ).add_argument("key_id")
     tenant = _action(actions, "tenant", "set a tenant's limits, budget and weight", _tenant)
     tenant.add_argument("name")
-    tenant.add_argument("--weight", type=float, help="fair-share weight (default 1)")
+    tenant.add_argument(
+        "--weight", type=argtype(parse_weight), help="fair-share weight, > 0 (default 1)"
+    )
     _limit_options(tenant)
     _action(actions, "usage", "token spend per key and tenant, per budget period", _usage)
 
@@ -78,7 +102,9 @@ def _action(actions: Any, name: str, help_text: str, func: Any) -> argparse.Argu
 
 
 def _limit_options(parser: argparse.ArgumentParser) -> None:
-    add_limit_flags(parser, budget=str, budget_help=BUDGET_HELP + "; none: no budget")
+    add_limit_flags(
+        parser, budget=argtype(parse_budget_or_none), budget_help=BUDGET_HELP + "; none: no budget"
+    )
 
 
 def _key_options(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +151,10 @@ def _update(store: KeyStore, args: argparse.Namespace) -> int:
         old = store.key(args.key_id)
         if old is None:
             raise KeyError(f"no key {args.key_id}")
+        limit_problems = {
+            k: v for k, v in old.problems.items() if k.partition(".")[2] in LIMIT_NAMES
+        }
+        _check_repaired(f"key {args.key_id}", limit_problems, args)
         fields["limits"] = _merge_limits(old.limits, args)
     record = store.update_key(args.key_id, **fields)
     _output([record], args.json)
@@ -154,7 +184,10 @@ def _revoke(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 def _tenant(store: KeyStore, args: argparse.Namespace) -> int:
-    old = store.tenant(args.name) or Tenant(args.name)
+    row = store.tenant_row(args.name)
+    if row is not None:  # every column is written back: no placeholder may be
+        _check_repaired(f"tenant {args.name}", row.problems, args)
+    old = Tenant(args.name) if row is None else row.tenant
     budget = _budget(args.budget) if args.budget is not None else old.budget
     weight = args.weight if args.weight is not None else old.weight
     tenant = Tenant(args.name, _merge_limits(old.limits, args), budget, weight)
@@ -223,8 +256,22 @@ def _merge_limits(old: Limits, args: argparse.Namespace) -> Limits:
     return Limits(**values)
 
 
-def _budget(text: str):
-    return None if text.lower() in ("none", "off", "") else parse_budget(text)
+def _budget(value: Any) -> Any:
+    return None if value == NO_BUDGET else value
+
+
+def _check_repaired(what: str, problems: Problems, args: argparse.Namespace) -> None:
+    """ValueError unless the command sets a new value for every invalid field of the row."""
+    missing = {}
+    for column, message in problems.items():
+        flag = _FLAG_OF_COLUMN.get(column.partition(".")[2], "")
+        if getattr(args, flag.replace("-", "_"), None) is None:
+            missing[f"--{flag}"] = message
+    if missing:
+        raise ValueError(
+            f"{what} has invalid stored values ({'; '.join(missing.values())}):"
+            f" give {', '.join(sorted(missing))} too"
+        )
 
 
 def _budget_text(budget: Any) -> str:
@@ -247,6 +294,8 @@ def _print_keys(records: list[KeyRecord]) -> None:
         state = (
             "revoked" if r.revoked else ("expired" if r.expires and r.expires <= now else "active")
         )
+        if r.problems:
+            state = "invalid: " + ", ".join(r.problems)
         rows.append(
             {
                 "key_id": r.key_id,

@@ -3,6 +3,8 @@
 `keygen` writes an operator key pair (private PEM 0600, public PEM, optionally a JWKS) for
 `zerohop serve --jwt-public-key`; `sign` prints one signed key (a JWT) whose claims carry the
 key's tenant, models, priority, limits and budgets (`zerohop.gateway.signed_claims`).
+`sign` needs `--expires`, or `--no-expiry` for a key that never expires (which servers
+accept only with `--allow-nonexpiring-signed-keys`; only revocation ends such a key).
 """
 
 from __future__ import annotations
@@ -15,16 +17,14 @@ import time
 from pathlib import Path
 
 from zerohop.gateway.identity import LIMIT_NAMES, PRIORITY_CLASSES, Identity, Limits, Tenant
-from zerohop.gateway.keys_args import add_limit_flags, argtype, parse_duration_or_time
+from zerohop.gateway.keys_args import (
+    add_limit_flags,
+    argtype,
+    parse_duration_or_time,
+    parse_weight,
+)
 from zerohop.gateway.signed_claims import claims_from_identity, iso_time
 from zerohop.gateway.signing_keys import DEFAULT_AUDIENCE, generate_keypair, public_jwk, sign
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"{text!r} is not > 0")
-    return value
 
 
 def add_sign_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,11 +39,18 @@ def add_sign_arguments(parser: argparse.ArgumentParser) -> None:
     for prefix, whose in (("", "the key"), ("tenant-", "the whole tenant")):
         add_limit_flags(p.add_argument_group(f"limits of {whose}"), prefix=prefix)
     p.add_argument(
-        "--tenant-weight", type=argtype(_positive), default=1.0, help="fair-share weight"
+        "--tenant-weight", type=argtype(parse_weight), default=1.0, help="fair-share weight"
     )
     when = argtype(parse_duration_or_time)
-    p.add_argument(
+    expiry = p.add_mutually_exclusive_group(required=True)
+    expiry.add_argument(
         "--expires", type=when, metavar="WHEN", help="30d, 12h, or an ISO-8601 time (UTC)"
+    )
+    expiry.add_argument(
+        "--no-expiry",
+        action="store_true",
+        help="a key that never expires (only revocation ends it); servers accept it only"
+        " with --allow-nonexpiring-signed-keys",
     )
     p.add_argument("--not-before", type=when, metavar="WHEN", help="like --expires")
     p.add_argument("--audience", default=DEFAULT_AUDIENCE, help="claim aud (%(default)s)")
@@ -95,7 +102,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
         return 1
     if args.expires is None:
         print(
-            f"zerohop keys sign: this key never expires; revoke it by listing {args.key_id!r}"
+            f"zerohop keys sign: this key never expires; servers accept it only with"
+            f" --allow-nonexpiring-signed-keys; revoke it by listing {args.key_id!r}"
             " in the --revoked file",
             file=sys.stderr,
         )

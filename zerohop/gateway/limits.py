@@ -7,6 +7,10 @@ room: a request slot, its (uncached) input tokens, and a positive output balance
 tokens are charged at admission and the prefix-cache hits refunded when the engine reports
 them; output tokens are charged as the engine produces them, so the output bucket may go
 into debt, which later admissions wait out. `max_tokens` plays no part.
+
+A limit of 0 allows nothing: every request is refused (429) with a message saying the limit
+is 0 and no retry-after (`Refusal.retry_after` None), since waiting will not help; the
+gateway adds `x-should-retry: false`, so the official SDKs do not retry it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from zerohop.gateway.identity import LIMIT_FIELDS, Identity, Limits
 # The bucket kinds, and the limits (their capacities) they are made of.
 _BUCKETS = tuple((f.bucket, f.name) for f in LIMIT_FIELDS if f.bucket is not None)
 KINDS = tuple(kind for kind, _ in _BUCKETS)  # requests, input_tokens, output_tokens
+_LIMIT_OF = dict(_BUCKETS)  # bucket kind -> its limit's name (rpm, itpm, otpm)
 
 
 @dataclass(slots=True)
@@ -41,6 +46,8 @@ class TokenBucket:
         return max(0.0, missing / self.rate)
 
     def seconds_to_full(self) -> float:
+        if self.capacity <= 0:  # a limit of 0 is always as full as it gets
+            return 0.0
         return max(0.0, (self.capacity - self.level) / self.rate)
 
 
@@ -65,7 +72,7 @@ class SubjectLimits:
 class Refusal:
     reason: str  # rate_limit_requests | rate_limit_input_tokens | rate_limit_output_tokens
     #              | concurrency
-    retry_after: float  # seconds
+    retry_after: float | None  # seconds; None: a limit of 0, waiting will not help
     message: str
 
 
@@ -124,10 +131,14 @@ class RateLimiter:
     @staticmethod
     def _check(name: str, state: SubjectLimits, input_tokens: int, now: float) -> Refusal | None:
         cap = state.limits.max_concurrency
+        if cap == 0:
+            return _zero("concurrency", name, "max_concurrency", "requests")
         if cap is not None and state.in_flight >= cap:
             return Refusal("concurrency", 1.0, f"{name}: {cap} requests in flight at most")
         needs = {"requests": 1.0, "input_tokens": float(input_tokens), "output_tokens": 1e-9}
         for kind, bucket in state.buckets.items():
+            if bucket.capacity <= 0:
+                return _zero(f"rate_limit_{kind}", name, _LIMIT_OF[kind], kind.replace("_", " "))
             bucket.refill(now)
             wait = bucket.wait_for(needs[kind])
             if wait > 0:
@@ -148,6 +159,14 @@ class RateLimiter:
                 if kind not in out or remaining < out[kind].remaining:
                     out[kind] = RateState(int(bucket.capacity), remaining, bucket.seconds_to_full())
         return out
+
+
+def _zero(reason: str, name: str, limit: str, what: str) -> Refusal:
+    message = (
+        f"{name}: its {limit} limit is 0, which allows no {what}: waiting will not help;"
+        " the operator must raise the limit"
+    )
+    return Refusal(reason, None, message)
 
 
 def refund_input(subjects: list[SubjectLimits], tokens: int) -> None:

@@ -6,21 +6,24 @@ Claims (the JWT carries no `kid` claim: the key id is `sub`)
     name           str               a label for the key ("")
     models         [str]             allowed models ([]: every model)
     priority       str               "interactive" (default) or "batch"
-    limits         {rpm, itpm, otpm, max_concurrency}: ints >= 0, each optional
-    budget         {tokens: int >= 0, period: "day" | "month" | "total" (default)}
+    limits         {rpm, itpm, otpm, max_concurrency}: ints >= 0 (0: nothing allowed),
+                   each optional
+    budget         {tokens: int > 0, period: "day" | "month" | "total" (default)}
     tenant_limits  like limits, for the whole tenant
     tenant_budget  like budget, for the whole tenant
-    tenant_weight  number > 0, the tenant's fair-share weight (1.0)
+    tenant_weight  finite number > 0, the tenant's fair-share weight (1.0)
     aud            str or [str], required: must contain the verifier's audience
                    ("zerohop" unless configured)
-    exp            NumericDate: expiry (optional; without it only revocation ends the key)
+    exp            NumericDate: expiry; the verifier refuses a token without one unless the
+                   server allows keys that never expire (--allow-nonexpiring-signed-keys)
     nbf            NumericDate: not valid before (optional)
     iat            NumericDate: issued at (informational; `zerohop keys sign` sets it)
     jti            str: the token's own id (`zerohop keys sign` sets a random one)
     Unknown top-level claims are ignored; unknown fields inside limits and budgets are
     refused (a typo such as "rmp" must not silently mean "unlimited"). Claims map to an
     `Identity` with source="jwt", its `Tenant` built from the tenant claims, expires_at=exp
-    and extra={"jti": ..., "iat": ...}. The limit fields are `identity.LIMIT_FIELDS`.
+    and extra={"jti": ..., "iat": ...}. The limit fields are `identity.LIMIT_FIELDS`; every
+    value is checked by `zerohop.gateway.validation`, as the CLI and the key store do.
 
 `aud` is checked by the verifier (`zerohop.gateway.signed_keys`), with the signature; `exp`
 and `nbf` are read here and compared with the clock there.
@@ -31,16 +34,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from zerohop.gateway.identity import (
-    BUDGET_PERIODS,
-    LIMIT_NAMES,
-    PRIORITY_CLASSES,
-    Budget,
-    Identity,
-    Limits,
-    Tenant,
-    nonnegative_int,
-)
+from zerohop.gateway import validation
+from zerohop.gateway.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
 
 
 def _limits_from(obj: Any, where: str) -> Limits:
@@ -51,10 +46,7 @@ def _limits_from(obj: Any, where: str) -> Limits:
     unknown = sorted(set(obj) - set(LIMIT_NAMES))
     if unknown:
         raise ValueError(f"claim {where!r} has unknown fields {unknown} (known: {LIMIT_NAMES})")
-    values = {
-        k: None if obj.get(k) is None else nonnegative_int(obj[k], f"{where}.{k}")
-        for k in LIMIT_NAMES
-    }
+    values = {k: validation.limit(obj.get(k), f"{where}.{k}") for k in LIMIT_NAMES}
     return Limits(**values)
 
 
@@ -68,21 +60,14 @@ def _budget_from(obj: Any, where: str) -> Budget | None:
         raise ValueError(f"claim {where!r} has unknown fields {unknown} (known: tokens, period)")
     if "tokens" not in obj:
         raise ValueError(f"claim {where!r} has no 'tokens'")
-    tokens = nonnegative_int(obj["tokens"], f"{where}.tokens")
-    period = obj.get("period", "total")
-    if period not in BUDGET_PERIODS:
-        raise ValueError(f"{where}.period must be one of {BUDGET_PERIODS}, not {period!r}")
+    tokens = validation.budget_tokens(obj["tokens"], f"{where}.tokens")
+    period = validation.budget_period(obj.get("period", "total"), f"{where}.period")
     return Budget(tokens, period)
 
 
 def numeric_date(claims: dict, name: str) -> float | None:
     """The time claim `name` (exp, nbf, iat) in unix seconds, or None; ValueError if bad."""
-    value = claims.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"claim {name!r} must be a number (unix seconds), not {value!r}")
-    return float(value)
+    return validation.unix_time(claims.get(name), f"claim {name!r}")
 
 
 def iso_time(t: float) -> str:
@@ -107,12 +92,8 @@ def identity_from_claims(claims: dict) -> Identity:
     models = claims.get("models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise ValueError(f"claim 'models' must be a list of model names, not {models!r}")
-    priority = claims.get("priority", "interactive")
-    if priority not in PRIORITY_CLASSES:
-        raise ValueError(f"claim 'priority' must be one of {PRIORITY_CLASSES}, not {priority!r}")
-    weight = claims.get("tenant_weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-        raise ValueError(f"claim 'tenant_weight' must be a number > 0, not {weight!r}")
+    priority = validation.priority(claims.get("priority", "interactive"), "claim 'priority'")
+    weight = validation.weight(claims.get("tenant_weight", 1.0), "claim 'tenant_weight'")
     jti = claims.get("jti")
     if jti is not None and not isinstance(jti, str):
         raise ValueError(f"claim 'jti' must be a string, not {jti!r}")
@@ -126,7 +107,7 @@ def identity_from_claims(claims: dict) -> Identity:
             name=tenant,
             limits=_limits_from(claims.get("tenant_limits"), "tenant_limits"),
             budget=_budget_from(claims.get("tenant_budget"), "tenant_budget"),
-            weight=float(weight),
+            weight=weight,
         ),
         name=name,
         models=tuple(models),

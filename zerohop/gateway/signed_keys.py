@@ -20,7 +20,9 @@ Algorithms
 Time
     `exp` and `nbf` are checked with a leeway of 5 s (DEFAULT_LEEWAY; constructor argument)
     for clock skew between the machine that signed and the replica: a token is refused
-    once now >= exp + leeway, and while now < nbf - leeway.
+    once now >= exp + leeway, and while now < nbf - leeway. A token without `exp` would
+    never expire: it is refused unless the verifier is made with `allow_nonexpiring=True`
+    (`zerohop serve --allow-nonexpiring-signed-keys`), when only revocation ends it.
 
 Cache
     Verified tokens are cached by their exact string (an LRU of up to 10,000 tokens): a
@@ -135,6 +137,7 @@ class SignedKeyVerifier:
         cache_size: int = DEFAULT_CACHE_SIZE,
         revoked_check_interval: float = REVOKED_CHECK_INTERVAL,
         clock: Callable[[], float] = time.time,
+        allow_nonexpiring: bool = False,
     ) -> None:
         path = Path(public_key_file)
         try:
@@ -151,6 +154,7 @@ class SignedKeyVerifier:
             raise ValueError("the audience must not be empty")
         self.audience = audience
         self.leeway = float(leeway)
+        self.allow_nonexpiring = allow_nonexpiring
         self.cache_size = max(1, int(cache_size))
         self._clock = clock
         self.signature_checks = 0  # signature verifications made (cache misses, per key)
@@ -307,4 +311,9 @@ class SignedKeyVerifier:
             identity = identity_from_claims(payload)
         except ValueError as e:
             raise _Permanent(f"invalid claims: {e}") from None
+        if identity.expires_at is None and not self.allow_nonexpiring:
+            raise _Permanent(
+                f"token for key {identity.key_id!r} has no expiry (claim 'exp'): this server"
+                " accepts only signed keys that expire"
+            )
         return _Entry(identity, identity.expires_at, numeric_date(payload, "nbf"))

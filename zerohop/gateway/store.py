@@ -17,11 +17,18 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zerohop.gateway.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.store_rows import (
+    InvalidKey,
+    KeyRecord,
+    TenantRow,
+    key_identity,
+    key_record,
+    tenant_row,
+)
 
 KEY_PREFIX = "zh-"
 KEY_ID_LENGTH = len(KEY_PREFIX) + 8
@@ -95,36 +102,6 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     return conn
 
 
-@dataclass(slots=True)
-class KeyRecord:
-    """One row of `keys`, as the CLI shows it."""
-
-    key_id: str
-    tenant: str
-    name: str
-    created: float
-    expires: float | None
-    revoked: float | None
-    models: list[str]
-    priority: str
-    limits: Limits
-    budget: Budget | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "key_id": self.key_id,
-            "tenant": self.tenant,
-            "name": self.name,
-            "created": self.created,
-            "expires": self.expires,
-            "revoked": self.revoked,
-            "models": self.models,
-            "priority": self.priority,
-            "limits": _limits_dict(self.limits),
-            "budget": None if self.budget is None else _budget_dict(self.budget),
-        }
-
-
 class KeyStore:
     """Reads and writes keys and tenants (the CLI), and snapshots them (the server)."""
 
@@ -162,11 +139,20 @@ class KeyStore:
             )  # fmt: skip
 
     def tenant(self, name: str) -> Tenant | None:
+        """The tenant (an invalid field of its row read as a placeholder: see tenant_row)."""
+        row = self.tenant_row(name)
+        return None if row is None else row.tenant
+
+    def tenant_row(self, name: str) -> TenantRow | None:
+        """The tenant and the invalid fields of its row (`zerohop.gateway.store_rows`)."""
         row = self.conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
-        return None if row is None else _tenant(row)
+        return None if row is None else tenant_row(row)
 
     def tenants(self) -> list[Tenant]:
-        return [_tenant(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
+        return [r.tenant for r in self.tenant_rows()]
+
+    def tenant_rows(self) -> list[TenantRow]:
+        return [tenant_row(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
 
     def ensure_tenant(self, name: str) -> None:
         with self._change() as conn:
@@ -240,11 +226,11 @@ class KeyStore:
 
     def key(self, key_id: str) -> KeyRecord | None:
         row = self.conn.execute("SELECT * FROM keys WHERE key_id = ?", (key_id,)).fetchone()
-        return None if row is None else _key_record(row)
+        return None if row is None else key_record(row)
 
     def list_keys(self) -> list[KeyRecord]:
         rows = self.conn.execute("SELECT * FROM keys ORDER BY tenant, created")
-        return [_key_record(r) for r in rows]
+        return [key_record(r) for r in rows]
 
     # -- what the server loads ----------------------------------------------------------------
 
@@ -256,13 +242,17 @@ class KeyStore:
         row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
         return int(row[0])
 
-    def snapshot(self) -> tuple[int, dict[str, Identity]]:
-        """(version, secret hash -> Identity) of every key that is not revoked."""
+    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]:
+        """(version, secret hash -> Identity) of every key that is not revoked; a key whose
+        row or tenant row holds an invalid value maps to an InvalidKey instead."""
         with self._transaction() as conn:
             version = self.version()
-            tenants = {t.name: t for t in self.tenants()}
+            tenants = {t.tenant.name: t for t in self.tenant_rows()}
             rows = conn.execute("SELECT * FROM keys WHERE revoked IS NULL").fetchall()
-        index = {row["secret_sha256"]: _identity(row, tenants[row["tenant"]]) for row in rows}
+        index = {}
+        for row in rows:
+            record = key_record(row)
+            index[row["secret_sha256"]] = key_identity(record, tenants.get(record.tenant))
         return version, index
 
     def spend(self) -> list[tuple[str, str, int]]:
@@ -273,52 +263,3 @@ class KeyStore:
 
 def _budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
     return (None, None) if budget is None else (budget.tokens, budget.period)
-
-
-def _limits(row: sqlite3.Row) -> Limits:
-    return Limits(**{c: row[c] for c in LIMIT_COLUMNS})
-
-
-def _budget(row: sqlite3.Row) -> Budget | None:
-    tokens = row["budget_tokens"]
-    return None if tokens is None else Budget(tokens, row["budget_period"] or "total")
-
-
-def _limits_dict(limits: Limits) -> dict[str, int | None]:
-    return dict(zip(LIMIT_COLUMNS, limits.values(), strict=True))
-
-
-def _budget_dict(budget: Budget) -> dict[str, Any]:
-    return {"tokens": budget.tokens, "period": budget.period}
-
-
-def _tenant(row: sqlite3.Row) -> Tenant:
-    return Tenant(row["name"], _limits(row), _budget(row), row["weight"])
-
-
-def _key_record(row: sqlite3.Row) -> KeyRecord:
-    return KeyRecord(
-        key_id=row["key_id"],
-        tenant=row["tenant"],
-        name=row["name"],
-        created=row["created"],
-        expires=row["expires"],
-        revoked=row["revoked"],
-        models=json.loads(row["models"]),
-        priority=row["priority"],
-        limits=_limits(row),
-        budget=_budget(row),
-    )
-
-
-def _identity(row: sqlite3.Row, tenant: Tenant) -> Identity:
-    return Identity(
-        key_id=row["key_id"],
-        tenant=tenant,
-        name=row["name"],
-        models=tuple(json.loads(row["models"])),
-        priority=row["priority"],
-        limits=_limits(row),
-        budget=_budget(row),
-        expires_at=row["expires"],
-    )
