@@ -178,7 +178,8 @@ def test_grpc_reports_load_and_refuses_with_unavailable(small_queue: LiveServer)
 
 
 def _engine_with_queue(queued: list[tuple[str, int, int]]):
-    """A (never started) AsyncEngine holding this queue and a measured speed of 100 tok/s."""
+    """A (never started) AsyncEngine holding this queue, idle, whose steps take 10 ms a token
+    (100 tokens/s at any size) with 256 tokens a step."""
     from zerohop.engine.async_engine import AsyncEngine, Queued
 
     engine = AsyncEngine()
@@ -187,8 +188,9 @@ def _engine_with_queue(queued: list[tuple[str, int, int]]):
         for i, (tenant, tokens, priority) in enumerate(queued)
     }
     engine.latest_stats = {
-        "num_running": 0, "num_blocks": 10, "blocks_in_use": 5,
-        "tokens_per_second": 100.0, "max_num_batched_tokens": 2048,
+        "num_running": 0, "num_blocks": 10000, "blocks_in_use": 5000, "blocks_free": 5000,
+        "block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 256,
+        "step_times": [[1.0, 0.01], [256.0, 2.56]], "remaining_tokens": [],
     }  # fmt: skip
     return engine
 
@@ -203,9 +205,12 @@ def test_a_flooding_tenant_is_refused_and_the_others_are_not() -> None:
     with pytest.raises(ApiError) as refused:
         control.check("anthropic", Queued(100, "flood", 1.0, 0))
     assert refused.value.status == 529 and refused.value.code == "overloaded"
-    assert dict(refused.value.headers)[b"retry-after"] == b"5"  # 10 s of wait, 5 allowed
-    control.check("openai", Queued(100, "light", 1.0, 0))  # its turn comes next: admitted
-    assert control.load().queue_wait == 10.0 and control.load().kv_usage == 0.5
+    # 1,000 tokens ahead: three whole steps of 256 (2.56 s each) before its own starts.
+    assert dict(refused.value.headers)[b"retry-after"] == b"3"  # 7.68 s of wait, 5 allowed
+    admitted = control.check("openai", Queued(100, "light", 1.0, 0))  # its turn comes next
+    assert admitted.queue_wait == 0.0
+    assert control.load().queue_wait == pytest.approx(7.68)
+    assert control.load().kv_usage == 0.5
 
     fcfs = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100, fair_share=False)
     with pytest.raises(ApiError) as refused:

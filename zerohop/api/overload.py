@@ -1,27 +1,31 @@
 """Overload: refuse at once, cheaply, what the engine cannot start in time.
 
 A proxy in front of a server can only count requests; here the API process sees the engine's
-queue. A new request's wait is estimated as the work queued ahead of it over the engine's
-recent speed: the prompt tokens of the requests sent but not yet started that the scheduler
-would take first (`AdmissionControl._work_ahead`), plus the decode tokens the running
-requests will add meanwhile (one per running request per step, with
-`max_num_batched_tokens` tokens a step), divided by the tokens per second of step time the
-engine measured over its last seconds. Past `max_queue_wait`, or with `max_waiting` requests
-already queued, the request is refused with Anthropic's 529 `overloaded_error`, OpenAI's 503 or
-gRPC UNAVAILABLE, and a `retry-after`, so the official SDKs back off and retry (and a
+queue and how long the engine's steps take by their size. A new request's wait is predicted
+(zerohop.api.queue_model) from the work the scheduler would start before it
+(`AdmissionControl._work_ahead`: the prompt tokens and the requests sent but not started
+that it would take first) at the batch sizes that work will run at, as the engine measured
+them on its own steps: a burst after a quiet period is priced at a full batch's speed, not at
+the recent single stream's. Past `max_queue_wait`, or with `max_waiting` requests already
+queued, the request is refused with Anthropic's 529 `overloaded_error`, OpenAI's 503 or gRPC
+UNAVAILABLE, and a `retry-after`, so the official SDKs back off and retry (and a
 multi-replica client tries another replica). Overload is not ill health: `/ready` and the gRPC
 health service stay SERVING.
 
 Every response also carries the replica's load: `zerohop-queue-wait-ms` (the wait behind the
-whole queue), `zerohop-running`, `zerohop-waiting` and `zerohop-kv-usage`.
+whole queue), `zerohop-running`, `zerohop-waiting` and `zerohop-kv-usage`; an admitted one
+also its own predicted wait, `zerohop-predicted-queue-wait-ms`, and the wait it had,
+`zerohop-actual-queue-wait-ms` (see zerohop.api.queue_timing).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from zerohop.api.errors import ApiError
+from zerohop.api.queue_model import Ahead, EngineView, queue_wait
 from zerohop.engine.async_engine import AsyncEngine, Queued
 
 DEFAULT_MAX_QUEUE_WAIT = 30.0  # seconds; the SDKs' own timeouts are 10 minutes
@@ -57,6 +61,8 @@ class AdmissionControl:
         self.max_queue_wait = max_queue_wait or None  # 0 turns it off
         self.max_waiting = max_waiting or None
         self.fair_share = fair_share  # the engine's policy: vtc (True) or fcfs
+        self._stats: dict[str, Any] | None = None
+        self._engine_view: EngineView | None = None
 
     def load(self, request: Queued | None = None) -> Load:
         """The replica's load; with `request`, the queue wait that request would see."""
@@ -64,46 +70,51 @@ class AdmissionControl:
         stats = engine.latest_stats or {}
         running = int(stats.get("num_running", 0))
         blocks = max(1, int(stats.get("num_blocks", 1)))
-        ahead = self._work_ahead(request)
+        view = self._view(stats)
+        wait = None
+        if view is not None:
+            prompt = 0 if request is None else request.prompt_tokens
+            wait = queue_wait(view, self._work_ahead(request), prompt)
         return Load(
-            queue_wait=self._queue_wait(stats, running, ahead),
+            queue_wait=wait,
             running=running,
             waiting=len(engine.queued),
             kv_usage=int(stats.get("blocks_in_use", 0)) / blocks,  # blocks live requests hold
         )
 
-    def _work_ahead(self, request: Queued | None) -> int:
-        """Prompt tokens queued that would be computed before `request`. Under fair share
-        that is every higher class's, and of its own class, its tenant's queue times the
-        weights of the backlogged tenants over its own (they take turns): a tenant that
+    def _view(self, stats: dict[str, Any]) -> EngineView | None:
+        """The engine's batch as its latest stats say, parsed once per step's stats."""
+        if stats is not self._stats:
+            self._stats, self._engine_view = stats, EngineView.from_stats(stats)
+        return self._engine_view
+
+    def _work_ahead(self, request: Queued | None) -> Ahead:
+        """Prompt tokens and requests queued that would start before `request`. Under fair
+        share that is every higher class's, and of its own class, its tenant's queue times
+        the weights of the backlogged tenants over its own (they take turns): a tenant that
         floods the queue waits behind its own flood, not the others."""
         queued = list(self.engine.queued.values())
         if request is None or not self.fair_share:
-            return sum(q.prompt_tokens for q in queued)
-        higher = sum(q.prompt_tokens for q in queued if q.priority < request.priority)
+            return Ahead(sum(q.prompt_tokens for q in queued), len(queued))
+        higher = [q for q in queued if q.priority < request.priority]
         peers = [q for q in queued if q.priority == request.priority]
-        own = sum(q.prompt_tokens for q in peers if q.tenant == request.tenant)
+        own = [q for q in peers if q.tenant == request.tenant]
         weights = {q.tenant: q.weight for q in peers} | {request.tenant: request.weight}
         turns = sum(weights.values()) / request.weight
-        return higher + min(sum(q.prompt_tokens for q in peers), round(own * turns))
+        tokens = min(_tokens(peers), round(_tokens(own) * turns))
+        requests = min(len(peers), round(len(own) * turns))
+        return Ahead(_tokens(higher) + tokens, len(higher) + requests)
 
-    @staticmethod
-    def _queue_wait(stats: dict, running: int, ahead: int) -> float | None:
-        speed = float(stats.get("tokens_per_second", 0.0))
-        if speed <= 0:
-            return None
-        budget = max(1, int(stats.get("max_num_batched_tokens", 0)) - running)
-        decode_tokens = running * math.ceil(ahead / budget)
-        return (ahead + decode_tokens) / speed
-
-    def check(self, surface: str, request: Queued) -> None:
-        """Raise the surface's overload error when `request` should be refused."""
+    def check(self, surface: str, request: Queued) -> Load:
+        """Raise the surface's overload error when `request` should be refused; else its
+        load, with the queue wait predicted for it."""
         load = self.load(request)
         if self.max_waiting is not None and load.waiting >= self.max_waiting:
             self._refuse(surface, load, f"{load.waiting} requests are already waiting")
         wait = load.queue_wait
         if self.max_queue_wait is not None and wait is not None and wait > self.max_queue_wait:
             self._refuse(surface, load, f"the queue wait would be {wait:.1f} s")
+        return load
 
     def _refuse(self, surface: str, load: Load, why: str) -> None:
         status = 529 if surface == "anthropic" else 503
@@ -117,3 +128,7 @@ class AdmissionControl:
         ]
         message = f"this replica is overloaded ({why}); retry later or on another replica"
         raise ApiError(status, message, code="overloaded", headers=headers)
+
+
+def _tokens(queued: list[Queued]) -> int:
+    return sum(q.prompt_tokens for q in queued)

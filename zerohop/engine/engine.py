@@ -38,6 +38,9 @@ from zerohop.engine.throughput import ThroughputMeter, quantiles
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_GIB = 1.0
+# Start-up times one prefill step of this many tokens (at most the step budget): large
+# enough to be compute-bound, so the step-time model extrapolates from it linearly.
+CALIBRATION_TOKENS = 512
 MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
 REQUEST_FAILED = "the engine failed while processing this request"
 STEP_FAILED = "the engine failed while scheduling the batch this request was in"
@@ -128,15 +131,23 @@ class LLMEngine:
         return num_blocks
 
     def warmup(self) -> None:
-        """Run every code path once (prefill, chunk over cache, decode) before serving."""
-        length = min(2 * self.config.block_size + 3, self.max_model_len - 2)
+        """Run every code path once (prefill, chunk over cache, decode) before serving, then
+        time a large step: the queue-wait model's first figure for a burst (see
+        zerohop.engine.step_times), measured warm (first runs are slow, so not kept)."""
+        self._run_alone("__warmup__", min(2 * self.config.block_size + 3, self.max_model_len - 2))
+        self.throughput = ThroughputMeter()
+        capacity = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
+        budget = self.config.max_num_batched_tokens
+        self._run_alone("__calibrate__", min(budget, CALIBRATION_TOKENS, capacity - 2), token=2)
+        self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
+
+    def _run_alone(self, request_id: str, length: int, token: int = 1) -> None:
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        self.add_request("__warmup__", [1] * length, params)
+        self.add_request(request_id, [token] * max(1, length), params)
         while self.has_unfinished():
             for delta in self.step():
                 if delta.error:
                     raise RuntimeError(f"warm-up failed: {delta.error}")
-        self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
 
     # -- requests --------------------------------------------------------------------
 
