@@ -1,11 +1,16 @@
-"""Session-wide fixtures: torch threads and the tiny models, each built once per session."""
+"""Session-wide fixtures: torch threads, the tiny models (each built once per session), and
+the check that no error body the suite's servers send leaks internals (tests/error_bodies.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.error_bodies import ErrorRecord
+from zerohop.api.error_record import ENV as ERROR_RECORD_ENV
 
 TinyModelFactory = Callable[[str], Path]
 
@@ -21,6 +26,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & SLOW_FIXTURES or getattr(item, "originalname", item.name) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def error_record(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ErrorRecord]:
+    record = ErrorRecord(tmp_path_factory.getbasetemp() / "error-bodies.jsonl")
+    previous = os.environ.get(ERROR_RECORD_ENV)
+    os.environ[ERROR_RECORD_ENV] = str(record.path)
+    yield record
+    if previous is None:
+        os.environ.pop(ERROR_RECORD_ENV, None)
+    else:
+        os.environ[ERROR_RECORD_ENV] = previous
+    record.check("after the last test (server shutdowns)")
+
+
+@pytest.fixture(autouse=True)
+def _error_bodies_leak_nothing(error_record: ErrorRecord) -> Iterator[None]:
+    # Checked after each test, so a leak is reported on the test that caused it (or on the
+    # first test of a module whose fixtures caused it).
+    yield
+    error_record.check("during this test")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,6 +23,7 @@ import uvicorn
 
 from zerohop.api.app import create_app
 from zerohop.api.asgi import BodyDeadline
+from zerohop.api.error_record import recording_app
 from zerohop.api.guard import (
     ConnectionGuard,
     GuardLimits,
@@ -275,7 +276,7 @@ def is_loopback(host: str) -> bool:
 
 def _uvicorn_config(options: ServeOptions, ctx: ServingContext) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(ctx),
+        recording_app(create_app(ctx)),  # as it is, unless ZEROHOP_ERROR_RECORD is set
         host=options.host,
         port=options.port,
         http="zttp",

@@ -18,6 +18,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from zerohop.api.errors import ApiError
+from zerohop.api.grpc_error_record import grpc_interceptors
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.api.rate_headers import openai_rate_headers
@@ -300,6 +301,7 @@ async def start_grpc_server(
             *_PROTECTION_OPTIONS,
         ],
         compression=grpc.Compression.NoCompression,
+        interceptors=grpc_interceptors(),  # none, unless ZEROHOP_ERROR_RECORD is set
     )
     pb_grpc.add_ZerohopServicer_to_server(ZerohopServicer(ctx), server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -309,9 +311,12 @@ async def start_grpc_server(
         [SERVICE_NAME, health_name, reflection.SERVICE_NAME], server
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    try:
+        bound = server.add_insecure_port(address)  # grpcio raises, older ones return 0
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"gRPC: could not bind {address}")
+        raise RuntimeError(f"gRPC: cannot listen on {address} (in use, or not this host's)")
     await server.start()
     health.follow()
     return server, bound
