@@ -405,15 +405,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zerohop.engine.errors import ModelLoadError
-    from zerohop.gateway.gateway import GatewayStartError
-    from zerohop.models.default import ModelUnavailableError
+    from zerohop.cli_errors import failure_line
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ModelUnavailableError, ModelLoadError, GatewayStartError) as exc:
-        print(f"zerohop: {exc}", file=sys.stderr)
+    except Exception as exc:  # a refusal or an outside failure: one line (cli_errors)
+        line = failure_line(exc, getattr(args, "keys_db", None))
+        if line is None:
+            raise
+        print(f"zerohop: {line}", file=sys.stderr)
         return 1
 
 

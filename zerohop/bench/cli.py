@@ -169,8 +169,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise SystemExit("usage: zerohop bench compare A.json [B.json ...] [--plot PREFIX]")
     runs = {}
     for name in args.compare[1:]:
-        saved = json.loads(Path(name).read_text())
-        runs[Path(name).stem] = saved.get("runs", [saved])
+        runs[Path(name).stem] = _saved_runs(Path(name))
     from zerohop.bench.metrics import format_report
 
     for label, reports in runs.items():
@@ -180,6 +179,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in _plot(args.plot or Path("bench-compare"), runs):
         print(f"wrote {path}")
     return 0
+
+
+def _saved_runs(path: Path) -> list[dict]:
+    """The runs a `zerohop bench --out` file holds; ValueError naming the file if none."""
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError as exc:  # bad UTF-8 or JSON
+        raise ValueError(f"{path}: not a saved bench run ({exc})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: not a saved bench run (no JSON object)")
+    return saved.get("runs", [saved])
 
 
 def _plot(prefix: Path, runs: dict[str, list[dict]]) -> list[Path]:
