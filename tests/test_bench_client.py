@@ -279,8 +279,6 @@ def test_chat_prompts_are_fitted_without_count_tokens(live_server) -> None:
     import aiohttp
     from aiohttp import web
 
-    from tests.live_server import free_port
-
     async def forward(request: web.Request) -> web.Response:  # buffers: fine for sizing
         async with aiohttp.ClientSession() as session:
             url, body = live_server.url + request.path, await request.read()
@@ -292,19 +290,22 @@ def test_chat_prompts_are_fitted_without_count_tokens(live_server) -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", forward)  # no count_tokens: 404
-    port, loop, started = free_port(), asyncio.new_event_loop(), threading.Event()
+    loop, started, bound = asyncio.new_event_loop(), threading.Event(), []
 
     def serve() -> None:
         runner = web.AppRunner(app)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        site = web.TCPSite(runner, "127.0.0.1", 0)  # port 0: the kernel picks a free one
+        loop.run_until_complete(site.start())
+        bound.append(runner.addresses[0][1])  # the port it got
         started.set()
         loop.run_forever()
 
     threading.Thread(target=serve, daemon=True).start()
-    assert started.wait(10)
+    assert started.wait(60)
     try:
-        cfg = small_config(f"http://127.0.0.1:{port}", endpoint="openai-chat", input_tokens=40)
+        url = f"http://127.0.0.1:{bound[0]}"
+        cfg = small_config(url, endpoint="openai-chat", input_tokens=40)
         cfg.model, cfg.num_requests = MODEL_NAME, 2
         report = run_benchmark(cfg)
     finally:
