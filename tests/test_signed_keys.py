@@ -396,7 +396,7 @@ def test_looks_like_jwt(keys):
 # -- revocation --------------------------------------------------------------------------
 
 
-def test_revoked_by_sub_and_by_jti_reloaded_on_change(tmp_path, keys):
+def test_revoked_by_sub_and_by_jti_reloaded_on_change(tmp_path, keys, monkeypatch):
     private, public = keys["ed25519"]
     revoked = write(tmp_path, "revoked.txt", "# revoked keys\n\nkey-a   # leaked\njti-b\n")
     clock = Clock()
@@ -416,10 +416,14 @@ def test_revoked_by_sub_and_by_jti_reloaded_on_change(tmp_path, keys):
     revoked.write_text("jti-b\nkey-c\n")
     st = revoked.stat()
     os.utime(revoked, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    stats = count_stats(monkeypatch, revoked)
     clock.t += 0.5
-    assert v.verify(c).key_id == "key-c"  # not re-read yet: at most one stat() a second
+    for _ in range(100):
+        assert v.verify(c).key_id == "key-c"  # not re-read yet
+    assert stats == []  # 100 verifications within the interval: not one stat()
     clock.t += 0.6
     assert v.verify(a).key_id == "key-a"
+    assert len(stats) == 1  # the first verification once it was due: one stat(), re-read
     with pytest.raises(AuthenticationError, match="key 'key-c' is revoked"):
         v.verify(c)
     with pytest.raises(AuthenticationError, match="'jti-b'"):
@@ -437,7 +441,7 @@ def test_revoked_by_sub_and_by_jti_reloaded_on_change(tmp_path, keys):
     assert v.verify(c).key_id == "key-c"
 
 
-def test_revoked_reload_with_the_real_clock(tmp_path, keys):
+def test_revoked_reload_with_the_real_clock(tmp_path, keys, monkeypatch):
     private, public = keys["es256"]
     revoked = write(tmp_path, "revoked.txt", "")
     v = verifier(tmp_path, public, revoked_file=revoked)
@@ -446,9 +450,33 @@ def test_revoked_reload_with_the_real_clock(tmp_path, keys):
     revoked.write_text("k\n")
     st = revoked.stat()
     os.utime(revoked, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    time.sleep(1.05)
+    stats = count_stats(monkeypatch, revoked)
+    deadline = time.monotonic() + 30  # a safety net: the real clock makes the check due
+    while True:
+        try:
+            v.verify(token)
+        except AuthenticationError as exc:
+            assert "key 'k' is revoked" in str(exc)
+            break
+        assert stats == [], "the file was checked, yet the key is not revoked"
+        assert time.monotonic() < deadline, "the revoked file was never checked again"
+        time.sleep(0.01)
+    assert len(stats) == 1  # one stat() when the check came due, and that one re-read it
     with pytest.raises(AuthenticationError, match="key 'k' is revoked"):
         v.verify(token)
+
+
+def count_stats(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[Path]:
+    """Each os.stat() of `path` from now on (the real one is still called)."""
+    real_stat, seen = os.stat, []
+
+    def counting_stat(target, *args, **kwargs):
+        if isinstance(target, str | os.PathLike) and Path(target) == path:
+            seen.append(path)
+        return real_stat(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    return seen
 
 
 # -- the cache ---------------------------------------------------------------------------
