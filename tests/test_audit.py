@@ -1,22 +1,31 @@
-"""The audit log: hash chain, rotation, restarts, crashes, verify, and the request path."""
+"""The audit log: hash chain, rotation, restarts, crashes, verify, and the request path;
+the chain head recorded in the key store (a deleted tail is reported), and audit directory
+failures on a real server (`--audit-failure open|closed`, real EFBIG from RLIMIT_FSIZE)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
+import resource
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
-from zerohop.gateway import audit
+from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.gateway import audit, audit_cli
 from zerohop.gateway.audit import CURRENT, ZERO_HASH, AuditLog, log_files, verify
+from zerohop.gateway.audit_failure import AuditFailures
+from zerohop.gateway.audit_heads import ChainHead, HeadStore, read_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -304,7 +313,7 @@ def test_sigterm_flushes_everything(tmp_path: Path) -> None:
 
 def verify_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerohop")
-    audit.add_audit_parser(parser.add_subparsers(dest="command", required=True))
+    audit_cli.add_audit_parser(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
@@ -350,3 +359,311 @@ def test_zerohop_audit_verify_exit_codes(
     assert bad.stdout == (
         f"broken: {CURRENT} line 2: seq 2: records 1 missing here (deleted or moved)\n"
     )
+
+
+# -- the recorded chain head: a deleted tail is told ------------------------------------------
+
+
+class CountingHeads(HeadStore):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.saves: list[ChainHead] = []
+        self.saved = threading.Event()
+
+    def save(self, directory: Path, head: ChainHead) -> None:
+        super().save(directory, head)
+        self.saves.append(head)
+        self.saved.set()
+
+
+def write_with_heads(directory: Path, db: Path, n: int, start: int = 0) -> None:
+    with AuditLog(directory, flush_interval=0.01, heads=HeadStore(db)) as log:
+        for i in range(start, start + n):
+            log.record(entry(i))
+
+
+def drop_last_lines(path: Path, n: int) -> list[bytes]:
+    raw = path.read_bytes().split(b"\n")[:-1]
+    path.write_bytes(b"".join(line + b"\n" for line in raw[:-n]))
+    return raw[-n:]
+
+
+def test_close_records_the_chain_head_and_verify_checks_it(tmp_path: Path) -> None:
+    log_dir, db = tmp_path / "audit", tmp_path / "keys.db"
+    write_with_heads(log_dir, db, 10)
+    head = read_head(db, log_dir)
+    last = lines(log_dir)[-1]
+    assert head is not None and (head.seq, head.file) == (9, CURRENT)
+    assert head.hash == hashlib.sha256(last).hexdigest()
+    assert verify(log_dir, head=head).ok
+
+    [removed] = drop_last_lines(log_dir / CURRENT, 1)
+    assert removed == last
+    result = verify(log_dir, head=head)
+    assert not result.ok and result.first_broken is None
+    assert result.truncated == (
+        f"the chain head recorded at {head.describe()} is missing; the log ends at record 8"
+    )
+    (log_dir / CURRENT).unlink()
+    assert verify(log_dir, head=head).truncated.endswith("is missing; the log holds no records")
+
+
+def test_verify_names_a_rewritten_head(tmp_path: Path) -> None:
+    log_dir, db = tmp_path / "audit", tmp_path / "keys.db"
+    write_with_heads(log_dir, db, 5)
+    head = read_head(db, log_dir)
+    recs = records(log_dir)
+    recs[-1]["status"] = 500  # the last record rewritten: no later prev shows it
+    (log_dir / CURRENT).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    assert verify(log_dir).ok  # the chain alone cannot tell
+    result = verify(log_dir, head=head)
+    assert not result.ok and "does not match record 4 of the log" in result.truncated
+
+
+def test_the_head_is_recorded_while_writing_at_most_once_per_interval(tmp_path: Path) -> None:
+    heads = CountingHeads(tmp_path / "keys.db")
+    log = AuditLog(tmp_path / "audit", flush_interval=0.01, heads=heads, head_interval=3600)
+    log.start()
+    log.record(entry(0))
+    assert heads.saved.wait(30)  # the first head at the first write, before any close
+    assert [h.seq for h in heads.saves] == [0]
+    for i in range(1, 6):  # five more flushes, each waited for
+        log.record(entry(i))
+        deadline = time.monotonic() + 30
+        while log.written <= i and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert log.written == 6
+    assert [h.seq for h in heads.saves] == [0]  # not again within the interval
+    log.close()
+    assert [h.seq for h in heads.saves] == [0, 5]  # and at close, the final head
+
+
+def test_a_restart_after_a_truncation_keeps_the_gap(tmp_path: Path) -> None:
+    log_dir, db = tmp_path / "audit", tmp_path / "keys.db"
+    write_with_heads(log_dir, db, 6)
+    drop_last_lines(log_dir / CURRENT, 2)  # records 4 and 5 deleted
+    write_with_heads(log_dir, db, 2, start=6)  # restarted: continues after record 5
+    assert [r["seq"] for r in records(log_dir)] == [0, 1, 2, 3, 6, 7]
+    result = verify(log_dir, head=read_head(db, log_dir))
+    assert result.first_broken == (
+        f"{CURRENT} line 5: seq 6: records 4..5 missing here (deleted or moved)"
+    )
+
+
+# -- the real server and the real `zerohop audit verify` ---------------------------------------
+
+FSIZE = resource.RLIMIT_FSIZE
+FILLER = 2 * 2**20  # the audit file's size before the server starts: more than keys.db grows
+
+
+def zerohop_verify(directory: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "zerohop", "audit", "verify", str(directory), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def ask(server: LiveServer, surface: str = "anthropic") -> httpx.Response:
+    body = {"model": MODEL_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    path = "/v1/messages" if surface == "anthropic" else "/v1/chat/completions"
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
+def data_dir(log: Path) -> Path:
+    """Where LiveServer's server keeps its key store and (by default) its audit log."""
+    return log.parent / "data" / "zerohop"
+
+
+def wait_for(what: Callable[[], object], timeout: float = 60.0) -> object:
+    """Poll until `what()` is truthy; the timeout is a safety net, not the assertion."""
+    deadline = time.monotonic() + timeout
+    while not (value := what()):
+        assert time.monotonic() < deadline, "the awaited state never came"
+        time.sleep(0.05)
+    return value
+
+
+def metric(server: LiveServer, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    [value] = [ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")]
+    return float(value)
+
+
+def test_live_truncated_tail_is_reported_by_zerohop_audit_verify(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    server = LiveServer(llama_dir).start(log)
+    try:
+        assert all(ask(server).status_code == 200 for _ in range(3))
+    finally:
+        assert server.stop() == 0  # a clean shutdown records the final head
+    audit_dir, db = data_dir(log) / "audit", data_dir(log) / "keys.db"
+    ok = zerohop_verify(audit_dir)  # finds keys.db beside the audit folder, as serve lays it out
+    assert (ok.returncode, ok.stdout) == (0, "ok: 3 records in 1 files\n"), ok.stderr
+    head = read_head(db, audit_dir)
+    assert head is not None and head.seq == 2
+
+    [removed] = drop_last_lines(audit_dir / CURRENT, 1)
+    cut = zerohop_verify(audit_dir, "--keys-db", str(db))
+    assert cut.returncode == 1
+    assert cut.stdout == (
+        f"truncated: the chain head recorded at {head.describe()} is missing;"
+        " the log ends at record 1\n"
+    )
+    assert f"hash {hashlib.sha256(removed).hexdigest()})" in cut.stdout
+
+    # Restarted on the cut log: the chain goes on after the recorded head, the gap stays.
+    server = LiveServer(llama_dir).start(log)
+    try:
+        assert ask(server).status_code == 200
+    finally:
+        assert server.stop() == 0
+    gap = zerohop_verify(audit_dir)
+    assert gap.returncode == 1
+    assert (
+        gap.stdout
+        == f"broken: {CURRENT} line 3: seq 3: records 2 missing here (deleted or moved)\n"
+    )
+
+    (audit_dir / CURRENT).unlink()  # every file gone
+    gone = zerohop_verify(audit_dir)
+    assert gone.returncode == 1 and gone.stdout.startswith("truncated: the chain head recorded")
+    assert gone.stdout.endswith("(record 3, hash " + read_head(db, audit_dir).hash + ")"
+                                " is missing; the log holds no records\n")  # fmt: skip
+
+
+def test_live_records_after_the_last_recorded_head_lost_in_a_crash_are_not_truncation(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    server = LiveServer(llama_dir).start(log)
+    audit_dir, db = data_dir(log) / "audit", data_dir(log) / "keys.db"
+    try:
+        assert ask(server).status_code == 200
+        wait_for(lambda: read_head(db, audit_dir))  # recorded while serving, within ~1 s
+        assert ask(server).status_code == 200
+        wait_for(lambda: len(lines(audit_dir)) == 2)
+    finally:
+        server.process.kill()  # kill -9: no final head
+        server.process.wait(30)
+    assert read_head(db, audit_dir).seq in (0, 1)
+    drop_last_lines(audit_dir / CURRENT, 2 - read_head(db, audit_dir).seq - 1)
+    ok = zerohop_verify(audit_dir)  # the log still holds the recorded head: not truncated
+    assert (ok.returncode, ok.stdout) == (
+        0,
+        f"ok: {read_head(db, audit_dir).seq + 1} records in 1 files\n",
+    )
+    drop_last_lines(audit_dir / CURRENT, 1)  # now the recorded head itself is gone
+    cut = zerohop_verify(audit_dir)
+    assert cut.returncode == 1 and cut.stdout.startswith("truncated: ")
+
+
+# -- audit directory failures: real EFBIG from RLIMIT_FSIZE on the server process --------------
+
+
+def prefilled(log: Path) -> Path:
+    """The server's audit file, made FILLER bytes long before it starts (one valid record)."""
+    audit_dir = data_dir(log) / "audit"
+    with AuditLog(audit_dir) as filler:
+        filler.record({"request_id": "filler", "pad": "x" * FILLER})
+    return audit_dir / CURRENT
+
+
+@contextlib.contextmanager
+def audit_file_cannot_grow(pid: int, path: Path) -> Iterator[None]:
+    """Process `pid` can grow no file past the size `path` has now (EFBIG: Python ignores
+    SIGXFSZ); lifting the limit is the disk taking writes again."""
+    soft, hard = resource.prlimit(pid, FSIZE)
+    resource.prlimit(pid, FSIZE, (path.stat().st_size, hard))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, FSIZE, (soft, hard))
+
+
+def test_live_audit_failure_open_serves_and_counts_the_lost_records(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    current = prefilled(log)
+    server = LiveServer(llama_dir, ["--audit-max-pending", "2"]).start(log)
+    try:
+        assert ask(server).status_code == 200
+        wait_for(lambda: metric(server, "zerohop_audit_records_written_total") == 1)
+        with audit_file_cannot_grow(server.process.pid, current):
+            assert [ask(server).status_code for _ in range(4)] == [200] * 4  # served on
+            wait_for(lambda: metric(server, "zerohop_audit_records_lost_total") == 2)
+            assert metric(server, "zerohop_audit_records_pending") == 2
+            assert metric(server, "zerohop_audit_failing") == 1
+            assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+            # Retried at every flush: wait for a few failed writes (counted, not timed).
+            errors = wait_for(lambda: metric(server, "zerohop_audit_write_errors_total") >= 3)
+            errors = metric(server, "zerohop_audit_write_errors_total")
+        wait_for(lambda: metric(server, "zerohop_audit_failing") == 0)
+        assert metric(server, "zerohop_audit_records_pending") == 0
+    finally:
+        assert server.stop() == 0
+    said = [ln for ln in server.log().splitlines() if "audit: cannot write the log" in ln]
+    assert 1 <= len(said) < errors  # logged once per interval, not once per failed write
+    assert "Traceback" not in server.log()
+    ok = zerohop_verify(current.parent)
+    assert ok.returncode == 0, ok.stdout
+    recs = records(current.parent)
+    assert [r["status"] for r in recs if "status" in r] == [200] * 3  # 1 + the 2 kept
+    [marker] = [r for r in recs if "audit_lost" in r]
+    assert marker["audit_lost"] == 2 and "could not be written" in marker["audit_error"]
+
+
+def test_live_audit_failure_closed_refuses_with_503_until_the_log_can_be_written(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    current = prefilled(log)
+    server = LiveServer(llama_dir, ["--audit-failure", "closed"]).start(log)
+    try:
+        assert ask(server).status_code == 200
+        wait_for(lambda: metric(server, "zerohop_audit_records_written_total") == 1)
+        with audit_file_cannot_grow(server.process.pid, current):
+            first = ask(server)  # admitted before any write failed; its record waits
+            assert first.status_code == 200
+            wait_for(lambda: metric(server, "zerohop_audit_failing") == 1)
+            refused, refused_openai = ask(server), ask(server, "openai")
+            assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        wait_for(lambda: ask(server).status_code == 200)  # serves again once writes succeed
+    finally:
+        assert server.stop() == 0
+    assert refused.status_code == 503 and refused.headers["x-should-retry"] == "true"
+    error = refused.json()
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+    assert "audit log cannot be written" in error["error"]["message"]
+    assert refused_openai.status_code == 503
+    assert refused_openai.json()["error"]["code"] == "audit_unavailable"
+    assert zerohop_verify(current.parent).returncode == 0
+    recs = records(current.parent)
+    assert statuses(recs)[:3] == [200, 200, 503]  # refusals are audited too
+    assert not any("audit_lost" in r for r in recs)  # nothing lost: all kept and written
+
+
+def statuses(recs: list[dict]) -> list[int]:
+    return [r["status"] for r in recs if "status" in r]
+
+
+def test_failure_state_keeps_the_oldest_counts_the_rest_and_marks_them_once() -> None:
+    failures = AuditFailures("open", max_pending=2)
+    error = OSError(27, "File too large")
+    kept = failures.failed(error, [entry(i) for i in range(5)])
+    assert [e["request_id"] for e in kept] == ["req-0", "req-1"]
+    assert (failures.lost, failures.pending, failures.failing) == (3, 2, True)
+    assert not failures.refusing  # open: serving goes on
+    marker = failures.take_marker()
+    assert marker is not None and marker["audit_lost"] == 3
+    again = failures.failed(error, [*kept, marker, entry(5)])  # the marker was not written
+    assert [e["request_id"] for e in again] == ["req-0", "req-1"]
+    assert failures.lost == 4 and failures.write_errors == 2  # req-5, not the marker
+    assert failures.take_marker()["audit_lost"] == 4  # one marker tells all four
+    failures.succeeded()
+    assert failures.take_marker() is None and not failures.failing
+    closed = AuditFailures("closed")
+    closed.failed(error, [entry(0)])
+    assert closed.refusing
+    closed.succeeded()
+    assert not closed.refusing

@@ -32,5 +32,9 @@ def test_audit_content_keeps_prompt_and_output(llama_dir: Path, tmp_path: Path) 
     assert "Café au lait, s'il vous plaît" in record["prompt"]
     assert record["output"] == reply.json()["content"][0]["text"]
     assert record["output_tokens"] == reply.json()["usage"]["output_tokens"]
-    verify = [sys.executable, "-m", "zerohop", "audit", "verify", str(audit)]
-    assert subprocess.run(verify, capture_output=True, check=False).returncode == 0
+    keys_db = tmp_path / "data" / "zerohop" / "keys.db"  # the server's key store: the head
+    verify = [sys.executable, "-m", "zerohop", "audit", "verify", str(audit), "--keys-db", keys_db]
+    done = subprocess.run(verify, capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert done.stdout == f"ok: {len(records)} records in 1 files\n", done.stderr
+    assert "no chain head recorded" not in done.stderr  # --audit-dir's head is in the store

@@ -7,7 +7,7 @@
 - `probe`: time one streamed request and find buffering on the way (`zerohop.bench.probe_cli`);
 - `keys`: manage API keys, tenants, their limits and budgets, and signed keys
   (`zerohop.gateway.keys_cli`);
-- `audit`: check an audit log's hash chain (`zerohop.gateway.audit`);
+- `audit`: check an audit log's hash chain and recorded head (`zerohop.gateway.audit_cli`);
 - `generate`: generate text offline from one prompt, with the engine in this process.
 """
 
@@ -186,6 +186,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             audit=not args.no_audit,
             audit_content=args.audit_content,
             audit_max_bytes=args.audit_max_bytes,
+            audit_failure=args.audit_failure,
+            audit_max_pending=args.audit_max_pending,
             metrics=not args.no_metrics,
             metrics_key=args.metrics_key or os.environ.get("ZEROHOP_METRICS_KEY"),
             durability=args.durability,
@@ -353,6 +355,21 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--audit-max-bytes", type=int, default=64 * 2**20, help="rotate the audit file at this size"
     )
+    g.add_argument(
+        "--audit-failure",
+        choices=("open", "closed"),
+        default="open",
+        help="while the audit log cannot be written (disk error, full disk): open (default)"
+        " serves on and counts the records lost in /metrics; closed refuses new requests with"
+        " 503 until a write succeeds again; /health stays up either way",
+    )
+    g.add_argument(
+        "--audit-max-pending",
+        type=int,
+        default=10_000,
+        help="audit records kept in memory for retry while the log cannot be written (more"
+        " are lost and counted)",
+    )
     g.add_argument("--no-metrics", action="store_true", help="no GET /metrics")
     g.add_argument(
         "--no-gateway",
@@ -387,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     from zerohop.bench.probe_cli import add_probe_parser
 
     add_probe_parser(sub)
-    from zerohop.gateway.audit import add_audit_parser
+    from zerohop.gateway.audit_cli import add_audit_parser
     from zerohop.gateway.keys_cli import add_keys_parser
 
     add_keys_parser(sub)

@@ -76,6 +76,8 @@ class GatewayOptions:
     audit: bool = True
     audit_content: bool = False
     audit_max_bytes: int = 64 * 2**20
+    audit_failure: str = "open"  # while the audit log cannot be written: "open" or "closed"
+    audit_max_pending: int = 10_000  # audit records kept for retry meanwhile
     metrics: bool = True
     metrics_key: str | None = None
     durability: str = "full"  # the budget ledger: "normal" or "full" (see ledger_writer)
@@ -174,6 +176,10 @@ async def serve(options: ServeOptions) -> int:
     config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
     if gateway is not None and gateway.metrics is not None:
         gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
+        if gateway.audit is not None:
+            from zerohop.gateway.audit_metrics import AuditMetrics
+
+            gateway.metrics.register(AuditMetrics(gateway.audit))
     grpc_server = grpc_port = None
 
     def listening(http_port: int) -> None:
@@ -206,6 +212,7 @@ async def serve(options: ServeOptions) -> int:
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
     from zerohop.gateway.audit import AuditLog
+    from zerohop.gateway.audit_heads import HeadStore
     from zerohop.gateway.metrics import GatewayMetrics
 
     g = options.gateway
@@ -223,6 +230,9 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
             g.audit_dir or keys_db.parent / "audit",
             max_bytes=g.audit_max_bytes,
             include_content=g.audit_content,
+            heads=HeadStore(keys_db),  # the chain head, outside the log's directory
+            failure=g.audit_failure,
+            max_pending=g.audit_max_pending,
         )
     metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
     gateway = Gateway.from_store(

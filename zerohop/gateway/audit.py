@@ -20,11 +20,20 @@ the newline of a record that is not the log's last, breaks the chain at the next
 
 The API process's SIGTERM shutdown calls `close()`, as does an atexit hook on any normal
 interpreter exit: everything queued is written and fsynced. See LOSS_BOUND for `kill -9`.
+
+Chain head. With a `heads` store (`zerohop.gateway.audit_heads`: a table in the key store)
+the writer records the chain head there at most every `head_interval` seconds while writing,
+and at close(), so that `zerohop audit verify` reports a log whose newest records were
+deleted. A log found at start ending before its recorded head continues the chain from the
+recorded head: the records deleted stay visible as a gap in seq.
+
+Failures. A write that fails (disk error, full disk) is retried at every flush; what is kept
+meanwhile, what is lost, and whether requests are refused (`--audit-failure open|closed`)
+is `zerohop.gateway.audit_failure`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import fcntl
@@ -32,7 +41,6 @@ import hashlib
 import logging
 import os
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -41,6 +49,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
+
+from zerohop.gateway.audit_failure import DEFAULT_MAX_PENDING, AuditFailures, FailureMode
+from zerohop.gateway.audit_heads import ChainHead, HeadStore, check_head
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +75,7 @@ class VerifyResult:
     files: int
     first_broken: str | None = None  # "<file> line <n>: <reason>"
     torn: list[str] = field(default_factory=list)  # "<file> line <n>": ignored unterminated tails
+    truncated: str | None = None  # why the log does not hold the recorded chain head
 
 
 class AuditLog:
@@ -76,13 +88,24 @@ class AuditLog:
         max_bytes: int = 64 * 2**20,
         flush_interval: float = 0.2,
         include_content: bool = False,
+        heads: HeadStore | None = None,
+        head_interval: float = 1.0,
+        failure: FailureMode = "open",
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        if max_bytes <= 0 or flush_interval <= 0:
-            raise ValueError("max_bytes and flush_interval must be positive")
+        if max_bytes <= 0 or flush_interval <= 0 or head_interval <= 0:
+            raise ValueError("max_bytes, flush_interval and head_interval must be positive")
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.flush_interval = flush_interval
         self._include_content = include_content
+        self.failures = AuditFailures(failure, max_pending)
+        # The chain head as last recorded in `heads` (writer state too).
+        self._heads = heads
+        self.head_interval = head_interval
+        self._head_file = CURRENT  # the file holding the newest record
+        self._saved_seq = 0  # self._seq when the head was last recorded
+        self._saved_at = float("-inf")  # time.monotonic() then
         # The only state record() touches: deque.append is atomic and takes no lock.
         self._queue: deque[dict] = deque()
         self._closed = False
@@ -103,6 +126,11 @@ class AuditLog:
     @property
     def include_content(self) -> bool:
         return self._include_content
+
+    @property
+    def refusing(self) -> bool:
+        """`--audit-failure closed` and the log cannot be written now: refuse new requests."""
+        return self.failures.refusing
 
     def __enter__(self) -> AuditLog:
         self.start()
@@ -148,8 +176,10 @@ class AuditLog:
             if self._fd is None and self._lock_fd is None:
                 return
             self._write_batch()  # what record() queued after the writer's last drain
-            if self._retry:
-                log.error("audit: %d records could not be written", len(self._retry))
+            self.failures.closing_with(len(self._retry))
+            self._save_head(force=True)
+            if self._heads is not None:
+                self._heads.close()
             for fd in (self._fd, self._lock_fd):
                 if fd is not None:
                     os.close(fd)
@@ -165,6 +195,7 @@ class AuditLog:
             self._write_batch()
             if stopping:
                 return
+            self._save_head(force=False)
 
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -175,11 +206,44 @@ class AuditLog:
         current = self.directory / CURRENT
         if _ends_torn(current):
             self._rename_current()
-        head = _chain_head(self.directory)
-        if head is not None:
+        found = _chain_head(self.directory)
+        if found is not None:
+            self._head_file, head = found
             self._prev = hashlib.sha256(head).hexdigest()
             self._seq = _seq_of(head) + 1
+        self._continue_from_recorded_head()
         self._open_current()
+
+    def _continue_from_recorded_head(self) -> None:
+        """A log that ends before its recorded head lost its tail: chain on from the head."""
+        recorded = None if self._heads is None else self._heads.load(self.directory)
+        if recorded is None:
+            return
+        self._saved_seq = recorded.seq + 1
+        if recorded.seq < self._seq:
+            return  # the log holds it (verify checks its hash) and maybe records after it
+        reason = check_head(recorded, self._seq - 1 if self._seq else None, None)
+        log.error(
+            "audit: %s: %s; the chain continues from the recorded head, so the records"
+            " deleted show as a gap", self.directory, reason,
+        )  # fmt: skip
+        self._seq, self._prev, self._head_file = recorded.seq + 1, recorded.hash, recorded.file
+
+    def _save_head(self, *, force: bool) -> None:
+        """Record the chain head: at most every head_interval, or now if `force`."""
+        if self._heads is None or self._seq == self._saved_seq:
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < self.head_interval:
+            return
+        head = ChainHead(self._seq - 1, self._prev, self._head_file, time.time())
+        try:
+            self._heads.save(self.directory, head)
+        except Exception as exc:  # the log itself is written: go on, say so
+            log.error("audit: cannot record the chain head in %s: %s", self._heads.path, exc)
+            self._saved_at = now  # try again an interval later, not at every flush
+            return
+        self._saved_seq, self._saved_at = self._seq, now
 
     def _open_current(self) -> None:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
@@ -202,6 +266,8 @@ class AuditLog:
 
     def _write_batch(self) -> None:
         entries, self._retry = self._retry, []
+        if (marker := self.failures.take_marker()) is not None:
+            entries.append(marker)  # after what was kept, before what came since
         while self._queue:
             entries.append(self._queue.popleft())
         if not entries:
@@ -214,9 +280,10 @@ class AuditLog:
                 done += self._write_file_chunk(entries[done:])
                 if done < len(entries):
                     self._rotate()
-        except Exception:
-            log.exception("audit: write failed; %d records kept for retry", len(entries) - done)
-            self._retry = entries[done:]
+        except Exception as exc:
+            self._retry = self.failures.failed(exc, entries[done:])
+        else:
+            self.failures.succeeded()
 
     def _write_file_chunk(self, entries: list[dict]) -> int:
         """Append as many records as fit in the current file; return how many were written."""
@@ -232,6 +299,7 @@ class AuditLog:
         if lines:
             self._append(b"\n".join(lines) + b"\n")
             self._seq, self._prev, self._size = seq, prev, size
+            self._head_file = CURRENT
             self.written += len(lines)
         return len(lines)
 
@@ -333,11 +401,12 @@ def _last_complete_line(path: Path, block: int = 1 << 16) -> bytes | None:
         return None
 
 
-def _chain_head(directory: Path) -> bytes | None:
+def _chain_head(directory: Path) -> tuple[str, bytes] | None:
+    """(file name, line) of the log's newest complete record."""
     for path in reversed(log_files(directory)):
         line = _last_complete_line(path)
         if line is not None:
-            return line
+            return path.name, line
     return None
 
 
@@ -349,13 +418,17 @@ def _seq_of(line: bytes) -> int:
     return seq if isinstance(seq, int) else -1
 
 
-def verify(directory: Path, *, trust_first: bool = False) -> VerifyResult:
-    """Check the whole chain; `trust_first` accepts a log whose oldest files were removed."""
+def verify(
+    directory: Path, *, trust_first: bool = False, head: ChainHead | None = None
+) -> VerifyResult:
+    """Check the whole chain; `trust_first` accepts a log whose oldest files were removed;
+    with `head` (the recorded chain head) the log must hold it (else `truncated` says why)."""
     files = log_files(Path(directory))
     prev: str | None = None if trust_first else ZERO_HASH
     seq: int | None = None if trust_first else 0
     prev_at = ""
     records, torn = 0, []
+    hash_at_head = None
 
     def broken(where: str, reason: str) -> VerifyResult:
         return VerifyResult(False, records, len(files), f"{where}: {reason}", torn)
@@ -389,39 +462,11 @@ def verify(directory: Path, *, trust_first: bool = False) -> VerifyResult:
                     return broken(prev_at, f"edited: its SHA-256 is not the prev of {where}")
                 prev, seq, prev_at = hashlib.sha256(body).hexdigest(), got_seq + 1, where
                 records += 1
-    return VerifyResult(True, records, len(files), None, torn)
-
-
-def add_audit_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("audit", help="check an audit log", description="Audit log tools.")
-    asub = p.add_subparsers(dest="audit_command", required=True)
-    v = asub.add_parser(
-        "verify",
-        help="check the hash chain of an audit log directory",
-        description=(
-            "Check every record's prev (SHA-256 of the previous line) and seq, across rotated "
-            "files in name order then audit.jsonl. Exit 0: intact; 1: broken (the first broken "
-            "record is named); 2: DIR is not a directory."
-        ),
-    )
-    v.add_argument("directory", type=Path, metavar="DIR")
-    v.add_argument(
-        "--trust-first",
-        action="store_true",
-        help="accept the first record as the chain's start (older files were removed)",
-    )
-    v.set_defaults(func=cmd_audit_verify)
-
-
-def cmd_audit_verify(args: argparse.Namespace) -> int:
-    if not args.directory.is_dir():
-        print(f"zerohop audit verify: {args.directory}: not a directory", file=sys.stderr)
-        return 2
-    result = verify(args.directory, trust_first=args.trust_first)
-    for where in result.torn:
-        print(f"note: {where}: torn last line (a write cut by a crash), ignored")
-    if not result.ok:
-        print(f"broken: {result.first_broken}")
-        return 1
-    print(f"ok: {result.records} records in {result.files} files")
-    return 0
+                if head is not None and got_seq == head.seq:
+                    hash_at_head = prev
+    result = VerifyResult(True, records, len(files), None, torn)
+    if head is not None:
+        last_seq = None if seq is None or records == 0 else seq - 1
+        result.truncated = check_head(head, last_seq, hash_at_head)
+        result.ok = result.truncated is None
+    return result

@@ -154,6 +154,13 @@ class Gateway:
 
     async def admit(self, call: Call, prompt_tokens: int, max_tokens: int) -> int:
         """Charge the limits and reserve the budget; return the granted max_tokens."""
+        if self.audit is not None and self.audit.refusing:  # --audit-failure closed
+            call.decision = "audit_unavailable"
+            raise GatewayError(
+                503, "the audit log cannot be written now, and this server refuses requests"
+                " it cannot audit (--audit-failure closed); retry later",
+                call.decision, retry_after=1.0, should_retry=True, code=call.decision,
+            )  # fmt: skip
         admitted = self.limiter.admit(call.identity, prompt_tokens)
         if isinstance(admitted, Refusal):
             raise self._refused(call, admitted)
