@@ -26,7 +26,7 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.live_server import MODEL_NAME, LiveServer, free_port
+from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.gateway.store import hash_secret, new_key
@@ -49,7 +49,7 @@ BODIES: dict[tuple[str, str], dict | None] = {
     ("GET", f"/v1/models/{MODEL_NAME}"): None,
 }  # fmt: skip
 OPEN_PATHS = ("/health", "/ready", "/metrics")
-LIVE_DEADLINE = 1.5  # store changes must be live within this (the server polls every 0.5 s)
+SAFETY_TIMEOUT = 60.0  # seconds waited for a change to go live (the server polls every 0.5 s)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -112,14 +112,12 @@ def grpc_metadata(key: str | None, style: str = "x-api-key") -> list[tuple[str, 
 GRPC_METHODS = list(pb.DESCRIPTOR.services_by_name["Zerohop"].methods)
 
 
-def poll(check: Callable[[], bool], deadline: float) -> float:
-    """Seconds until `check()` held (polled every 50 ms); fails after `deadline` seconds."""
-    start = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - start
-        elapsed = time.monotonic() - start
-        assert elapsed < deadline, f"not live after {elapsed:.2f} s"
+def poll(check: Callable[[], bool], timeout: float = SAFETY_TIMEOUT) -> None:
+    """Wait until `check()` holds (polled every 50 ms). The timeout is a safety net for a
+    change that never goes live, not a bound under test."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"still not so after the {timeout} s safety timeout"
         time.sleep(0.05)
 
 
@@ -164,8 +162,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def server(llama_dir: Path, store: dict, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("keyed_server") / "server.log"
     srv = LiveServer(llama_dir, ["--keys-db", str(store["db"])]).start(log)
-    # The 1 s key has expired by now (start-up takes longer), but make sure.
-    time.sleep(max(0.0, store["records"]["expired"]["expires"] - time.time() + 0.05))
+    # The 1 s key has expired by now (start-up takes longer), but wait until the server says so.
+    expired = headers_for(store["keys"]["expired"])
+    path = "/v1/messages/count_tokens"
+    body = BODIES[("POST", path)]
+    poll(lambda: httpx.post(srv.url + path, json=body, headers=expired).status_code == 401)
     yield srv
     srv.stop()
 
@@ -378,15 +379,13 @@ def test_store_changes_are_live_without_restart(http, stub, store):
 
     # A key created while the server runs.
     created = cli_json("keys", "create", "--tenant", "acme", "--name", "late", "--keys-db", db)
-    took = poll(lambda: status(created["key"]) == 200, LIVE_DEADLINE)
-    print(f"new key live after {took:.2f} s")
+    poll(lambda: status(created["key"]) == 200)
 
     # The valid key's sibling, revoked while the server runs.
     sibling = store["keys"]["sibling"]
     assert status(sibling) == 200
     cli("keys", "revoke", store["records"]["sibling"]["key_id"], "--keys-db", db)
-    took = poll(lambda: status(sibling) == 401, LIVE_DEADLINE)
-    print(f"revocation live after {took:.2f} s")
+    poll(lambda: status(sibling) == 401)
     method = pb.DESCRIPTOR.services_by_name["Zerohop"].methods_by_name["CountTokens"]
     assert grpc_call(stub, method, grpc_metadata(sibling)) == grpc.StatusCode.UNAUTHENTICATED
     assert status(store["keys"]["valid"]) == 200  # the rest of the tenant is untouched
@@ -395,11 +394,10 @@ def test_store_changes_are_live_without_restart(http, stub, store):
     mutable, key_id = store["keys"]["mutable"], store["records"]["mutable"]["key_id"]
     assert status(mutable) == 200
     cli("keys", "update", key_id, "--models", "other-model", "--keys-db", db)
-    took = poll(lambda: status(mutable) == 403, LIVE_DEADLINE)
-    print(f"models restriction live after {took:.2f} s")
+    poll(lambda: status(mutable) == 403)
     assert grpc_call(stub, method, grpc_metadata(mutable)) == grpc.StatusCode.PERMISSION_DENIED
     cli("keys", "update", key_id, "--models", "", "--keys-db", db)
-    poll(lambda: status(mutable) == 200, LIVE_DEADLINE)
+    poll(lambda: status(mutable) == 200)
 
 
 # -- open mode ----------------------------------------------------------------------------------
@@ -427,10 +425,10 @@ def test_open_mode_on_loopback_without_keys(live_server: LiveServer):
 def test_no_keys_on_a_public_address_refuses_to_start_unless_allowed(llama_dir, tmp_path):
     empty = tmp_path / "empty" / "keys.db"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_DATA_HOME": str(tmp_path / "data")}
-    port = free_port()
+    port_file = tmp_path / "refusing.ports.json"  # written once it listens: never, here
     cmd = serve_cmd(
-        llama_dir, "--host", "0.0.0.0", "--port", port, "--grpc-port", free_port(),
-        "--keys-db", empty,
+        llama_dir, "--host", "0.0.0.0", "--port", 0, "--grpc-port", "auto",
+        "--port-file", port_file, "--keys-db", empty,
     )  # fmt: skip
     # The refusal and the --allow-anonymous start run side by side (each loads the model).
     refusing = subprocess.Popen(
@@ -453,8 +451,7 @@ def test_no_keys_on_a_public_address_refuses_to_start_unless_allowed(llama_dir, 
     assert "serving" not in stdout
     lines = [line for line in stderr.splitlines() if "--allow-anonymous" in line]
     assert len(lines) == 1 and lines[0].startswith("zerohop: no API keys configured"), stderr
-    with pytest.raises(httpx.HTTPError):  # nothing listens: it exited before serving
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+    assert not port_file.exists()  # it exited before binding any port: nothing listened
 
 
 # -- signed keys --------------------------------------------------------------------------------
@@ -537,13 +534,12 @@ def test_signed_keys_end_to_end(signed):
             failures.append(f"restricted gRPC: {code}")
         assert not failures, "\n".join(failures)
 
-        # Revoked while the server runs: the file is re-read within a second or so.
+        # Revoked while the server runs: the file is re-read (about once a second).
         later = tokens["later_revoked"]
         assert http_call(http, ("GET", "/v1/models"), later).status_code == 200
         with signed["revoked"].open("a") as f:
             f.write("fleet-5\n")
-        took = poll(lambda: http_call(http, ("GET", "/v1/models"), later).status_code == 401, 2.5)
-        print(f"signed-key revocation live after {took:.2f} s")
+        poll(lambda: http_call(http, ("GET", "/v1/models"), later).status_code == 401)
 
 
 # -- the CLI ------------------------------------------------------------------------------------
@@ -603,7 +599,7 @@ def test_cli_list_show_update_tenant_usage(server, http, store):
         assert r.status_code == 200, r.text
         return [u for u in cli_json("keys", "usage", "--keys-db", db) if u["tokens"] > 0]
 
-    poll(lambda: any(u["subject"] == "tenant:metered" for u in spent()), 5.0)
+    poll(lambda: any(u["subject"] == "tenant:metered" for u in spent()))
     usage = cli_json("keys", "usage", "--keys-db", db)
     row = next(u for u in usage if u["subject"] == "tenant:metered")
     assert row["period"].startswith("day:") and row["budget"] == 1000
