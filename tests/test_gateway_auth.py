@@ -469,6 +469,8 @@ def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         )
         assert "--jwt-public-key" in out
 
+    HOUR = ("--expires", "1h")
+
     def mint(*flags: str, pair: str = "op") -> str:
         token = cli("keys", "sign", "--private-key", d / f"{pair}.key", *flags).strip()
         assert token.count(".") == 2 and "\n" not in token
@@ -476,12 +478,12 @@ def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
     tokens = {
         "good": mint("--key-id", "fleet-1", "--tenant", "fleet", "--expires", "1h"),
-        "forever": mint("--key-id", "fleet-2", "--tenant", "fleet"),
-        "restricted": mint("--key-id", "fleet-3", "--tenant", "fleet", "--models", "x"),
-        "other_pair": mint("--key-id", "fleet-1", "--tenant", "fleet", pair="other"),
+        "forever": mint("--key-id", "fleet-2", "--tenant", "fleet", "--no-expiry"),
+        "restricted": mint("--key-id", "fleet-3", "--tenant", "fleet", "--models", "x", *HOUR),
+        "other_pair": mint("--key-id", "fleet-1", "--tenant", "fleet", *HOUR, pair="other"),
         "revoked_sub": mint("--key-id", "gone-1", "--tenant", "fleet", "--expires", "1h"),
-        "revoked_jti": mint("--key-id", "fleet-4", "--tenant", "fleet", "--jti", "jti-gone"),
-        "later_revoked": mint("--key-id", "fleet-5", "--tenant", "fleet"),
+        "revoked_jti": mint("--key-id", "fleet-4", "--tenant", "fleet", "--jti", "jti-gone", *HOUR),
+        "later_revoked": mint("--key-id", "fleet-5", "--tenant", "fleet", *HOUR),
     }
     # `keys sign` refuses a past --expires; an expired token needs the library (same signer).
     claims = {"sub": "fleet-old", "tenant": "fleet"}
@@ -489,6 +491,7 @@ def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     revoked = d / "revoked.txt"
     revoked.write_text("# revoked signed keys\ngone-1\njti-gone  # by token id\n")
     args = ["--jwt-public-key", str(d / "op.pub"), "--revoked", str(revoked)]
+    args += ["--allow-nonexpiring-signed-keys"]  # "forever" (tests/test_config_validation)
     args += ["--keys-db", str(d / "store" / "keys.db")]  # an empty store: only signed keys
     srv = LiveServer(llama_dir, args).start(d / "server.log")
     with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:

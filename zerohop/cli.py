@@ -19,16 +19,29 @@ import os
 import sys
 from pathlib import Path
 
+from zerohop.cli_types import (
+    NONNEGATIVE_INT,
+    NONNEGATIVE_NUMBER,
+    PORT,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    OneLineParser,
+    integer,
+)
+
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="most sequences per step")
+    g.add_argument("--max-num-seqs", type=POSITIVE_INT, default=256, help="most sequences per step")
     g.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step"
+        "--max-num-batched-tokens", type=POSITIVE_INT, default=2048, help="token budget of one step"
     )
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    g.add_argument("--block-size", type=POSITIVE_INT, default=16, help="tokens per KV cache block")
     g.add_argument(
-        "--kv-cache-memory", type=float, default=None, help="KV cache size in GiB (CPU: 1)"
+        "--kv-cache-memory",
+        type=POSITIVE_NUMBER,
+        default=None,
+        help="KV cache size in GiB (CPU: 1)",
     )
     g.add_argument(
         "--dtype",
@@ -65,13 +78,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix (KV) caching")
     g.add_argument(
-        "--num-threads", type=int, default=None, help="torch threads of the engine (default: cores)"
+        "--num-threads",
+        type=POSITIVE_INT,
+        default=None,
+        help="torch threads of the engine (default: cores)",
     )
-    g.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    g.add_argument("--max-model-len", type=POSITIVE_INT, default=None, help="context length cap")
     g.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (overrides GiB)"
+        "--num-kv-blocks",
+        type=POSITIVE_INT,
+        default=None,
+        help="KV pool size in blocks (overrides GiB)",
     )
-    g.add_argument("--debug-step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    g.add_argument(
+        "--debug-step-delay", type=NONNEGATIVE_NUMBER, default=0.0, help=argparse.SUPPRESS
+    )
 
 
 def _token_weights(text: str) -> tuple[float, float]:
@@ -181,6 +202,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             jwt_public_key=args.jwt_public_key,
             jwt_audience=args.jwt_audience,
             revoked=args.revoked,
+            allow_nonexpiring_signed_keys=args.allow_nonexpiring_signed_keys,
             allow_anonymous=args.allow_anonymous,
             audit_dir=args.audit_dir,
             audit=not args.no_audit,
@@ -216,7 +238,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     srv.add_argument(
         "--port",
-        type=int,
+        type=PORT,
         default=8000,
         help="HTTP port: HTTP/1.1, h2c and TLS+ALPN h2 (0: any free port, see --port-file)",
     )
@@ -239,10 +261,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="the model name clients use (default: the folder's or file's name, without a"
         " quantization suffix)",
     )
-    srv.add_argument("--max-body-bytes", type=int, default=32 * 2**20, help="larger bodies get 413")
+    srv.add_argument(
+        "--max-body-bytes", type=POSITIVE_INT, default=32 * 2**20, help="larger bodies get 413"
+    )
     srv.add_argument(
         "--drain-seconds",
-        type=float,
+        type=NONNEGATIVE_NUMBER,
         default=30.0,
         help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
     )
@@ -269,62 +293,67 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("protection (what a reverse proxy used to do)")
     g.add_argument(
         "--max-queue-wait",
-        type=float,
+        type=NONNEGATIVE_NUMBER,
         default=30.0,
         help="refuse a request at once (Anthropic 529, OpenAI 503, gRPC UNAVAILABLE, with"
         " retry-after) when its estimated queue wait is longer, in seconds (0: never)",
     )
     g.add_argument(
         "--max-waiting",
-        type=int,
+        type=NONNEGATIVE_INT,
         default=512,
         help="refuse a request at once when this many are already waiting (0: no limit)",
     )
     g.add_argument(
-        "--max-connections", type=int, default=4096, help="open HTTP connections at most"
+        "--max-connections", type=POSITIVE_INT, default=4096, help="open HTTP connections at most"
     )
     g.add_argument(
         "--max-connections-per-address",
-        type=int,
+        type=POSITIVE_INT,
         default=256,
         help="open HTTP connections from one client address at most",
     )
     g.add_argument(
         "--header-timeout",
-        type=float,
+        type=POSITIVE_NUMBER,
         default=20.0,
         help="seconds a request head may take to arrive (else 408 and close)",
     )
     g.add_argument(
         "--body-timeout",
-        type=float,
+        type=POSITIVE_NUMBER,
         default=30.0,
         help="seconds a request body may take, plus 1 s per --body-min-rate bytes (else 408)",
     )
     g.add_argument(
-        "--body-min-rate", type=float, default=4096.0, help="bytes per second a body must keep"
+        "--body-min-rate",
+        type=POSITIVE_NUMBER,
+        default=4096.0,
+        help="bytes per second a body must keep",
     )
     g.add_argument(
-        "--keep-alive-timeout", type=float, default=5.0, help="idle seconds before closing"
+        "--keep-alive-timeout",
+        type=POSITIVE_NUMBER,
+        default=5.0,
+        help="idle seconds before closing",
     )
     g.add_argument(
         "--max-header-bytes",
-        type=int,
+        type=POSITIVE_INT,
         default=32 * 1024,
         help="request headers larger than this get 431",
     )
     g.add_argument(
         "--http2-max-streams",
-        type=int,
+        type=integer(1, 128),
         default=128,
-        choices=range(1, 129),
         metavar="1..128",
         help="concurrent streams on one HTTP/2 connection (more are refused); the HTTP/2"
         " layer advertises and enforces 128, so 128 is also the most",
     )
     g.add_argument(
         "--grpc-max-concurrent-streams",
-        type=int,
+        type=POSITIVE_INT,
         default=100,
         help="gRPC calls in flight on one connection at most (a call started as another ends"
         " may be refused with UNAVAILABLE: clients should retry it)",
@@ -345,6 +374,11 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jwt-audience", default="zerohop", help="the `aud` signed keys must carry")
     g.add_argument("--revoked", type=Path, help="file of revoked signed-key ids / jti, one a line")
     g.add_argument(
+        "--allow-nonexpiring-signed-keys",
+        action="store_true",
+        help="accept signed keys without an expiry (exp); by default they are refused (401)",
+    )
+    g.add_argument(
         "--allow-anonymous",
         action="store_true",
         help="serve without keys on a non-loopback address (no keys configured)",
@@ -353,7 +387,10 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-audit", action="store_true", help="write no audit log")
     g.add_argument("--audit-content", action="store_true", help="audit prompts and outputs too")
     g.add_argument(
-        "--audit-max-bytes", type=int, default=64 * 2**20, help="rotate the audit file at this size"
+        "--audit-max-bytes",
+        type=POSITIVE_INT,
+        default=64 * 2**20,
+        help="rotate the audit file at this size",
     )
     g.add_argument(
         "--audit-failure",
@@ -365,7 +402,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--audit-max-pending",
-        type=int,
+        type=POSITIVE_INT,
         default=10_000,
         help="audit records kept in memory for retry while the log cannot be written (more"
         " are lost and counted)",
@@ -397,7 +434,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerohop", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="zerohop", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub)
     __import__("zerohop.bench.cli", fromlist=["add_bench_parser"]).add_bench_parser(sub)
@@ -412,9 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", help=MODEL_HELP)
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", type=POSITIVE_INT, default=32)
+    gen.add_argument("--temperature", type=NONNEGATIVE_NUMBER, default=0.0)
+    gen.add_argument("--seed", type=NONNEGATIVE_INT, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     add_engine_options(gen)
     gen.set_defaults(func=cmd_generate)

@@ -71,6 +71,7 @@ class GatewayOptions:
     jwt_public_key: Path | None = None
     jwt_audience: str = "zerohop"
     revoked: Path | None = None
+    allow_nonexpiring_signed_keys: bool = False  # accept signed keys without `exp`
     allow_anonymous: bool = False
     audit_dir: Path | None = None  # None: next to the keys database, in audit/
     audit: bool = True
@@ -222,7 +223,10 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
         from zerohop.gateway.signed_keys import SignedKeyVerifier
 
         verifier = SignedKeyVerifier(
-            g.jwt_public_key, audience=g.jwt_audience, revoked_file=g.revoked
+            g.jwt_public_key,
+            audience=g.jwt_audience,
+            revoked_file=g.revoked,
+            allow_nonexpiring=g.allow_nonexpiring_signed_keys,
         )
     audit = None
     if g.audit:

@@ -17,6 +17,7 @@ from zerohop.gateway import limits
 from zerohop.gateway.auth import (
     AuthenticationError,
     Authenticator,
+    InvalidKeyConfiguration,
     PermissionDenied,
     check_model,
 )
@@ -143,6 +144,11 @@ class Gateway:
         except AuthenticationError as exc:
             call.decision = "authentication"
             raise GatewayError(401, str(exc), "authentication") from exc
+        except InvalidKeyConfiguration as exc:  # a known key, its stored row invalid
+            call.decision = "invalid_key_configuration"
+            raise GatewayError(
+                403, str(exc), call.decision, should_retry=False, code=call.decision
+            ) from exc
 
     def check_model(self, call: Call, model: str) -> None:
         call.model = model
@@ -215,7 +221,15 @@ class Gateway:
 
     def _refused(self, call: Call, refusal: Refusal) -> GatewayError:
         call.decision = refusal.reason
-        return GatewayError(429, refusal.message, refusal.reason, retry_after=refusal.retry_after)
+        # No retry-after: a limit of 0, which waiting does not change (do not retry).
+        never = refusal.retry_after is None
+        return GatewayError(
+            429,
+            refusal.message,
+            refusal.reason,
+            retry_after=refusal.retry_after,
+            should_retry=False if never else None,
+        )
 
     def on_delta(self, call: Call, new_tokens: int, cached_tokens: int, now: float) -> None:
         """Charge one step's output tokens; refund the prompt tokens the prefix cache served."""
