@@ -1,6 +1,7 @@
 """Run `zerohop serve` as a real subprocess for API tests, on ports the server binds itself
 (`--port 0 --grpc-port auto`) and reports in its `--port-file`: no port is picked here and
-then bound there, so two servers cannot race for one."""
+then bound there, so two servers cannot race for one. Each inherits the environment, with the
+ZEROHOP_ERROR_RECORD file conftest checks every error body in (tests/error_bodies.py)."""
 
 from __future__ import annotations
 

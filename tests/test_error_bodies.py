@@ -6,15 +6,19 @@ seeing nothing, and that the patterns tell a leak from an API message."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import traceback
 
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from tests.error_bodies import ErrorRecord, leaks, offenders, read_records
 from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.api import grpc_error_record
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -113,3 +117,38 @@ def test_grpc_error_statuses_are_recorded(live_server: LiveServer, error_record)
     assert record["surface"] == "grpc" and record["where"] == "/zerohop.v1.Zerohop/Generate"
     assert record["status"] == "INVALID_ARGUMENT"
     assert record["body"] == refused.value.details()
+
+
+class _FailingHealth(health_aio.HealthServicer):
+    """Check: aborts for "abort", raises what no handler catches for "raise"."""
+
+    async def Check(self, request, context):
+        if request.service == "abort":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such service")
+        raise ValueError("internal detail")
+
+
+def test_grpc_records_what_the_client_gets(tmp_path) -> None:
+    # An uncaught exception is recorded in grpc.aio's own words, as the client receives them.
+    path = tmp_path / "errors.jsonl"
+
+    async def run() -> list[str]:
+        server = grpc.aio.server(interceptors=[grpc_error_record._GrpcErrors(path)])
+        health_pb2_grpc.add_HealthServicer_to_server(_FailingHealth(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        details = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("abort", "raise"):
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await stub.Check(health_pb2.HealthCheckRequest(service=service))
+                details.append(failed.value.details())
+        await server.stop(None)
+        return details
+
+    details = asyncio.run(run())
+    records, _ = read_records(path)
+    assert [r["body"] for r in records] == details
+    assert [r["status"] for r in records] == ["NOT_FOUND", "UNKNOWN"]
+    assert leaks(details[1]) == ["a Python class", "an exception class name"]

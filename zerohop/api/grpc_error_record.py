@@ -19,8 +19,8 @@ def grpc_interceptors() -> list[grpc.aio.ServerInterceptor]:
 
 
 class _GrpcErrors(grpc.aio.ServerInterceptor):
-    """Records each call's non-OK status: aborts and set_code when the call is done, and an
-    exception no handler caught as grpc.aio words it ("Unexpected <class ...>: ...")."""
+    """Records each call's non-OK status: what abort() or set_code() set, and for an
+    exception no handler caught, what grpc.aio sends ("Unexpected <class ...>: ...")."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -46,36 +46,38 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
             return behavior  # a synchronous handler: none is registered here
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            self._watch(context, method)
             try:
-                return await behavior(request, context)
+                result = await behavior(request, context)
             except Exception as exc:
-                self._unexpected(method, exc)
+                self._failed(method, context, exc)
                 raise
+            self._ended(method, context)
+            return result
 
         return call
 
     def _wrap_generator(self, behavior: Callable, method: str) -> Callable:
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
-            self._watch(context, method)
             try:
                 async for message in behavior(request, context):
                     yield message
             except Exception as exc:
-                self._unexpected(method, exc)
+                self._failed(method, context, exc)
                 raise
+            self._ended(method, context)
 
         return stream
 
-    def _watch(self, context: grpc.aio.ServicerContext, method: str) -> None:
-        def done(ended: grpc.aio.ServicerContext) -> None:
-            code = ended.code()
-            if code is not None and code != grpc.StatusCode.OK:
-                write(self.path, "grpc", method, code.name, ended.details() or "")
+    # Written before the call's status goes out, so a client that has seen it finds it here.
 
-        context.add_done_callback(done)
+    def _ended(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """A handler that returned after set_code/set_details."""
+        code = context.code()
+        if code is not None and code != grpc.StatusCode.OK:
+            write(self.path, "grpc", method, code.name, context.details() or "")
 
-    def _unexpected(self, method: str, exc: Exception) -> None:
-        if isinstance(exc, grpc.aio.AbortError):
-            return  # recorded when the call is done, with the status it set
-        write(self.path, "grpc", method, "UNKNOWN", f"Unexpected {type(exc)}: {exc}")
+    def _failed(self, method: str, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        if isinstance(exc, grpc.aio.AbortError):  # abort() has set the status it sends
+            self._ended(method, context)
+        else:
+            write(self.path, "grpc", method, "UNKNOWN", f"Unexpected {type(exc)}: {exc}")
