@@ -66,26 +66,32 @@ def recording_app(app: App) -> App:
 
 
 class _Response:
-    """What one HTTP response sent, recorded once it is over (or as each error chunk goes)."""
+    """What one HTTP response sends. Each record is written before the message it is about
+    goes out, so a client that has seen an error finds it in the record."""
 
     def __init__(self, path: Path, where: str) -> None:
         self.path, self.where = path, where
         self.status = 0
-        self.body = bytearray()
+        self.body: bytearray | None = None  # an error body not yet recorded
 
     def saw(self, message: dict) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            self.body = bytearray() if self.status >= 400 else None
         elif message["type"] == "http.response.body":
             chunk = message.get("body", b"")
-            if self.status >= 400:
+            if self.body is not None:
                 self.body += chunk
+                if not message.get("more_body", False):
+                    self.end()
             elif any(mark in chunk for mark in _STREAM_ERROR_MARKS):
                 self._write(chunk)
 
     def end(self) -> None:
-        if self.status >= 400:
-            self._write(bytes(self.body))
+        """Record the error body (what was sent of it, when the app stopped short)."""
+        if self.body is not None:
+            body, self.body = bytes(self.body), None
+            self._write(body)
 
     def _write(self, body: bytes) -> None:
         write(self.path, "http", self.where, self.status, body.decode("utf-8", "replace"))
