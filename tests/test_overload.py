@@ -190,7 +190,8 @@ def _engine_with_queue(queued: list[tuple[str, int, int]]):
     engine.latest_stats = {
         "num_running": 0, "num_blocks": 10000, "blocks_in_use": 5000, "blocks_free": 5000,
         "block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 256,
-        "step_times": [[1.0, 0.01], [256.0, 2.56]], "remaining_tokens": [],
+        "step_times": {"decode": [[1.0, 0.01]], "prefill": [[1.0, 0.01], [256.0, 2.56]]},
+        "remaining_tokens": [],
     }  # fmt: skip
     return engine
 

@@ -13,10 +13,11 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.overload import AdmissionControl
-from zerohop.api.queue_model import Ahead, EngineView, StepCurve, queue_wait
+from zerohop.api.queue_model import Ahead, EngineView, queue_wait
 from zerohop.api.queue_timing import QueueTiming
+from zerohop.api.wait_correction import WaitCorrection
 from zerohop.engine.async_engine import AsyncEngine, Queued
-from zerohop.engine.step_times import StepTimes
+from zerohop.engine.step_times import StepCurve, StepTimes
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 
 # What a light load of the default model on 2 threads shows (seconds): a 128-token prefill,
@@ -30,9 +31,9 @@ def _light_load() -> ThroughputMeter:
     """12 requests one at a time, 128 prompt tokens -> 64 output tokens each."""
     meter = ThroughputMeter()
     for _ in range(12):
-        meter.record(128, PREFILL_128)
+        meter.record(128, PREFILL_128, decodes=0)
         for _ in range(63):
-            meter.record(1, DECODE_1)
+            meter.record(1, DECODE_1, decodes=1)
     return meter
 
 
@@ -56,31 +57,36 @@ def _control(stats: dict, queued: list[Queued], **options: object) -> AdmissionC
 def test_step_times_keep_a_mean_per_power_of_two() -> None:
     times = StepTimes()
     for seconds in (0.030, 0.032, 0.028):
-        times.record(1, seconds)
-    times.record(16, 0.036)
-    times.record(12, 0.034)  # 9..16 tokens: the same bucket as 16
-    times.record(0, 1.0)  # nothing computed: ignored
-    (one, one_s), (sixteen, sixteen_s) = times.table()
+        times.record(1, seconds, decodes=1)
+    times.record(16, 0.036, decodes=16)
+    times.record(12, 0.034, decodes=12)  # 9..16 requests: the same bucket as 16
+    times.record(0, 1.0, decodes=0)  # nothing computed: ignored
+    (one, one_s), (fourteen, fourteen_s) = times.table()["decode"]
     assert (one, one_s) == (1.0, pytest.approx(0.030))
-    assert sixteen == pytest.approx(14.0) and sixteen_s == pytest.approx(0.035)
+    assert fourteen == pytest.approx(14.0) and fourteen_s == pytest.approx(0.035)
+    # A step of 16 decodes and 512 prompt tokens: the decodes' share (0.035 * 16 / 14, past
+    # the largest batch seen) is taken off, the rest is the prompt tokens'.
+    times.record(16 + 512, 0.5, decodes=16)
+    assert times.table()["prefill"] == [[512.0, pytest.approx(0.5 - 0.04)]]
 
 
 def test_the_curve_interpolates_and_is_never_worse_than_linear() -> None:
-    curve = StepCurve.from_table([[1, 0.03], [16, 0.036], [128, 0.30]])
+    curve = StepCurve.from_rows([[1, 0.03], [16, 0.036], [128, 0.30]])
     assert curve is not None
     assert curve(0) == 0.0 and curve(1) == 0.03
     assert curve(72) == pytest.approx(0.036 + (72 - 16) / 112 * (0.30 - 0.036))
     assert curve(2048) == pytest.approx(0.30 * 16)  # linear in tokens past the largest seen
     # A small step measured slower than a larger one (start-up, noise) counts as the larger.
-    noisy = StepCurve.from_table([[1, 0.05], [16, 0.036]])
+    noisy = StepCurve.from_rows([[1, 0.05], [16, 0.036]])
     assert noisy is not None and noisy(1) == 0.036
-    assert StepCurve.from_table([]) is None
+    assert StepCurve.from_rows([]) is None
 
 
 def test_a_burst_after_light_load_is_priced_at_the_full_batch() -> None:
     """The issue's case: after 12 requests one at a time, 32 requests of 128 tokens arrive.
     The light load's rate (~87 tokens/s) puts the last one 45 s away (the old estimate,
-    refused at --max-queue-wait 30); two steps of 2,048 tokens are 1 step before its own."""
+    refused at --max-queue-wait 30); the prompts ahead are one step of 2,048 tokens (16 times
+    the 128 seen) before its own step."""
     meter = _light_load()
     stats = _stats(meter)
     burst = [Queued(128, "default", 1.0, 0)] * 31
@@ -88,7 +94,7 @@ def test_a_burst_after_light_load_is_priced_at_the_full_batch() -> None:
     assert old_estimate > 30.0
     control = _control(stats, burst, max_queue_wait=30.0)
     load = control.check("openai", Queued(128, "default", 1.0, 0))
-    assert load.queue_wait == pytest.approx(PREFILL_128 * 16)  # 3,968 // 2,048 = 1 step
+    assert load.queue_wait == pytest.approx(PREFILL_128 * 16)
     assert load.queue_wait < old_estimate / 9
 
 
@@ -97,7 +103,7 @@ def test_decodes_at_batch_16_are_priced_at_the_batch_16_figure() -> None:
     of the batch of 16 (0.036 s each, once seen), not 16 times the single stream's."""
     meter = _light_load()
     for _ in range(20):
-        meter.record(16, DECODE_16)
+        meter.record(16, DECODE_16, decodes=16)
     stats = _stats(meter, num_running=16, max_num_seqs=16, remaining_tokens=[10] * 16)
     load = _control(stats, []).load(Queued(128, "default", 1.0, 0))
     in_progress = DECODE_16
@@ -105,38 +111,35 @@ def test_decodes_at_batch_16_are_priced_at_the_batch_16_figure() -> None:
     assert load.queue_wait < 10 * 16 * DECODE_1 / 4  # the batch-1 extrapolation
 
 
-def test_a_full_batch_waits_for_the_request_that_finishes_first() -> None:
-    remaining = quantiles(list(range(1, 65)))  # 64 running, 1..64 tokens to go
-    assert len(remaining) == 17 and remaining[0] == 1 and remaining[-1] == 64
-    view = EngineView(
-        curve=StepCurve((1.0, 64.0), (0.01, 0.02)),
-        running=64,
+def _view(running: int, max_seqs: int, blocks_free: int, remaining: list[int]) -> EngineView:
+    return EngineView(
+        decode=StepCurve((1.0, 64.0), (0.01, 0.02)),
+        prefill=StepCurve((1.0, 2048.0), (0.001, 1.0)),
+        running=running,
         budget=2048,
-        max_seqs=64,
-        blocks_free=10_000,
+        max_seqs=max_seqs,
+        blocks_free=blocks_free,
         block_size=16,
         remaining=tuple(remaining),
     )
+
+
+def test_a_full_batch_waits_for_the_request_that_finishes_first() -> None:
+    remaining = quantiles(list(range(1, 65)))  # 64 running, 1..64 tokens to go
+    assert len(remaining) == 17 and remaining[0] == 1 and remaining[-1] == 64
+    view = _view(64, 64, 10_000, remaining)
     assert view.seats(128) == 0
     first = queue_wait(view, Ahead(0, 0), 128)
     assert first == pytest.approx(0.02 + 1 * 0.02)  # the step in progress + 1 decode step
     eighth = queue_wait(view, Ahead(7 * 128, 7), 128)  # behind 7 queued: the 8th to finish
-    added = 7 * 128 * (view.curve(2048) - 0.02) / (2048 - 64)  # their prefills, on top
-    assert eighth == pytest.approx(0.02 + view.decode_steps_until_finished(8) * 0.02 + added)
+    in_progress = 0.02 + view.prefill(7 * 128)  # the 7 prompts taken to be in it
+    assert eighth == pytest.approx(in_progress + view.decode_steps_until_finished(8) * 0.02)
     assert 7.5 <= view.decode_steps_until_finished(8) <= 9  # about the 8th smallest of 1..64
     assert view.decode_steps_until_finished(64 + 64) == 64 * 2  # a second wave behind
 
 
 def test_kv_blocks_limit_the_seats() -> None:
-    view = EngineView(
-        curve=StepCurve((1.0,), (0.01,)),
-        running=2,
-        budget=256,
-        max_seqs=256,
-        blocks_free=40,
-        block_size=16,
-        remaining=(64, 64),
-    )
+    view = _view(2, 256, 40, [64, 64])
     # The running two grow 2 * 64 / 16 = 8 blocks; a 128-token prompt + 64 output needs 12.
     assert view.seats(128) == (40 - 8) // 12
 
@@ -167,6 +170,17 @@ def test_queue_timing_headers() -> None:
         (b"zerohop-actual-queue-wait-ms", b"700"),
     ]
     assert QueueTiming(None).headers() == []
+
+
+def test_measured_waits_correct_the_model() -> None:
+    correction = WaitCorrection(alpha=0.5)
+    timing = QueueTiming(predicted=correction(1.0), model=1.0, correction=correction)
+    timing.sent(now=0.0)
+    timing.first_delta(0.0, now=2.0)  # waited twice what the model said
+    assert correction.factor == pytest.approx(1.5) and correction(1.0) == pytest.approx(1.5)
+    correction.observe(0.001, 10.0)  # too short a prediction to learn a ratio from
+    correction.observe(1.0, 100.0)  # one wild measurement moves it to the bound at most
+    assert correction.factor == pytest.approx((1.5 + 4.0) / 2)
 
 
 # -- live: the tiny model, a light load, then a burst -------------------------------------------

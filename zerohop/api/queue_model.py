@@ -1,66 +1,30 @@
 """How long a new request will wait before the engine starts it, at the batch it will run at.
 
-The engine measures its steps by size (zerohop.engine.step_times: the mean time of a step of
-about n tokens, per power of two of n) and sends the table with every step's stats. Here that
-table becomes a curve, `StepCurve`: between the sizes seen, linear interpolation; below the
-smallest, the smallest's time; above the largest, the largest's time scaled linearly in
-tokens (the most pessimistic the model ever gets: a batch is never assumed to cost more than
-linear in its size, and a larger step is never assumed faster than a smaller one).
-
-A request's wait (`queue_wait`) is the time of the steps before the step that computes its
-first prompt token:
-- the step in progress (a decode of the running batch);
-- the prompt tokens ahead of it, `max_num_batched_tokens` a step less the running requests'
-  decode tokens, each step at the budget's size: a burst of 32 prompts ahead is two steps of
-  2,048 tokens, not 4,096 tokens at the rate of one stream;
-- when no slot is free for it (`max_num_seqs`, or KV blocks), the decode steps until enough
-  running requests finish, at the running batch's size (from the quantiles of the running
-  requests' output tokens left, `remaining_tokens`), the prompts ahead then costing what
-  they add to those steps.
+The engine times its steps by size (zerohop.engine.step_times): decodes by the number of
+requests decoding, prompt tokens by their number, each as a curve (`StepCurve`: linear
+between the sizes seen, never more pessimistic than linear in size past them). A request's
+wait (`queue_wait`) is the time of the steps before the step that computes its first prompt
+token:
+- the step in progress: the running batch's decodes and as much of the prompts ahead as fits
+  (`max_num_batched_tokens` a step; the stats are a step old, so the prompts sent just before
+  are taken to be in it);
+- the rest of the prompts ahead, in whole steps of the budget less the running requests'
+  decodes, each step its decodes plus its prompt tokens: a burst of 32 prompts of 128 tokens
+  ahead is two steps of 2,048 tokens, not 4,096 tokens at one stream's rate;
+- when no slot is free for it (`max_num_seqs`, or KV blocks), the decode steps of the running
+  batch until enough running requests finish (from the quantiles of their output tokens left,
+  `remaining_tokens`), plus what the prompts ahead add to those steps.
 It is a few arithmetic operations on numbers the engine sent: cheap enough for every admission.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(slots=True, frozen=True)
-class StepCurve:
-    """Seconds of one engine step by the tokens it computes."""
-
-    tokens: tuple[float, ...]  # ascending
-    seconds: tuple[float, ...]  # nondecreasing
-
-    @classmethod
-    def from_table(cls, table: list[list[float]]) -> StepCurve | None:
-        """From `EngineStats.step_times`; None before the engine has measured a step."""
-        points = sorted((float(t), float(s)) for t, s in table if t > 0 and s > 0)
-        if not points:
-            return None
-        tokens, seconds = [p[0] for p in points], [p[1] for p in points]
-        # A step is never slower than a larger one: a small step that measured slower (the
-        # first steps after start-up, a noisy neighbour) is brought down to the larger's.
-        for i in range(len(seconds) - 2, -1, -1):
-            seconds[i] = min(seconds[i], seconds[i + 1])
-        return cls(tuple(tokens), tuple(seconds))
-
-    def __call__(self, tokens: float) -> float:
-        if tokens <= 0:
-            return 0.0
-        ts, ss = self.tokens, self.seconds
-        if tokens <= ts[0]:
-            return ss[0]
-        if tokens >= ts[-1]:
-            return ss[-1] * tokens / ts[-1]
-        hi = bisect.bisect_left(ts, tokens)
-        lo = hi - 1
-        share = (tokens - ts[lo]) / (ts[hi] - ts[lo])
-        return ss[lo] + share * (ss[hi] - ss[lo])
+from zerohop.engine.step_times import StepCurve
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,7 +39,8 @@ class Ahead:
 class EngineView:
     """What the engine's latest stats say about its batch."""
 
-    curve: StepCurve
+    decode: StepCurve  # seconds of a step of n decodes
+    prefill: StepCurve  # seconds of n prompt tokens in a step
     running: int
     budget: int  # max_num_batched_tokens
     max_seqs: int
@@ -85,12 +50,16 @@ class EngineView:
 
     @classmethod
     def from_stats(cls, stats: Mapping[str, Any]) -> EngineView | None:
-        curve = StepCurve.from_table(stats.get("step_times") or [])
-        if curve is None:
+        """None before the engine has timed a decode and a prefill."""
+        times = stats.get("step_times") or {}
+        decode = StepCurve.from_rows(times.get("decode") or [])
+        prefill = StepCurve.from_rows(times.get("prefill") or [])
+        if decode is None or prefill is None:
             return None
         running = int(stats.get("num_running", 0))
         return cls(
-            curve=curve,
+            decode=decode,
+            prefill=prefill,
             running=running,
             budget=max(1, int(stats.get("max_num_batched_tokens", 0))),
             max_seqs=int(stats.get("max_num_seqs", 0)) or running + 1_000_000,
@@ -121,16 +90,20 @@ class EngineView:
 
 def queue_wait(view: EngineView, ahead: Ahead, prompt_tokens: int) -> float:
     """Seconds until the step that computes this request's first prompt token starts."""
-    curve, running = view.curve, view.running
-    in_progress = curve(running) if running else 0.0
-    per_step = max(1, view.budget - running)
-    prefill = (ahead.tokens // per_step) * curve(view.budget)
+    decode, prefill = view.decode(view.running), view.prefill
+    per_step = max(1, view.budget - view.running)
+    first = min(ahead.tokens, per_step)
+    whole, rest = divmod(ahead.tokens - first, per_step)
+    in_progress = decode + prefill(first)
+    steps = whole * (decode + prefill(per_step))
     short = ahead.requests + 1 - view.seats(prompt_tokens)
     if short <= 0:
-        return in_progress + prefill
-    decode = view.decode_steps_until_finished(short) * curve(running)
-    added = ahead.tokens * (curve(view.budget) - curve(running)) / per_step
-    return in_progress + max(prefill, decode + added)
+        return in_progress + steps
+    # No slot for it: it waits for `short` running requests to finish, decoding meanwhile;
+    # the prompts ahead start as slots free, adding their prefill to those steps.
+    decodes = view.decode_steps_until_finished(short) * decode
+    added = whole * prefill(per_step) + prefill(rest)
+    return in_progress + max(steps, decodes + added)
 
 
 def _mean(values: tuple[int, ...]) -> float:

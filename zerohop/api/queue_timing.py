@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from zerohop.api.wait_correction import WaitCorrection
+
 PREDICTED_HEADER = b"zerohop-predicted-queue-wait-ms"
 ACTUAL_HEADER = b"zerohop-actual-queue-wait-ms"
 
@@ -25,6 +27,8 @@ ACTUAL_HEADER = b"zerohop-actual-queue-wait-ms"
 @dataclass(slots=True)
 class QueueTiming:
     predicted: float | None  # seconds; None while the engine has not measured a step
+    model: float | None = None  # the step-time model's figure, before the correction
+    correction: WaitCorrection | None = None  # told the measured wait against `model`
     sent_at: float | None = None  # time.monotonic() when handed to the engine
     actual: float | None = None  # seconds
 
@@ -37,6 +41,8 @@ class QueueTiming:
             return
         now = time.monotonic() if now is None else now
         self.actual = max(0.0, now - self.sent_at - step_seconds)
+        if self.correction is not None and self.model is not None:
+            self.correction.observe(self.model, self.actual)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         pairs = []

@@ -38,9 +38,11 @@ from zerohop.engine.throughput import ThroughputMeter, quantiles
 log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_GIB = 1.0
-# Start-up times one prefill step of this many tokens (at most the step budget): large
-# enough to be compute-bound, so the step-time model extrapolates from it linearly.
+# Start-up times a prefill step of this many prompt tokens (at most the step budget; large
+# enough to be compute-bound, so the step-time model extrapolates from it linearly) in this
+# many requests, and then their decode step together.
 CALIBRATION_TOKENS = 512
+CALIBRATION_SEQS = 16
 MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
 REQUEST_FAILED = "the engine failed while processing this request"
 STEP_FAILED = "the engine failed while scheduling the batch this request was in"
@@ -132,18 +134,29 @@ class LLMEngine:
 
     def warmup(self) -> None:
         """Run every code path once (prefill, chunk over cache, decode) before serving, then
-        time a large step: the queue-wait model's first figure for a burst (see
+        time a batch's steps: the queue-wait model's first figures for a burst (see
         zerohop.engine.step_times), measured warm (first runs are slow, so not kept)."""
-        self._run_alone("__warmup__", min(2 * self.config.block_size + 3, self.max_model_len - 2))
+        length = min(2 * self.config.block_size + 3, self.max_model_len - 2)
+        self._run({"__warmup__": [1] * length})
         self.throughput = ThroughputMeter()
-        capacity = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
-        budget = self.config.max_num_batched_tokens
-        self._run_alone("__calibrate__", min(budget, CALIBRATION_TOKENS, capacity - 2), token=2)
+        self._run(self._calibration_prompts())
         self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
 
-    def _run_alone(self, request_id: str, length: int, token: int = 1) -> None:
+    def _calibration_prompts(self) -> dict[str, list[int]]:
+        """Prompts that fill one step of up to CALIBRATION_TOKENS prompt tokens, then decode
+        together: a prefill step and a decode step at batch CALIBRATION_SEQS, timed warm."""
+        cfg = self.config
+        budget = min(cfg.max_num_batched_tokens, CALIBRATION_TOKENS)
+        seqs = max(1, min(cfg.max_num_seqs, CALIBRATION_SEQS, budget))
+        room = min(self.max_model_len, self.pool.num_blocks * cfg.block_size // seqs) - 2
+        length = max(1, min(budget // seqs, room - cfg.block_size))
+        vocab = self.model_config.vocab_size
+        return {f"__calibrate_{i}__": [(2 + i) % vocab] * length for i in range(seqs)}
+
+    def _run(self, prompts: dict[str, list[int]]) -> None:
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        self.add_request(request_id, [token] * max(1, length), params)
+        for request_id, prompt in prompts.items():
+            self.add_request(request_id, prompt, params)
         while self.has_unfinished():
             for delta in self.step():
                 if delta.error:
@@ -268,7 +281,8 @@ class LLMEngine:
             if not seq.is_finished:  # it may have failed in `_advance`
                 self._append_or_fail(seq, row, result, step_deltas[seq.request_id])
         self._charge(chunks, step_deltas)
-        self.throughput.record(plan.num_tokens, time.perf_counter() - started)
+        decodes = sum(1 for c in chunks if c.num_tokens == 1)
+        self.throughput.record(plan.num_tokens, time.perf_counter() - started, decodes)
         return deltas + list(step_deltas.values())
 
     def _step_failed(self, seqs: list[Sequence], message: str) -> list[RequestDelta]:

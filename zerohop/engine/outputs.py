@@ -39,8 +39,9 @@ class EngineStats:
     max_num_batched_tokens: int = 0
     max_num_seqs: int = 0
     block_size: int = 0
-    # [[tokens, seconds], ...]: the mean step of each size (zerohop.engine.step_times)
-    step_times: list[list[float]] = field(default_factory=list)
+    # {"decode": [[requests, seconds], ...], "prefill": [[tokens, seconds], ...]}: the mean
+    # step of each size (zerohop.engine.step_times)
+    step_times: dict[str, list[list[float]]] = field(default_factory=dict)
     step_seconds: float = 0.0  # the latest step's
     # Output tokens the running requests may still produce (max_tokens left), ascending,
     # at most 17 evenly spaced of them (throughput.quantiles)

@@ -1,5 +1,6 @@
 """How fast the engine has been working: tokens per second of step time over the last
-seconds, the time of each size of step (zerohop.engine.step_times), and the last step's time.
+seconds, the time of each size of decode and of prefill (zerohop.engine.step_times), and
+the last step's time.
 
 The API process predicts a new request's queue wait from the step times by size (see
 zerohop.api.queue_model), and measures the wait it actually had with the last step's time
@@ -25,9 +26,12 @@ class ThroughputMeter:
         self.step_times = StepTimes()
         self.last_step_seconds = 0.0
 
-    def record(self, tokens: int, seconds: float, now: float | None = None) -> None:
+    def record(
+        self, tokens: int, seconds: float, decodes: int = 0, now: float | None = None
+    ) -> None:
+        """One step of `tokens`, `decodes` of them decodes (the rest prompt tokens)."""
         now = time.monotonic() if now is None else now
-        self.step_times.record(tokens, seconds)
+        self.step_times.record(tokens, seconds, decodes)
         self.last_step_seconds = seconds
         self._steps.append((now, tokens, seconds))
         self._tokens += tokens

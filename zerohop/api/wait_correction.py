@@ -1,0 +1,31 @@
+"""What the measured waits teach the queue-wait model: actual / predicted, learned online.
+
+The step-time model (zerohop.api.queue_model) prices the engine's steps; what it cannot see
+is time outside them: a busy event loop in this process, other processes on the machine
+slowing the engine between its measurements. Each admitted request's measured wait
+(zerohop.api.queue_timing) against the model's prediction for it updates an exponentially
+weighted mean of their ratio, and every prediction is the model's times that factor.
+Predictions under `floor` seconds say little about a ratio and are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class WaitCorrection:
+    factor: float = 1.0
+    alpha: float = 0.05  # weight of the newest request's ratio
+    floor: float = 0.05  # seconds
+    low: float = 0.5  # the factor's bounds: one odd measurement never swings it far
+    high: float = 4.0
+
+    def __call__(self, model_seconds: float) -> float:
+        return model_seconds * self.factor
+
+    def observe(self, model_seconds: float, actual_seconds: float) -> None:
+        if model_seconds < self.floor:
+            return
+        ratio = min(self.high, max(self.low, actual_seconds / model_seconds))
+        self.factor += self.alpha * (ratio - self.factor)
