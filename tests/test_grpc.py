@@ -308,8 +308,10 @@ def doomed_stub(doomed_server):
         yield pb_grpc.ZerohopStub(channel)
 
 
-def test_engine_death_is_unavailable(doomed_stub, doomed_server) -> None:
-    """Kills the engine process, of a server of its own."""
+def test_engine_death_is_unavailable_until_it_restarts(doomed_stub, doomed_server) -> None:
+    """Kills the engine process, of a server of its own: the call in flight and the calls
+    while it restarts are UNAVAILABLE with a retry-after, health NOT_SERVING; then the
+    restarted engine serves them again."""
     pid = doomed_server.process.pid
     tasks = Path(f"/proc/{pid}/task").glob("*/children")
     (engine_pid,) = [int(child) for task in tasks for child in task.read_text().split()]
@@ -319,13 +321,22 @@ def test_engine_death_is_unavailable(doomed_stub, doomed_server) -> None:
     with pytest.raises(grpc.RpcError) as info:
         list(call)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    with pytest.raises(grpc.RpcError) as info:
-        _collect(doomed_stub, _request(prompt="no engine", max_tokens=2))
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "restarting" in info.value.details()
+    assert int(dict(info.value.trailing_metadata())["retry-after"]) >= 1
+    deadline = time.monotonic() + 120  # a safety net only
+    while True:
+        try:
+            token_ids, _, _ = _collect(doomed_stub, _request(prompt="again", max_tokens=2))
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            assert time.monotonic() < deadline, "the engine was not restarted"
+            time.sleep(0.1)
+    assert len(token_ids) == 2
     with grpc.insecure_channel(f"127.0.0.1:{doomed_server.grpc_port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         reply = health.Check(health_pb2.HealthCheckRequest(service=""))
-    assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_a_second_server_cannot_take_the_port(live_server, llama_dir) -> None:

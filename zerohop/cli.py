@@ -167,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from zerohop.api.asgi import BodyDeadline
     from zerohop.api.guard import GuardLimits
+    from zerohop.engine.supervisor import RestartPolicy
     from zerohop.server import GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -195,6 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_deadline=BodyDeadline(args.body_timeout, args.body_min_rate),
         max_queue_wait=args.max_queue_wait,
         max_waiting=args.max_waiting,
+        engine_restarts=RestartPolicy(args.engine_max_restarts, args.engine_restart_window),
         max_header_bytes=args.max_header_bytes,
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
@@ -270,10 +272,31 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
     )
+    add_supervision_options(srv)
     add_protection_options(srv)
     add_gateway_options(srv)
     add_engine_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def add_supervision_options(parser: argparse.ArgumentParser) -> None:
+    from zerohop.engine.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW
+
+    g = parser.add_argument_group("engine supervision (a dead engine process is restarted)")
+    g.add_argument(
+        "--engine-max-restarts",
+        type=NONNEGATIVE_INT,
+        default=DEFAULT_MAX_RESTARTS,
+        help="give up (fail /health, exit 1) past this many engine restarts within"
+        " --engine-restart-window, or this many failed starts in a row (0: never restart)",
+    )
+    g.add_argument(
+        "--engine-restart-window",
+        type=POSITIVE_NUMBER,
+        default=DEFAULT_RESTART_WINDOW,
+        metavar="SECONDS",
+        help="the window --engine-max-restarts counts restarts in",
+    )
 
 
 def _grpc_port(text: str) -> int | None:

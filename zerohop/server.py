@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +34,8 @@ from zerohop.api.guard import (
 )
 from zerohop.api.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
-from zerohop.engine.async_engine import AsyncEngine
 from zerohop.engine.checkpoint import open_checkpoint
+from zerohop.engine.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.gateway.gateway import Gateway, GatewayStartError
 from zerohop.gateway.store import KeyStore, default_db_path
 
@@ -62,6 +63,7 @@ class ServeOptions:
     max_header_bytes: int = 32 * 1024
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
+    engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 @dataclass(slots=True)
@@ -135,7 +137,9 @@ async def serve(options: ServeOptions) -> int:
         raise GatewayStartError(warning)
     engine_options = options.engine_options or {}
     # The engine process loads the weights while this one builds the tokenizer.
-    starting = asyncio.create_task(AsyncEngine.start(str(options.model_path), **engine_options))
+    starting = asyncio.create_task(
+        EngineSupervisor.start(str(options.model_path), options.engine_restarts, **engine_options)
+    )
     try:
         checkpoint = await asyncio.to_thread(open_checkpoint, options.model_path)
         tokenizer = await asyncio.to_thread(checkpoint.tokenizer)
@@ -176,7 +180,10 @@ async def serve(options: ServeOptions) -> int:
     guard = ConnectionGuard(options.guard)
     config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
     if gateway is not None and gateway.metrics is not None:
+        from zerohop.gateway.metrics import EngineRestartMetrics
+
         gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
+        gateway.metrics.register(EngineRestartMetrics(lambda: engine.restarts))
         if gateway.audit is not None:
             from zerohop.gateway.audit_metrics import AuditMetrics
 
@@ -189,6 +196,8 @@ async def serve(options: ServeOptions) -> int:
             write_port_file(options.port_file, http_port, grpc_port)
 
     server = DrainingServer(config, ctx, on_listening=listening)
+    engine.on_give_up = lambda _: setattr(server, "should_exit", True)  # then exit 1
+    server.should_exit = engine.gave_up is not None
     try:
         if options.grpc_port is not None:
             from zerohop.api.grpc_service import GrpcDrain, start_grpc_server
@@ -208,6 +217,9 @@ async def serve(options: ServeOptions) -> int:
         await engine.shutdown()
         if gateway is not None:
             await gateway.close()  # after the streams: their audit records are flushed too
+    if engine.gave_up is not None:  # the orchestrator restarts the pod on a non-zero exit
+        print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -10,6 +11,7 @@ from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, header, s
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
 from zerohop.api.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id
+from zerohop.engine.async_engine import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,7 @@ SURFACES = {anthropic_body: "anthropic", openai_body: "openai"}
 
 _HEALTHY = b'{"status":"ok"}'
 _NOT_READY = b'{"status":"unavailable"}'
+_FAILED = b'{"status":"failed"}'
 
 
 def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
@@ -38,9 +41,13 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
 
     async def _http(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        # Health first and cheapest: it never touches the engine or the scheduler.
+        # Health first and cheapest: it never touches the engine or the scheduler. /health
+        # is 200 while the process can serve or is recovering (an engine restart), 503 once
+        # the engine cannot be restarted (the process then exits non-zero); /ready is 200
+        # only while requests are served (see deploy/kubernetes/README.md).
         if path == "/health":
-            return await send_json(send, 200, None, raw=_HEALTHY)
+            ok = ctx.alive
+            return await send_json(send, 200 if ok else 503, None, raw=_HEALTHY if ok else _FAILED)
         if path == "/ready":
             ok = ctx.ready
             return await send_json(
@@ -49,7 +56,10 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         if path == "/engine/stats" and scope["method"] == "GET":
             if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
                 return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
-            return await send_json(send, 200, await ctx.engine.stats())
+            try:
+                return await send_json(send, 200, await ctx.engine.stats())
+            except EngineDeadError:
+                return await send_json(send, 503, None, raw=_NOT_READY)
         if path == "/metrics" and scope["method"] == "GET":
             return await _metrics(scope, send)
         request_id = new_request_id()
@@ -110,7 +120,9 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
             return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
         engine = ctx.engine
-        stats = None if engine.dead else (engine.latest_stats or await engine.stats())
+        stats = None
+        with contextlib.suppress(EngineDeadError):  # it may die while it answers
+            stats = None if engine.dead else (engine.latest_stats or await engine.stats())
         body, content_type = gateway.metrics.render(stats)
         await send(
             {

@@ -2,6 +2,10 @@
 
 The gateway (keys, rate limits, budgets) sits between parsing a request and handing it to
 the engine: `admit` is that place, and `generate` charges each step's tokens.
+
+While the engine process restarts (see `zerohop.engine.supervisor`) a new request is refused
+at once with Anthropic's 529, OpenAI's 503 or gRPC UNAVAILABLE and a `retry-after` of the
+expected restart time; a request in flight when the engine died ends with the same error.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any
 from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
 from zerohop.api.overload import AdmissionControl
-from zerohop.engine.async_engine import AsyncEngine, EngineDeadError, Queued
+from zerohop.engine.async_engine import EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import BATCH, INTERACTIVE
 from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.request_options import check_weight
 from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.supervisor import EngineSupervisor
 from zerohop.engine.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 
@@ -44,6 +50,18 @@ def api_error(error: GatewayError) -> ApiError:
     codes = {401: "invalid_api_key", 403: "model_not_allowed", 429: "rate_limit_exceeded"}
     code = error.code or codes.get(error.status)
     return ApiError(error.status, error.message, code=code, headers=headers)
+
+
+def unavailable(surface: str, message: str, retry_after: float) -> ApiError:
+    """Anthropic's 529 overloaded_error, OpenAI's 503 (gRPC: UNAVAILABLE), with retry-after:
+    the official SDKs retry it, and zerohop.client tries another replica."""
+    headers = [
+        (b"retry-after", str(max(1, int(retry_after + 0.999))).encode()),
+        (b"retry-after-ms", str(int(retry_after * 1000)).encode()),
+        (b"x-should-retry", b"true"),
+    ]
+    status = 529 if surface == "anthropic" else 503
+    return ApiError(status, message, code="unavailable", headers=headers)
 
 
 def engine_options(call: Call) -> dict[str, Any]:
@@ -79,7 +97,7 @@ def sampling_params(
 
 @dataclass(slots=True)
 class ServingContext:
-    engine: AsyncEngine
+    engine: EngineSupervisor
     tokenizer: Tokenizer
     model_name: str
     max_model_len: int
@@ -99,6 +117,25 @@ class ServingContext:
     @property
     def ready(self) -> bool:
         return not self.draining and self.engine.dead is None
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine cannot be restarted: /health fails, the process exits."""
+        return getattr(self.engine, "gave_up", None) is None
+
+    def not_ready_error(self, surface: str) -> ApiError:
+        if self.draining:
+            return unavailable(surface, "the server is shutting down; retry on another replica", 1)
+        if not self.alive:
+            message = "this replica's engine cannot be restarted; retry on another replica"
+            return unavailable(surface, message, 1)
+        message = "the engine is restarting; retry in a few seconds"
+        return unavailable(surface, message, self.engine.retry_after())
+
+    def lost_error(self, surface: str) -> ApiError:
+        """The error of a request that was in flight when the engine process died."""
+        message = "the engine stopped while serving this request and is restarting; retry it"
+        return unavailable(surface, message, self.engine.retry_after())
 
     def load_headers(self) -> list[tuple[bytes, bytes]]:
         return [] if self.admission is None else self.admission.load().headers()
@@ -150,9 +187,13 @@ class ServingContext:
     async def admit(self, call: Call, prompt: list[int], params: SamplingParams) -> SamplingParams:
         """Rate limits and budget: refuse, or admit with max_tokens clamped to the budget."""
         if not self.ready:
-            raise ApiError(529, "the server is shutting down or its engine is unavailable")
+            raise self.not_ready_error(call.surface)
+        options = engine_options(call)
+        try:  # the key store validates weights too; a bad one must never reach a division
+            check_weight(options["weight"])
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), code="invalid_tenant_weight") from exc
         if self.admission is not None:  # before the gateway: a refusal costs no quota
-            options = engine_options(call)
             request = Queued(len(prompt), options["tenant"], options["weight"], options["priority"])
             try:
                 self.admission.check(call.surface, request)
@@ -210,7 +251,7 @@ class ServingContext:
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc)) from exc
         except EngineDeadError as exc:
-            raise ApiError(500, f"the engine failed: {exc}") from exc
+            raise self.lost_error(call.surface) from exc
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -2,7 +2,9 @@
 
 The model and step loop run in a separate process (see DESIGN.md: an engine thread next to
 a busy event loop loses most of its steps to the GIL). This side owns one socket to it,
-read by the event loop, and routes each step's deltas to the waiting streams.
+read by the event loop, and routes each step's deltas to the waiting streams. One
+`AsyncEngine` is one engine process's life: when it dies, every stream and call fails with
+`EngineDeadError`; `zerohop.engine.supervisor` starts the next one.
 """
 
 from __future__ import annotations
@@ -58,8 +60,6 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         # Requests sent whose first delta has not come back: the queue as this side sees it,
         # current to the moment (the engine's own counters are a step old).
-        # Requests sent whose first delta has not come back: the queue as this side sees it,
-        # current to the moment (the engine's own counters are a step old).
         self.queued: dict[str, Queued] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count()
@@ -79,9 +79,14 @@ class AsyncEngine:
             env=_engine_environment(),
         )
         child.close()
-        reader, self._writer = await asyncio.open_connection(sock=parent)
-        self._send(["start", str(model_path), engine_options])
-        first = await _read_frame(reader)
+        try:
+            reader, self._writer = await asyncio.open_connection(sock=parent)
+            self._send(["start", str(model_path), engine_options])
+            first = await _read_frame(reader)
+        except BaseException:  # cancelled (the server stops while it starts): no orphan
+            self._process.kill()
+            await asyncio.to_thread(self._process.wait)
+            raise
         if first is None or first[0] != "ready":
             await self.shutdown()
             reason = first[1] if first else "the engine process exited during start-up"
@@ -89,6 +94,23 @@ class AsyncEngine:
         self.info = first[1]
         self._reader_task = asyncio.create_task(self._read_loop(reader))
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    async def wait_closed(self) -> str:
+        """Wait until the engine process has gone (exited, killed or shut down): why."""
+        task = self._reader_task
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():  # this waiter was cancelled, not the reader
+                    raise
+            except Exception:
+                log.exception("engine reader failed")
+        return self.dead or "the engine process exited"
 
     async def generate(
         self,
@@ -161,6 +183,9 @@ class AsyncEngine:
                 self._dispatch(message)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             reason = f"lost the engine process: {exc}"
+        except Exception as exc:  # a message this side cannot read: the process is no use
+            log.exception("engine process: unreadable message")
+            reason = f"lost the engine process: {type(exc).__name__}"
         self._mark_dead(reason)
 
     def _dispatch(self, message: list) -> None:

@@ -350,3 +350,21 @@ class GatewayMetrics:
             )  # fmt: skip
             family.add_metric((str(self.block_size), str(num_blocks), "0"), 1)
             yield family
+
+
+class EngineRestartMetrics(Collector):
+    """`zerohop_engine_restarts_total`: engine processes started after the first one died
+    (`EngineSupervisor.restarts`, every attempt), read at scrape time; `register` it."""
+
+    def __init__(self, restarts: Callable[[], int]) -> None:
+        self.restarts = restarts
+
+    def describe(self) -> Iterator[Metric]:  # the name, so a second registration is refused
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "zerohop_engine_restarts",
+            "Engine processes started after the engine process died.",
+            value=self.restarts(),
+        )
