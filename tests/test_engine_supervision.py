@@ -61,7 +61,7 @@ class HealthWatch:
         return self
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5) as client:
+        with httpx.Client(timeout=30) as client:  # a loaded machine is slow, not unhealthy
             while not self._stop.is_set():
                 try:
                     self.answers.append(client.get(self.url).status_code)
