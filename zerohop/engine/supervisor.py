@@ -79,6 +79,7 @@ class EngineSupervisor:
         started = time.monotonic()
         engine = await AsyncEngine.start(model_path, **engine_options)
         elapsed = time.monotonic() - started
+        log.info("engine process started in %.1f s", elapsed)
         return cls(engine, model_path, engine_options, policy or RestartPolicy(), elapsed)
 
     # -- what the server reads ------------------------------------------------------------
