@@ -195,8 +195,9 @@ async def light_then_burst(url: str, args: argparse.Namespace, prompts: Prompts)
 
         async def one() -> Outcome:
             async with gate:
+                sent_at = time.perf_counter() - started
                 out = await send(session, url, prompts.next(), args)
-                out.sent_at = time.perf_counter() - started
+                out.sent_at = sent_at
                 return out
 
         outcomes = await asyncio.gather(*(one() for _ in range(args.burst_requests)))
