@@ -86,7 +86,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                extra = ctx.load_headers()
+                extra = ctx.load_headers(call)
                 if gateway is not None:
                     extra += rate_headers(gateway, call) + _clamp_header(call)
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}

@@ -21,6 +21,7 @@ from typing import Any
 from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
 from zerohop.api.overload import AdmissionControl
+from zerohop.api.queue_timing import QueueTiming
 from zerohop.engine.async_engine import EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import BATCH, INTERACTIVE
@@ -137,8 +138,17 @@ class ServingContext:
         message = "the engine stopped while serving this request and is restarting; retry it"
         return unavailable(surface, message, self.engine.retry_after())
 
-    def load_headers(self) -> list[tuple[bytes, bytes]]:
-        return [] if self.admission is None else self.admission.load().headers()
+    def load_headers(self, call: Call | None = None) -> list[tuple[bytes, bytes]]:
+        """The replica's load; with `call`, its own predicted and actual queue wait."""
+        if self.admission is None:
+            return []
+        timing = None if call is None else call.queue_timing
+        return self.admission.load().headers() + ([] if timing is None else timing.headers())
+
+    def _step_seconds(self) -> float:
+        """The time of the engine's latest step (the one whose deltas are coming in)."""
+        stats = self.engine.latest_stats or {}
+        return float(stats.get("step_seconds", 0.0))
 
     def check_model(self, name: str, call: Call | None = None) -> None:
         if name != self.model_name:
@@ -196,7 +206,8 @@ class ServingContext:
         if self.admission is not None:  # before the gateway: a refusal costs no quota
             request = Queued(len(prompt), options["tenant"], options["weight"], options["priority"])
             try:
-                self.admission.check(call.surface, request)
+                load = self.admission.check(call.surface, request)
+                call.queue_timing = self.admission.timing(load)
             except ApiError:
                 call.decision = "overloaded"  # counted in zerohop_refusals, audited
                 raise
@@ -233,6 +244,9 @@ class ServingContext:
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
         deltas = self.engine.generate(request_id, prompt, params, **options)
+        timing: QueueTiming | None = call.queue_timing
+        if timing is not None:
+            timing.sent()
         gateway = self.gateway
         keep_text = gateway is not None and gateway.audits_content
         if keep_text:  # --audit-content: the prompt as the model saw it, and the answer
@@ -240,6 +254,8 @@ class ServingContext:
         try:
             async with contextlib.aclosing(deltas):
                 async for delta in deltas:
+                    if timing is not None and timing.actual is None:
+                        timing.first_delta(self._step_seconds())
                     if gateway is not None:
                         now = time.monotonic()
                         gateway.on_delta(call, len(delta.new_token_ids), delta.cached_tokens, now)

@@ -83,6 +83,7 @@ class Call:
     error_type: str | None = None
     prompt_text: Any = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
+    queue_timing: Any = None  # zerohop.api.queue_timing.QueueTiming: set at admission
 
     @property
     def ttft(self) -> float | None:
