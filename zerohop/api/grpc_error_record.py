@@ -47,9 +47,9 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                result = await behavior(request, context)
+                result = await behavior(request, _Recording(context, self._writer(method)))
             except Exception as exc:
-                self._failed(method, context, exc)
+                self._failed(method, exc)
                 raise
             self._ended(method, context)
             return result
@@ -59,16 +59,20 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
     def _wrap_generator(self, behavior: Callable, method: str) -> Callable:
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
             try:
-                async for message in behavior(request, context):
+                async for message in behavior(request, _Recording(context, self._writer(method))):
                     yield message
             except Exception as exc:
-                self._failed(method, context, exc)
+                self._failed(method, exc)
                 raise
             self._ended(method, context)
 
         return stream
 
-    # Written before the call's status goes out, so a client that has seen it finds it here.
+    # Each is written before the call's status goes out (abort() sends it at once, a return
+    # or an exception after the wrapper), so a client that has seen it finds it here.
+
+    def _writer(self, method: str) -> Callable[[grpc.StatusCode, str], None]:
+        return lambda code, details: write(self.path, "grpc", method, code.name, details)
 
     def _ended(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """A handler that returned after set_code/set_details."""
@@ -76,8 +80,27 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
         if code is not None and code != grpc.StatusCode.OK:
             write(self.path, "grpc", method, code.name, context.details() or "")
 
-    def _failed(self, method: str, context: grpc.aio.ServicerContext, exc: Exception) -> None:
-        if isinstance(exc, grpc.aio.AbortError):  # abort() has set the status it sends
-            self._ended(method, context)
-        else:
+    def _failed(self, method: str, exc: Exception) -> None:
+        if not isinstance(exc, grpc.aio.AbortError):  # an abort was recorded as it was made
             write(self.path, "grpc", method, "UNKNOWN", f"Unexpected {type(exc)}: {exc}")
+
+
+class _Recording:
+    """A call's context for its handler: the same, but an abort is recorded before it is sent."""
+
+    def __init__(
+        self, context: grpc.aio.ServicerContext, record: Callable[[grpc.StatusCode, str], None]
+    ) -> None:
+        self._context = context
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *args: Any, **kwargs: Any):
+        self._record(code, details)
+        await self._context.abort(code, details, *args, **kwargs)
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        self._record(status.code, status.details)
+        await self._context.abort_with_status(status)
