@@ -46,6 +46,9 @@ CALIBRATION_SEQS = 16
 MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
 REQUEST_FAILED = "the engine failed while processing this request"
 STEP_FAILED = "the engine failed while scheduling the batch this request was in"
+# The exception's own text goes to the log, never to the client (it may name internals).
+FORWARD_FAILED = "the engine failed while running the batch this request was in"
+SAMPLING_FAILED = "the engine failed while sampling this request's next token"
 
 
 class EngineBrokenError(RuntimeError):
@@ -270,10 +273,10 @@ class LLMEngine:
         started = time.perf_counter()
         try:
             logits = self.runner.execute(chunks)
-        except Exception as exc:  # e.g. out of memory: fail this step's requests, go on
+        except Exception:  # e.g. out of memory: fail this step's requests, go on
             log.exception("forward pass failed")
             failing = [c.seq for c in chunks]
-            return deltas + self._step_failed(failing, f"forward pass failed: {exc}")
+            return deltas + self._step_failed(failing, FORWARD_FAILED)
         self._failed_steps = 0
         step_deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks}
         result = self._sample(logits, completing)
@@ -365,8 +368,9 @@ class LLMEngine:
                 )
                 result.token_ids[row], result.logprobs[row] = one.token_ids[0], one.logprobs[0]
                 result.errors[row] = one.errors[0]
-            except Exception as exc:
-                result.errors[row] = f"sampling failed: {exc}"
+            except Exception:
+                log.exception("sampling request %s failed", seqs[row].request_id)
+                result.errors[row] = SAMPLING_FAILED
         return result
 
     def _append_token(
