@@ -183,6 +183,17 @@ def test_measured_waits_correct_the_model() -> None:
     assert correction.factor == pytest.approx((1.5 + 4.0) / 2)
 
 
+def test_admission_goes_by_the_spread_of_the_measured_waits_not_only_their_mean() -> None:
+    steady, noisy = WaitCorrection(alpha=0.5), WaitCorrection(alpha=0.5)
+    for ratio in (1.0, 1.0, 1.0, 1.0):
+        steady.observe(1.0, ratio)
+    for ratio in (0.7, 1.3, 0.7, 1.3):
+        noisy.observe(1.0, ratio)
+    assert steady.upper(10.0) == pytest.approx(10.0)  # no spread: the mean itself
+    assert noisy(10.0) == pytest.approx(10.0, abs=2.0)  # about the same mean...
+    assert noisy.upper(10.0) > 14.0  # ...but a wait well above it is likely
+
+
 # -- live: the tiny model, a light load, then a burst -------------------------------------------
 
 # Before the step-time model (the work ahead over the light load's tokens/s), this burst had

@@ -7,11 +7,11 @@ queue and how long the engine's steps take by their size. A new request's wait i
 that it would take first) at the batch sizes that work will run at, as the engine measured
 them on its own steps: a burst after a quiet period is priced at a full batch's speed, not at
 the recent single stream's; then scaled by what the measured waits of the requests admitted
-before it taught (zerohop.api.wait_correction). Past `ADMISSION_HEADROOM` of
-`max_queue_wait`, or with `max_waiting` requests already queued, the request is refused
-with Anthropic's 529 `overloaded_error`, OpenAI's 503 or gRPC UNAVAILABLE, and a
-`retry-after`, so the official SDKs back off and retry (and a multi-replica client tries
-another replica). Overload is not ill health: `/ready` and the gRPC
+before it taught (zerohop.api.wait_correction, whose upper figure admission compares). Past
+`ADMISSION_HEADROOM` of `max_queue_wait`, or with `max_waiting` requests already queued, the
+request is refused with Anthropic's 529 `overloaded_error`, OpenAI's 503 or gRPC UNAVAILABLE,
+and a `retry-after`, so the official SDKs back off and retry (and a multi-replica client
+tries another replica). Overload is not ill health: `/ready` and the gRPC
 health service stay SERVING.
 
 Every response also carries the replica's load: `zerohop-queue-wait-ms` (the wait behind the
@@ -122,9 +122,11 @@ class AdmissionControl:
         load = self.load(request)
         if self.max_waiting is not None and load.waiting >= self.max_waiting:
             self._refuse(surface, load, f"{load.waiting} requests are already waiting")
-        wait, limit = load.queue_wait, self.max_queue_wait
-        if limit is not None and wait is not None and wait > limit * ADMISSION_HEADROOM:
-            self._refuse(surface, load, f"the queue wait would be {wait:.1f} s")
+        model, limit = load.model_wait, self.max_queue_wait
+        if limit is not None and model is not None:
+            likely = self.correction.upper(model)  # not the mean: see wait_correction
+            if likely > limit * ADMISSION_HEADROOM:
+                self._refuse(surface, load, f"the queue wait would be {likely:.1f} s")
         return load
 
     def timing(self, load: Load) -> QueueTiming:
