@@ -401,7 +401,10 @@ def test_itpm_charges_only_the_uncached_part_of_a_repeated_prompt(gw: Served) ->
     assert second["cache_read_input_tokens"] >= prompt - 32  # all but the last block or so
     for i, usage in enumerate(usages):
         drop = remaining[i] - remaining[i + 1]
-        refill = 50 * (times[i + 1] - times[i]) + 1  # 3000/min
+        # remaining[i] and remaining[i + 1] were taken at the admissions of requests i - 1
+        # and i (the bucket starts full), both within times[i - 1]..times[i + 1]: at
+        # 3000/min the bucket refills for at most that long between them.
+        refill = 50 * (times[i + 1] - times[max(i - 1, 0)]) + 1
         assert usage["input_tokens"] - refill <= drop <= usage["input_tokens"] + 1, (i, usage)
     assert remaining[1] - remaining[2] < 40  # the cached part was given back
 
