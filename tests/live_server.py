@@ -5,6 +5,7 @@ ZEROHOP_ERROR_RECORD file conftest checks every error body in (tests/error_bodie
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -139,3 +140,14 @@ def started_together(
         for value in started.values():
             if isinstance(value, LiveServer):
                 value.stop()
+
+
+async def engine_has(client: httpx.AsyncClient, running: int, waiting: int) -> None:
+    """Wait until the engine's own counters (GET /engine/stats) say so."""
+    deadline = time.monotonic() + 60  # a safety net only
+    while True:
+        stats = (await client.get("/engine/stats")).json()
+        if (stats["num_running"], stats["num_waiting"]) == (running, waiting):
+            return
+        assert time.monotonic() < deadline, stats
+        await asyncio.sleep(0.02)

@@ -177,11 +177,10 @@ def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) ->
     """One sequence at a time: behind a running request, a batch request that arrived first
     starts after an interactive one that arrived later."""
     import asyncio
-    import time
 
     import httpx
 
-    from tests.live_server import MODEL_NAME
+    from tests.live_server import MODEL_NAME, engine_has
 
     async def run() -> list[str]:
         finished: list[str] = []
@@ -193,20 +192,10 @@ def test_a_request_can_lower_itself_to_batch(one_slot_server, lowering: dict) ->
                 assert response.status_code == 200, response.text
                 finished.append(name)
 
-            async def engine_has(running: int, waiting: int) -> None:
-                """Wait until the engine's own counters (GET /engine/stats) say so."""
-                deadline = time.monotonic() + 60  # a safety net only
-                while True:
-                    stats = (await client.get("/engine/stats")).json()
-                    if (stats["num_running"], stats["num_waiting"]) == (running, waiting):
-                        return
-                    assert time.monotonic() < deadline, stats
-                    await asyncio.sleep(0.02)
-
             hog = asyncio.create_task(ask("hog", 40))
-            await engine_has(running=1, waiting=0)  # the hog holds the one slot
+            await engine_has(client, running=1, waiting=0)  # the hog holds the one slot
             batch = asyncio.create_task(ask("batch", 2, **lowering))
-            await engine_has(running=1, waiting=1)  # the batch request waits behind it
+            await engine_has(client, running=1, waiting=1)  # the batch request waits behind it
             await asyncio.gather(hog, batch, ask("interactive", 2))
         return finished
 

@@ -5,7 +5,6 @@ is lost, and /health answers throughout. Every response carries the replica's lo
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import anthropic
@@ -13,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
+from tests.live_server import MODEL_NAME, LiveServer, engine_has
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -112,21 +111,10 @@ async def _fill_the_queue(client: httpx.AsyncClient, tag: str) -> list[asyncio.T
         )
 
     hogs = [send(0), send(1)]
-    await _engine_has(client, running=2, waiting=0)
+    await engine_has(client, running=2, waiting=0)
     hogs += [send(i) for i in range(2, 2 + MAX_WAITING)]
-    await _engine_has(client, running=2, waiting=MAX_WAITING)
+    await engine_has(client, running=2, waiting=MAX_WAITING)
     return hogs
-
-
-async def _engine_has(client: httpx.AsyncClient, running: int, waiting: int) -> None:
-    """Wait until the engine's own counters (GET /engine/stats) say so."""
-    deadline = time.monotonic() + 60  # a safety net only
-    while True:
-        stats = (await client.get("/engine/stats")).json()
-        if (stats["num_running"], stats["num_waiting"]) == (running, waiting):
-            return
-        assert time.monotonic() < deadline, stats
-        await asyncio.sleep(0.02)
 
 
 def test_the_sdk_gets_529_with_retry_after(small_queue: LiveServer) -> None:
