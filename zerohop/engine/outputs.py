@@ -23,6 +23,7 @@ class RequestDelta:
     num_prompt_tokens: int = 0
     cached_tokens: int = 0
     prompt_tokens_processed: int = 0  # prefilled this step (what the gateway charges)
+    index: int = 0  # which of the request's `n` choices this delta belongs to
 
 
 @dataclass(slots=True)

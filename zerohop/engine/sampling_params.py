@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from zerohop.engine.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_N = 128  # choices per request (OpenAI's limit)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 GREEDY_BELOW = 1e-5  # as vLLM: smaller temperatures overflow softmax; treat them as greedy
 
 
@@ -23,6 +25,19 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per output token, N <= 20
     skip_special_tokens: bool = True
+    # Penalties and filters, as vLLM defines them (the neutral value is the default).
+    presence_penalty: float = 0.0  # [-2, 2], once per token seen in the output
+    frequency_penalty: float = 0.0  # [-2, 2], per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0, on tokens of the prompt and the output
+    min_p: float = 0.0  # [0, 1], of the most likely token's probability
+    logit_bias: dict[int, float] | None = None  # token id -> bias in [-100, 100]
+    min_tokens: int = 0  # no EOS / stop token before this many output tokens
+    bad_words: list[str] | None = None  # words never generated (vLLM: tokenized both ways)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    n: int = 1  # choices from one prompt (prefilled once, its KV blocks shared)
+    # An llguidance grammar (zerohop.engine.structured.grammar builds one from a JSON
+    # schema, regex, choice or Lark grammar); the output must match it.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,10 +59,38 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be -1, 0 or positive, got {self.top_k}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        self._validate_penalties()
+        if isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(
                 f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}"
             )
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise InvalidRequestError(f"{name} must be between -2 and 2, got {value}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InvalidRequestError(
+                f"repetition_penalty must be above 0, got {self.repetition_penalty}"
+            )
+        if not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
+            raise InvalidRequestError(f"min_p must be between 0 and 1, got {self.min_p}")
+        if self.min_tokens < 0:
+            raise InvalidRequestError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        for token, bias in (self.logit_bias or {}).items():
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise InvalidRequestError(
+                    f"logit_bias for token {token} must be between -100 and 100, got {bias}"
+                )
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise InvalidRequestError("allowed_token_ids must not be empty")
 
     @property
     def greedy(self) -> bool:
