@@ -107,7 +107,7 @@ class OpenAIApi:
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
-        params = sampling_params(request, max_tokens, top)
+        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
@@ -170,7 +170,7 @@ class OpenAIApi:
         continues = request.continue_token_ids
         prompt = self.ctx.continued(prompt, continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
-        params = sampling_params(request, request.max_tokens, request.logprobs)
+        params = sampling_params(request, request.max_tokens, request.logprobs, self.ctx.vocab_size)
         echo = ""
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)

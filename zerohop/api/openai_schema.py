@@ -33,6 +33,16 @@ class StreamOptions(NullMeansDefault):
     continuous_usage_stats: bool | None = None  # vLLM's; accepted, ignored
 
 
+class StructuredOutputs(NullMeansDefault, forbid_unknown_fields=True):
+    json: Any = None  # a JSON schema (object or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark or GBNF/EBNF
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None  # accepted; whitespace is always bounded
+    disable_additional_properties: bool | None = None  # accepted; always the case
+
+
 class ContentPart(NullMeansDefault):
     type: str
     text: str | None = None
@@ -67,6 +77,11 @@ class _Common(NullMeansDefault, forbid_unknown_fields=True, kw_only=True):
     skip_special_tokens: bool | None = True
     repetition_penalty: float | None = None
     min_p: float | None = None
+    min_tokens: int | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    # vLLM's constraint extension: exactly one of json, regex, choice, grammar, json_object.
+    structured_outputs: StructuredOutputs | None = None
     # Scheduling: "flex" (OpenAI) or a vLLM `priority` above 0 runs the request as batch work.
     service_tier: str | None = None
     priority: int | None = None
@@ -200,15 +215,6 @@ def _unsupported(param: str, detail: str) -> ApiError:
 
 
 def _check_common(request: _Common) -> None:
-    if request.n not in (None, 1):
-        raise _unsupported("n", f"n={request.n} (only one choice per request)")
-    for name in ("frequency_penalty", "presence_penalty", "min_p"):
-        if getattr(request, name):
-            raise _unsupported(name, f"a non-zero {name}")
-    if request.repetition_penalty not in (None, 1.0):
-        raise _unsupported("repetition_penalty", "a repetition_penalty other than 1")
-    if request.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias")
     if request.temperature is not None and not 0 <= request.temperature <= 2:
         raise ApiError(400, "temperature must be between 0 and 2", param="temperature")
     if request.stream_options is not None and not request.stream:
@@ -284,10 +290,42 @@ def completion_prompt(request: CompletionRequest, vocab_size: int) -> str | list
     return prompt
 
 
+def logit_bias(request: _Common, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} as {id: bias}, each id a token of this model."""
+    if not request.logit_bias:
+        return None
+    out = {}
+    for key, bias in request.logit_bias.items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias: {key!r} is not a token id of this model (0 to {vocab_size - 1})",
+                param="logit_bias",
+            )
+        out[int(key)] = bias
+    return out
+
+
 def sampling_params(
-    request: _Common, max_tokens: int | None, logprobs: int | None
+    request: _Common,
+    max_tokens: int | None,
+    logprobs: int | None,
+    vocab_size: int,
+    grammar: str | None = None,
 ) -> SamplingParams:
     return build_sampling_params(
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0
+        if request.repetition_penalty is None
+        else request.repetition_penalty,
+        min_p=request.min_p or 0.0,
+        logit_bias=logit_bias(request, vocab_size),
+        min_tokens=request.min_tokens or 0,
+        bad_words=request.bad_words or None,
+        allowed_token_ids=request.allowed_token_ids,
+        n=1 if request.n is None else request.n,
+        grammar=grammar,
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,

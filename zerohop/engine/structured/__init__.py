@@ -1,0 +1,2 @@
+"""Constrained decoding: grammars (grammar.py), compiled off the step loop (compiler.py),
+one matcher per request whose token bitmask the batched step applies (matcher.py)."""

@@ -1,0 +1,122 @@
+"""Output constraints as llguidance grammars: a JSON schema, any JSON object, a regex, a
+choice of strings or a Lark (or GBNF) grammar, each checked where it enters.
+
+The result is the grammar text `SamplingParams.grammar` carries to the engine (and the key
+of its compile cache). A construct the backend cannot compile is an InvalidRequestError
+naming it (the surfaces answer 400), never a hang at decode time.
+
+Torch-free, so the API process builds and checks grammars without the model code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
+
+from zerohop.engine.errors import InvalidRequestError
+
+# Between JSON tokens: nothing, one space, or a newline and up to 16 spaces of indent. A
+# small model cannot loop on whitespace, and pretty-printed JSON still fits.
+JSON_WHITESPACE = r"(\n {0,16}| )"
+_JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+# Subschemas keyed by name, and lists of subschemas, where objects may nest.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def json_schema_grammar(schema: Any) -> str:
+    """JSON matching `schema`, with strict semantics: an object has only the properties its
+    schema names (unless it says `additionalProperties`), and its required ones."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequestError("a JSON schema must be an object (or true/false)")
+    return _checked(
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(
+            _closed(schema), defaults=_JSON_OPTIONS
+        ),
+        "JSON schema",
+    )
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (OpenAI's JSON mode)."""
+    return json_schema_grammar({"type": "object", "additionalProperties": True})
+
+
+def regex_grammar(pattern: str) -> str:
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidRequestError("a regex constraint must be a non-empty string")
+    return _checked(lambda: llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """Exactly one of `choices`."""
+    if not isinstance(choices, list) or not choices:
+        raise InvalidRequestError("a choice constraint needs a non-empty list of strings")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequestError("every choice must be a non-empty string")
+    return regex_grammar("|".join(f"(?:{re.escape(c)})" for c in choices))
+
+
+def lark_grammar(text: str) -> str:
+    """A Lark grammar (llguidance's dialect), or a GBNF/EBNF one (`root ::= ...`, as
+    llama.cpp and xgrammar write them), which is translated to Lark."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidRequestError("a grammar constraint must be a non-empty string")
+
+    def build() -> str:
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
+
+    return _checked(build, "grammar")
+
+
+def check_grammar(grammar: str) -> None:
+    """Raise InvalidRequestError with the backend's reason when `grammar` cannot compile."""
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    if message:
+        raise InvalidRequestError(f"the constraint cannot be compiled: {_first_line(message)}")
+
+
+def _checked(build, what: str) -> str:
+    try:
+        grammar = build()
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise InvalidRequestError(f"the {what} cannot be compiled: {_first_line(exc)}") from None
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    if message:
+        raise InvalidRequestError(f"the {what} cannot be compiled: {_first_line(message)}")
+    return grammar
+
+
+def _first_line(message: object) -> str:
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    return "; ".join(lines[:3]) if lines else "rejected by the grammar backend"
+
+
+def _closed(schema: Any) -> Any:
+    """A copy of `schema` whose objects allow no properties beyond those they name."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    for key in _SCHEMA_ONES:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    return out
