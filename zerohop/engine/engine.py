@@ -33,6 +33,7 @@ from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
+from zerohop.engine.structured.constraints import Constraints
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ DEFAULT_CPU_KV_GIB = 1.0
 # many requests, and then their decode step together.
 CALIBRATION_TOKENS = 512
 CALIBRATION_SEQS = 16
+COMPILE_POLL_SECONDS = 0.005  # an idle step loop's wait for a grammar to compile
 MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
 REQUEST_FAILED = "the engine failed while processing this request"
 STEP_FAILED = "the engine failed while scheduling the batch this request was in"
@@ -107,6 +109,9 @@ class LLMEngine:
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
+        )
+        self.constraints = Constraints(
+            self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids)
         )
         self.requests: dict[str, Sequence] = {}
         self._pending_aborts: list[str] = []
@@ -204,6 +209,12 @@ class LLMEngine:
                 raise InvalidRequestError("the prompt must end with the tokens it continues")
             seq.detokenizer.replay(continues)
         self.requests[request_id] = seq
+        if params.grammar is not None:  # it waits for its grammar, not in the scheduler
+            return self.constraints.add(seq, continues)
+        self._schedule(seq)
+
+    def _schedule(self, seq: Sequence) -> None:
+        request_id = seq.request_id
         try:
             self.scheduler.add(seq)
         except Exception:  # the policy failed on it: this request fails at the next step
@@ -258,7 +269,7 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
-        deltas = self._apply_aborts() + self._failed_adds
+        deltas = self._apply_aborts() + self._failed_adds + self._admit_constrained()
         self._failed_adds = []
         try:
             plan = self.scheduler.schedule()
@@ -279,6 +290,7 @@ class LLMEngine:
             return deltas + self._step_failed(failing, FORWARD_FAILED)
         self._failed_steps = 0
         step_deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks}
+        self.constraints.apply(logits, completing)
         result = self._sample(logits, completing)
         for row, seq in enumerate(completing):
             if not seq.is_finished:  # it may have failed in `_advance`
@@ -287,6 +299,18 @@ class LLMEngine:
         decodes = sum(1 for c in chunks if c.num_tokens == 1)
         self.throughput.record(plan.num_tokens, time.perf_counter() - started, decodes)
         return deltas + list(step_deltas.values())
+
+    def _admit_constrained(self) -> list[RequestDelta]:
+        """Schedule the requests whose grammar compiled; with nothing else to run, first
+        wait a moment for one (rather than spin the step loop)."""
+        if not self.constraints.num_compiling:
+            return []
+        if not self.scheduler.has_work():
+            self.constraints.wait(COMPILE_POLL_SECONDS)
+        admitted = self.constraints.admit()
+        for seq in admitted.ready:
+            self._schedule(seq)
+        return [self._fail(seq, message) for seq, message in admitted.failed]
 
     def _step_failed(self, seqs: list[Sequence], message: str) -> list[RequestDelta]:
         """Fail a whole step's requests (their blocks are freed); raise when steps keep
@@ -334,7 +358,7 @@ class LLMEngine:
         for request_id in self._pending_aborts:
             seq = self.requests.pop(request_id, None)
             if seq is not None:
-                self.scheduler.finish(seq, "abort")
+                self._end(seq, "abort")
                 deltas.append(self._final_delta(seq))
         self._pending_aborts.clear()
         return deltas
@@ -383,14 +407,18 @@ class LLMEngine:
         delta.new_token_ids.append(token)
         if (lp := result.logprobs[row]) is not None:
             delta.new_logprobs = [{**lp[1], token: lp[0]}]
+        grammar_done = self.constraints.advance(seq, token)
         text, stop_string = seq.detokenizer.push(token)
         delta.new_text = text
         reason, stop_reason = self._stop_reason(seq, token, stop_string)
+        if reason is None and grammar_done:
+            reason = "stop"  # the grammar allows nothing more: the answer is complete
         if reason is not None:
             if stop_string is None:
                 delta.new_text += seq.detokenizer.flush()
             self.requests.pop(seq.request_id, None)
             self.scheduler.finish(seq, reason, stop_reason)
+            seq.matcher = None
             delta.finished, delta.finish_reason, delta.stop_reason = True, reason, stop_reason
 
     def _stop_reason(
@@ -410,9 +438,16 @@ class LLMEngine:
     def _fail(self, seq: Sequence, message: str) -> RequestDelta:
         self.requests.pop(seq.request_id, None)
         if not seq.is_finished:
-            self.scheduler.finish(seq, "error")
+            self._end(seq, "error")
         seq.error = message
         return self._final_delta(seq)
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        if self.constraints.discard(seq):  # still compiling: it holds no blocks
+            seq.finish(reason)
+        else:
+            self.scheduler.finish(seq, reason)
+        seq.matcher = None
 
     def _fail_into(self, seq: Sequence, delta: RequestDelta, message: str) -> None:
         """Fail `seq` and make `delta` (its delta of this step) its last."""

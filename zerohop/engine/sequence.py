@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from zerohop.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import llguidance
     import torch
 
     from zerohop.engine.detokenizer import IncrementalDetokenizer
@@ -47,6 +48,7 @@ class Sequence:
     error: str | None = None
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    matcher: llguidance.LLMatcher | None = None  # the request's grammar state, if constrained
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a prompt needs at least one token"
