@@ -23,7 +23,14 @@ import torch
 SOURCE = Path(__file__).with_name("qgemm.cpp")
 HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("spin_pool.h", "attention.h", "pointwise.h", "vec_math.h", "decode_step.h")
+    for name in (
+        "spin_pool.h",
+        "attention.h",
+        "pointwise.h",
+        "vec_math.h",
+        "decode_step.h",
+        "token_mask.h",
+    )
 )
 log = logging.getLogger("zerohop.kernels")
 

@@ -20,6 +20,7 @@
 #include "decode_step.h"
 #include "pointwise.h"
 #include "spin_pool.h"
+#include "token_mask.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -356,6 +357,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
       .def("add_layer", &zerohop::DecodeStep::add_layer)
       .def("has_float_products", &zerohop::DecodeStep::has_float_products)
       .def("__call__", &zerohop::DecodeStep::run, "one decode step over every layer");
+  module.def("apply_token_bitmask", &zerohop::apply_token_bitmask,
+             "set to -inf the logits of tokens a grammar's bitmask does not allow");
   module.def("simd", &simd, "whether the AVX2 paths were compiled in");
   module.def(
       "set_threads", [](int threads) { zerohop::SpinPool::instance().resize(threads); },
