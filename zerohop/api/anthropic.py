@@ -50,6 +50,7 @@ from zerohop.api.service import ServingContext, sampling_params
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.structured.grammar import json_schema_grammar
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,30 @@ def _sampling_params(request: MessagesRequest) -> SamplingParams:
         top_k=request.top_k,
         max_tokens=request.max_tokens,
         stop=request.stop_sequences,
+        grammar=output_grammar(request),
     )
+
+
+def output_grammar(request: MessagesRequest) -> str | None:
+    """The grammar of `output_config.format` (or the beta's `output_format`), or None."""
+    config = request.output_config.format if request.output_config is not None else None
+    if config is not None and request.output_format is not None:
+        raise ApiError(
+            400, "output_format: use output_config.format (output_format is deprecated), not both"
+        )
+    where = "output_config.format" if config is not None else "output_format"
+    output_format = config or request.output_format
+    if output_format is None:
+        return None
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "assistant" and _text(last.content):
+        raise ApiError(
+            400, f"{where}: structured outputs cannot continue a prefilled assistant message"
+        )
+    try:
+        return json_schema_grammar(output_format.schema)
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"{where}.schema: {exc}") from None
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

@@ -25,8 +25,6 @@ UNSUPPORTED_FIELDS = frozenset(
         "mcp_servers",
         "container",
         "context_management",
-        "output_config",
-        "output_format",
         "diagnostics",
         "user_profile_id",
         "workspace_id",
@@ -49,6 +47,20 @@ class Metadata(NullMeansDefault, forbid_unknown_fields=True):
     user_id: str | None = None
 
 
+class OutputFormat(NullMeansDefault, forbid_unknown_fields=True):
+    """The output's JSON schema (`output_config.format`, or the beta's `output_format`)."""
+
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(NullMeansDefault, forbid_unknown_fields=True):
+    format: OutputFormat | None = None
+    # Accepted and ignored: there is no extended thinking to spend effort or a budget on.
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    task_budget: Any = None
+
+
 class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[Message]
@@ -68,6 +80,10 @@ class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=Tr
     service_tier: Literal["auto", "standard_only"] | None = None
     speed: Literal["standard", "fast"] | None = None
     inference_geo: str | None = None
+    # Structured outputs: the text is JSON matching the schema. `output_format` is the
+    # structured-outputs beta's spelling (older SDKs' `beta.messages.parse`).
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None
     # zerohop's failover extensions (zerohop.client sends them): each text event carries the
     # ids of its tokens, and a request can continue another replica's partial answer.
     return_token_ids: bool | None = False

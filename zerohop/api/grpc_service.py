@@ -17,12 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from zerohop.api.constraints import constraint_grammar
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc_error_record import grpc_interceptors
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
+from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
@@ -110,7 +112,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
         prompt = ctx.continued(self._prompt(request), continues)
-        params = _sampling_params(request)
+        params = _sampling_params(request, ctx.vocab_size)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
         generation = ctx.generate(call, prompt, params, continues=continues)
@@ -171,9 +173,9 @@ async def _start(context: grpc.aio.ServicerContext, ctx: ServingContext) -> str:
     return request_id
 
 
-def _sampling_params(request: pb.GenerateRequest) -> SamplingParams:
-    def given(name: str) -> float | None:
-        return getattr(request, name) if request.HasField(name) else None
+def _sampling_params(request: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
+    def given(name: str, default: float | None = None) -> float | None:
+        return getattr(request, name) if request.HasField(name) else default
 
     return sampling_params(
         temperature=given("temperature"),
@@ -185,7 +187,43 @@ def _sampling_params(request: pb.GenerateRequest) -> SamplingParams:
         stop_token_ids=list(request.stop_token_ids),
         ignore_eos=request.ignore_eos,
         logprobs=given("logprobs"),
+        presence_penalty=given("presence_penalty", 0.0),
+        frequency_penalty=given("frequency_penalty", 0.0),
+        repetition_penalty=given("repetition_penalty", 1.0),
+        min_p=given("min_p", 0.0),
+        min_tokens=request.min_tokens,
+        logit_bias=_logit_bias(request, vocab_size),
+        grammar=_grammar(request),
     )
+
+
+def _logit_bias(request: pb.GenerateRequest, vocab_size: int) -> dict[int, float] | None:
+    bias = dict(request.logit_bias)
+    if bad := [token for token in bias if token >= vocab_size]:
+        raise ApiError(
+            400,
+            f"logit_bias: {bad[0]} is not a token id of this model (0 to {vocab_size - 1})",
+            "logit_bias",
+        )
+    return bias or None
+
+
+def _grammar(request: pb.GenerateRequest) -> str | None:
+    """The grammar of `constraint`, or None; a constraint that cannot compile is a 400."""
+    if not request.HasField("constraint"):
+        return None
+    constraint = request.constraint
+    kind = constraint.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not constraint.json_object):
+        message = "constraint: set one of json_schema, regex, choice, grammar or json_object"
+        raise ApiError(400, message, "constraint")
+    value = getattr(constraint, kind)
+    try:
+        if kind == "choice":
+            return constraint_grammar("choice", list(value.choices))
+        return constraint_grammar("json" if kind == "json_schema" else kind, value)
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"constraint.{kind}: {exc}", "constraint") from None
 
 
 def _response(

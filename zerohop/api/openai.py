@@ -27,6 +27,7 @@ from zerohop.api.asgi import (
     send_json,
     start_stream,
 )
+from zerohop.api.constraints import chat_grammar, completion_grammar
 from zerohop.api.errors import ApiError, openai_body
 from zerohop.api.openai_output import LogprobFormatter, Totals, legacy_columns, raise_failure
 from zerohop.api.openai_schema import (
@@ -107,7 +108,8 @@ class OpenAIApi:
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
-        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size)
+        grammar = chat_grammar(request)
+        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
@@ -170,7 +172,10 @@ class OpenAIApi:
         continues = request.continue_token_ids
         prompt = self.ctx.continued(prompt, continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
-        params = sampling_params(request, request.max_tokens, request.logprobs, self.ctx.vocab_size)
+        grammar = completion_grammar(request)
+        params = sampling_params(
+            request, request.max_tokens, request.logprobs, self.ctx.vocab_size, grammar
+        )
         echo = ""
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)

@@ -4,7 +4,7 @@ that turn a request into a prompt and SamplingParams.
 Unknown top-level fields are rejected, as the OpenAI API does ("Unrecognized request argument
 supplied"); vLLM ignores them, but a silently ignored misspelt `max_token` is worse than a 400.
 Parameters the API defines but this server does not implement are accepted at their neutral
-value (penalties 0, no tools, `response_format` text, ...) and rejected with a clear 400
+value (no tools, text-only modalities, ...) and rejected with a clear 400
 otherwise; bookkeeping fields (`user`, `metadata`, `store`, ...) are accepted and ignored.
 An explicit `null` is the field's default, as if absent (`null_defaults`).
 """
@@ -233,9 +233,7 @@ def check_chat(request: ChatRequest) -> None:
         "auto",
     ):
         raise _unsupported("tool_choice", "forcing a tool call")
-    fmt = (request.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise _unsupported("response_format", f"response_format '{fmt}'")
+    # response_format and structured_outputs are checked as they compile (constraints.py).
     if request.modalities and set(request.modalities) != {"text"}:
         raise _unsupported("modalities", "output other than text")
     for name in ("audio", "prediction", "web_search_options"):
