@@ -420,7 +420,8 @@ BAD = [
         400,
         "messages[0].content[0]",
     ),
-    ("n-2", chat(n=2), 400, "n"),
+    ("n-0", chat(n=0), 400, "n"),
+    ("n-129", completion(n=129), 400, "n"),
     ("tools", chat(tools=TOOLS), 400, "tools"),
     ("top-logprobs-range", chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     ("top-logprobs-alone", chat(top_logprobs=2), 400, "top_logprobs"),
@@ -499,7 +500,7 @@ def test_body_over_limit_is_413(live_server: LiveServer) -> None:
 def test_sdk_raises_typed_errors(live_server: LiveServer) -> None:
     sdk = client(live_server)
     with pytest.raises(openai.BadRequestError) as bad:
-        sdk.chat.completions.create(model=MODEL_NAME, messages=OK_CHAT["messages"], n=2)
+        sdk.chat.completions.create(model=MODEL_NAME, messages=OK_CHAT["messages"], n=0)
     assert bad.value.param == "n"
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.chat.completions.create(model="gpt-4o", messages=OK_CHAT["messages"])

@@ -29,7 +29,8 @@ from zerohop.api.asgi import (
 )
 from zerohop.api.constraints import chat_grammar, completion_grammar
 from zerohop.api.errors import ApiError, openai_body
-from zerohop.api.openai_output import LogprobFormatter, Totals, legacy_columns, raise_failure
+from zerohop.api.openai_choices import ChatAnswer, CompletionAnswer
+from zerohop.api.openai_output import LogprobFormatter, raise_failure
 from zerohop.api.openai_schema import (
     ChatRequest,
     CompletionRequest,
@@ -117,46 +118,33 @@ class OpenAIApi:
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
-                stream = ChatStream(rid, request.model, usage, len(prompt), top)
+                stream = ChatStream(rid, request.model, usage, len(prompt), top, params.n)
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
-                await self._chat_once(
-                    rid, request.model, len(prompt), top, deltas, send, request_id
-                )
+                answer = ChatAnswer(len(prompt), params.n, top, self.logprob_formatter)
+                await self._chat_once(rid, request.model, answer, deltas, send, request_id)
 
     async def _chat_once(
         self,
         rid: str,
         model: str,
-        prompt_tokens: int,
-        top: int | None,
+        answer: ChatAnswer,
         deltas: AsyncIterator[RequestDelta],
         send: Send,
         request_id: str,
     ) -> None:
-        totals = Totals(prompt_tokens)
-        logprobs: list[dict[str, Any]] | None = None if top is None else []
         async for delta in deltas:
-            totals.add(delta)
-            if logprobs is not None and delta.new_logprobs is not None:
-                logprobs.extend(self.logprob_formatter.chat(delta, top))
+            answer.add(delta)
             if delta.finished:
                 raise_failure(delta)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": "".join(totals.text)},
-            "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": totals.finish_reason,
-            "stop_reason": totals.stop_reason,
-        }
         body = {
             "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [choice],
-            "usage": totals.usage(),
+            "choices": answer.body(),
+            "usage": answer.usage(),
         }
         await send_json(send, 200, body, request_id_headers(request_id))
 
@@ -186,46 +174,33 @@ class OpenAIApi:
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
-                stream = CompletionStream(rid, request.model, usage, len(prompt), echo)
+                stream = CompletionStream(rid, request.model, usage, len(prompt), echo, params.n)
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
-                await self._complete_once(
-                    rid, request.model, len(prompt), echo, deltas, send, request_id
-                )
+                answer = CompletionAnswer(len(prompt), params.n, echo, self.logprob_formatter)
+                await self._complete_once(rid, request.model, answer, deltas, send, request_id)
 
     async def _complete_once(
         self,
         rid: str,
         model: str,
-        prompt_tokens: int,
-        echo: str,
+        answer: CompletionAnswer,
         deltas: AsyncIterator[RequestDelta],
         send: Send,
         request_id: str,
     ) -> None:
-        totals, logprobs, offset = Totals(prompt_tokens), None, 0
         async for delta in deltas:
-            totals.add(delta)
-            if delta.new_logprobs is not None:
-                logprobs = logprobs or legacy_columns()
-                offset = self.logprob_formatter.legacy(delta, logprobs, offset)
+            answer.add(delta)
             if delta.finished:
                 raise_failure(delta)
-        choice = {
-            "index": 0,
-            "text": echo + "".join(totals.text),
-            "logprobs": logprobs,
-            "finish_reason": totals.finish_reason,
-            "stop_reason": totals.stop_reason,
-        }
         body = {
             "id": rid,
             "object": "text_completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [choice],
-            "usage": totals.usage(),
+            "choices": answer.body(),
+            "usage": answer.usage(),
         }
         await send_json(send, 200, body, request_id_headers(request_id))
 
@@ -245,7 +220,7 @@ class OpenAIApi:
                 if delta.finished and delta.finish_reason in ("abort", "error"):
                     raise_failure(delta)
                 data += stream.step(self.logprob_formatter, delta)
-                if delta.finished:
+                if stream.done:  # every choice has finished
                     return await end_stream(send, data + stream.closing() + DONE)
                 if data:
                     await send_chunk(send, data)

@@ -1,5 +1,6 @@
 """What an OpenAI request produced, in the API's shapes, for whole and streamed responses alike:
-usage and finish (`Totals`), failures, and logprobs with each token's text and bytes.
+usage and finish (`Totals`; per choice of `n`, `Choices`), failures, and logprobs with each
+token's text and bytes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,38 @@ class Totals:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+
+@dataclass(slots=True)
+class Choices:
+    """A request's `n` choices, each accumulated over its deltas (`delta.index`)."""
+
+    prompt_tokens: int
+    n: int = 1
+    totals: list[Totals] = field(init=False)
+    num_finished: int = 0
+
+    def __post_init__(self) -> None:
+        self.totals = [Totals(self.prompt_tokens) for _ in range(self.n)]
+
+    def add(self, delta: RequestDelta) -> Totals:
+        totals = self.totals[delta.index]
+        totals.add(delta)
+        self.num_finished += delta.finished
+        return totals
+
+    @property
+    def done(self) -> bool:
+        return self.num_finished >= self.n
+
+    def usage(self) -> dict[str, Any]:
+        """The prompt once (it was prefilled once), the output of every choice."""
+        whole = Totals(
+            self.prompt_tokens,
+            completion_tokens=sum(t.completion_tokens for t in self.totals),
+            cached_tokens=max(t.cached_tokens for t in self.totals),
+        )
+        return whole.usage()
 
 
 def raise_failure(delta: RequestDelta) -> None:

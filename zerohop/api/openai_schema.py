@@ -19,7 +19,7 @@ import msgspec
 from zerohop.api.errors import ApiError
 from zerohop.api.null_defaults import NullMeansDefault
 from zerohop.api.service import sampling_params as build_sampling_params
-from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.sampling_params import MAX_N, SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # chat `top_logprobs`
 MAX_LEGACY_LOGPROBS = 5  # completions `logprobs`
@@ -217,6 +217,8 @@ def _unsupported(param: str, detail: str) -> ApiError:
 def _check_common(request: _Common) -> None:
     if request.temperature is not None and not 0 <= request.temperature <= 2:
         raise ApiError(400, "temperature must be between 0 and 2", param="temperature")
+    if request.n is not None and not 1 <= request.n <= MAX_N:
+        raise ApiError(400, f"n must be between 1 and {MAX_N}, got {request.n}", param="n")
     if request.stream_options is not None and not request.stream:
         raise ApiError(
             400, "stream_options is only allowed when stream is true", param="stream_options"

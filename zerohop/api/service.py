@@ -214,9 +214,11 @@ class ServingContext:
         if self.gateway is None:
             return params
         wanted = params.max_tokens or max(1, self.max_model_len - len(prompt))
-        granted = await self.gateway.admit(call, len(prompt), wanted)
-        if granted < wanted:
-            return dataclasses.replace(params, max_tokens=granted)
+        # The budget reserves every choice's output; each choice gets its share of a clamp.
+        n = params.n
+        granted = await self.gateway.admit(call, len(prompt), wanted * n)
+        if granted < wanted * n:
+            return dataclasses.replace(params, max_tokens=max(1, granted // n))
         return params
 
     async def generate(

@@ -55,8 +55,11 @@ class Surface:
     @property
     def resumable(self) -> bool:
         """Whether another replica can take over: nothing of the answer sent yet, or its
-        token ids known (a server without `return_token_ids` would make it start over)."""
-        return not self.delivered or bool(self.token_ids)
+        token ids known (a server without `return_token_ids` would make it start over).
+        A continuation continues one answer: OpenAI's `n` > 1 choices resume only unsent."""
+        if not self.delivered:
+            return True
+        return bool(self.token_ids) and self.payload.get("n") in (None, 1)
 
     def affinity_text(self) -> str:
         """What prefix affinity hashes: for chats, the system prompt and the first user turn

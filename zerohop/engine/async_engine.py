@@ -119,7 +119,11 @@ class AsyncEngine:
         params: SamplingParams,
         **options: Any,  # tenant, weight, priority, cache_salt
     ) -> AsyncIterator[RequestDelta]:
-        """Yield each step's delta for this request; leaving early aborts it in the engine."""
+        """Yield each step's delta for this request; leaving early aborts it in the engine.
+
+        With `params.n` > 1 the deltas of every choice come here (`delta.index`); the stream
+        ends when each has finished, or at the first that failed or was aborted (the
+        others are then aborted)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         if request_id in self._streams:
@@ -133,6 +137,7 @@ class AsyncEngine:
             options.get("weight", 1.0),
             options.get("priority", 0),
         )
+        unfinished = set(range(params.n))
         try:
             while True:
                 item = await stream.queue.get()
@@ -141,8 +146,10 @@ class AsyncEngine:
                     raise item
                 yield item
                 if item.finished:
-                    stream.finished = True
-                    return
+                    unfinished.discard(item.index)
+                    stream.finished = not unfinished
+                    if stream.finished or item.finish_reason in ("abort", "error"):
+                        return
         finally:
             self._dequeue(request_id)
             self._streams.pop(request_id, None)

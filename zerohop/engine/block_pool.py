@@ -114,6 +114,18 @@ class BlockPool:
             seq.block_table.append(block)
         return True
 
+    def share(self, src: Sequence, dst: Sequence, num_blocks: int) -> None:
+        """Give `dst` the first `num_blocks` blocks of `src`'s table, one more reference
+        each: a forked choice reads its parent's computed prompt instead of recomputing it.
+        Releasing either sequence drops only its own references."""
+        assert not dst.block_table and num_blocks <= len(src.block_table)
+        blocks = src.block_table[:num_blocks]
+        for block in blocks:
+            assert self.ref_counts[block] > 0, "only blocks in use are shared"
+            self.ref_counts[block] += 1
+        dst.block_table.extend(blocks)
+        dst.num_committed_blocks = min(src.num_committed_blocks, num_blocks)
+
     def _evict(self, block: int) -> None:
         digest = self.hash_of[block]
         if digest is not None:

@@ -13,6 +13,7 @@ emitted.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from zerohop.engine.tokenizer import Tokenizer
@@ -80,6 +81,12 @@ class IncrementalDetokenizer:
         afterwards the next token's text continues exactly where that text stopped."""
         for token_id in token_ids:
             self.push(token_id)
+
+    def fork(self) -> IncrementalDetokenizer:
+        """An independent copy in this state: another choice continuing the same prompt."""
+        other = copy.copy(self)
+        other._ids, other._text = list(self._ids), list(self._text)
+        return other
 
     def flush(self) -> str:
         """End of the request: the text still held back (an incomplete character decodes

@@ -23,6 +23,7 @@ from zerohop.engine.config import EngineConfig
 from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import VTCPolicy
+from zerohop.engine.fork import Forks, check_n
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
@@ -114,6 +115,7 @@ class LLMEngine:
             self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids)
         )
         self.requests: dict[str, Sequence] = {}
+        self.forks = Forks(self.pool, self.runner, self.scheduler, self.requests)
         self._pending_aborts: list[str] = []
         self._failed_adds: list[RequestDelta] = []  # reported by the next step
         self._failed_steps = 0  # in a row
@@ -189,6 +191,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_request_options(tenant, weight, priority, cache_salt)
+        check_n(params.n, self.config.max_num_seqs)
         seq = Sequence(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -269,6 +272,9 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
+        return self.forks.relabel(self._step())  # choices of `n` > 1 by their index
+
+    def _step(self) -> list[RequestDelta]:
         deltas = self._apply_aborts() + self._failed_adds + self._admit_constrained()
         self._failed_adds = []
         try:
@@ -290,6 +296,7 @@ class LLMEngine:
             return deltas + self._step_failed(failing, FORWARD_FAILED)
         self._failed_steps = 0
         step_deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks}
+        logits = self.forks.fork(logits, chunks, completing, step_deltas)
         self.constraints.apply(logits, completing)
         result = self._sample(logits, completing)
         for row, seq in enumerate(completing):
@@ -355,7 +362,7 @@ class LLMEngine:
 
     def _apply_aborts(self) -> list[RequestDelta]:
         deltas = []
-        for request_id in self._pending_aborts:
+        for request_id in self.forks.with_children(self._pending_aborts):
             seq = self.requests.pop(request_id, None)
             if seq is not None:
                 self._end(seq, "abort")

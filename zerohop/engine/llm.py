@@ -14,6 +14,7 @@ from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+NEVER_STARTED = "this choice never started: its request failed before its first token"
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class RequestOutput:
     cached_tokens: int = 0
     logprobs: list[dict[int, float]] | None = None
     error: str | None = None
+    index: int = 0  # which of the request's `n` choices
 
     def apply(self, delta: RequestDelta) -> None:
         self.token_ids.extend(delta.new_token_ids)
@@ -41,7 +43,8 @@ class RequestOutput:
 
 
 class LLM:
-    """Runs the engine in this process and returns finished outputs in prompt order."""
+    """Runs the engine in this process and returns finished outputs in prompt order (a
+    request with `n` > 1 choices gives n outputs in a row, by `index`)."""
 
     def __init__(
         self,
@@ -63,19 +66,23 @@ class LLM:
     ) -> list[RequestOutput]:
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_params_list(params, len(prompt_list))
-        outputs: dict[str, RequestOutput] = {}
+        outputs: dict[tuple[str, int], RequestOutput] = {}
         for prompt, p in zip(prompt_list, param_list, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = f"offline-{next(self._ids)}"
             self.engine.add_request(request_id, ids, p)
-            outputs[request_id] = RequestOutput(request_id, ids)
+            for index in range(p.n):
+                outputs[(request_id, index)] = RequestOutput(request_id, ids, index=index)
         pending = set(outputs)
-        while pending:
+        while pending and self.engine.has_unfinished():
             for delta in self.engine.step():
-                if delta.request_id in outputs:
-                    outputs[delta.request_id].apply(delta)
+                key = (delta.request_id, delta.index)
+                if key in outputs:
+                    outputs[key].apply(delta)
                     if delta.finished:
-                        pending.discard(delta.request_id)
+                        pending.discard(key)
+        for key in pending:  # a choice never forked: its request failed before
+            outputs[key].finish_reason, outputs[key].error = "error", NEVER_STARTED
         return list(outputs.values())
 
 

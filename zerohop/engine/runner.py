@@ -60,6 +60,19 @@ class ModelRunner:
             return self.decode_step(ids, pos, attn, rows)
         return self.model.forward(ids, pos, attn, self.kv_caches, rows)
 
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole cache blocks, every layer's K and V: block src[i] into dst[i]."""
+        assert len(src) == len(dst)
+        if not src:
+            return
+        offsets = torch.arange(self.block_size, device=self.device)
+        bs = self.block_size
+        from_slots = (self._tensor(src).unsqueeze(1) * bs + offsets).flatten()
+        to_slots = (self._tensor(dst).unsqueeze(1) * bs + offsets).flatten()
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, to_slots, k_cache.index_select(0, from_slots))
+            v_cache.index_copy_(0, to_slots, v_cache.index_select(0, from_slots))
+
     @staticmethod
     def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
         return sorted(chunks, key=lambda c: c.num_tokens != 1)
