@@ -24,6 +24,7 @@ from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import VTCPolicy
 from zerohop.engine.fork import Forks, check_n
+from zerohop.engine.logits_processors import check_token_ids
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
@@ -107,10 +108,10 @@ class LLMEngine:
         )
         self.throughput = ThroughputMeter()
         self.runner = ModelRunner(self.model, num_blocks, bs, self.config.enforce_eager)
-        self.sampler = Sampler()
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(
             self.model_config.eos_token_ids
         )
+        self.sampler = Sampler(self.eos_token_ids, self.tokenizer)
         self.constraints = Constraints(
             self.tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids)
         )
@@ -191,6 +192,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         check_request_options(tenant, weight, priority, cache_salt)
+        check_token_ids(params, self.model_config.vocab_size)
         check_n(params.n, self.config.max_num_seqs)
         seq = Sequence(
             request_id=request_id,
@@ -385,18 +387,14 @@ class LLMEngine:
         )
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-        params = [s.params for s in seqs]
-        generators = [s.generator for s in seqs]
         try:
-            return self.sampler(logits, params, generators)
+            return self.sampler(logits, seqs)
         except Exception:
             log.exception("batched sampling failed; sampling row by row")
         result = SampleResult([0] * len(seqs), [None] * len(seqs), [None] * len(seqs))
         for row in range(len(seqs)):
             try:
-                one = self.sampler(
-                    logits[row : row + 1], params[row : row + 1], generators[row : row + 1]
-                )
+                one = self.sampler(logits[row : row + 1], seqs[row : row + 1])
                 result.token_ids[row], result.logprobs[row] = one.token_ids[0], one.logprobs[0]
                 result.errors[row] = one.errors[0]
             except Exception:
