@@ -248,3 +248,11 @@ def test_compiling_grammar_never_holds_up_the_batch(llm: LLM) -> None:
             if delta.request_id == "held":
                 text += delta.new_text
     assert text in ("held", "back")
+
+
+def test_grammar_complete_on_the_last_allowed_token_is_a_stop(llm: LLM) -> None:
+    word = "yes"
+    length = len(llm.tokenizer.encode(word, add_special_tokens=False))
+    params = SamplingParams(temperature=0.0, max_tokens=length, grammar=g.choice_grammar([word]))
+    out = llm.generate([PROMPT], params)[0]
+    assert out.text == word and out.finish_reason == "stop"

@@ -416,7 +416,7 @@ class LLMEngine:
         text, stop_string = seq.detokenizer.push(token)
         delta.new_text = text
         reason, stop_reason = self._stop_reason(seq, token, stop_string)
-        if reason is None and grammar_done:
+        if grammar_done and reason in (None, "length"):
             reason = "stop"  # the grammar allows nothing more: the answer is complete
         if reason is not None:
             if stop_string is None:
