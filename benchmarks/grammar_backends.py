@@ -167,7 +167,7 @@ def measure(backend, tokens: list[int], batches: list[int]) -> dict:
         mask = backend.bitmask(n)
         fill_s, advance_s = [], []
         for token in tokens:
-            seconds, _ = timed(lambda ms=matchers: backend.fill(ms, mask))
+            seconds, _ = timed(lambda ms=matchers, mk=mask: backend.fill(ms, mk))
             fill_s.append(seconds)
             allowed = (mask[0, token // 32] >> (token % 32)) & 1
             assert int(allowed) == 1, f"the mask refused the document's token {token}"

@@ -33,9 +33,7 @@ class GrammarMask:
             return
         bitmask = torch.empty((len(rows), self.words), dtype=torch.int32)
         pairs = [(matchers[i], j) for j, i in enumerate(rows)]
-        self._executor.unsafe_compute_mask_ptr(
-            pairs, bitmask.data_ptr(), self.words * 4, len(rows)
-        )
+        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), self.words * 4, len(rows))
         index = torch.tensor(rows, dtype=torch.long)
         if self._kernel is not None and _kernel_fits(logits):
             self._kernel(logits, bitmask, index)
