@@ -37,15 +37,10 @@ from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
 from zerohop.engine.structured.constraints import Constraints
 from zerohop.engine.throughput import ThroughputMeter, quantiles
+from zerohop.engine.warmup import num_kv_blocks, warm_up
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_GIB = 1.0
-# Start-up times a prefill step of this many prompt tokens (at most the step budget; large
-# enough to be compute-bound, so the step-time model extrapolates from it linearly) in this
-# many requests, and then their decode step together.
-CALIBRATION_TOKENS = 512
-CALIBRATION_SEQS = 16
 COMPILE_POLL_SECONDS = 0.005  # an idle step loop's wait for a grammar to compile
 MAX_FAILED_STEPS = 8  # steps in a row that failed as a whole: the engine itself is broken
 REQUEST_FAILED = "the engine failed while processing this request"
@@ -97,7 +92,7 @@ class LLMEngine:
             self.config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        num_blocks = self._num_kv_blocks()
+        num_blocks = num_kv_blocks(self.config, self.model, self.max_model_len)
         bs = self.config.block_size
         self.pool = BlockPool(num_blocks, bs, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -120,58 +115,7 @@ class LLMEngine:
         self._pending_aborts: list[str] = []
         self._failed_adds: list[RequestDelta] = []  # reported by the next step
         self._failed_steps = 0  # in a row
-        self.warmup()
-
-    # -- set-up ------------------------------------------------------------------------
-
-    def _num_kv_blocks(self) -> int:
-        cfg, bs = self.config, self.config.block_size
-        if cfg.num_kv_blocks:
-            return cfg.num_kv_blocks
-        per_block = ModelRunner.kv_bytes_per_block(self.model, bs)
-        if cfg.kv_cache_memory is not None:
-            budget = cfg.kv_cache_memory * 2**30
-        elif self.model.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.model.device)
-            budget = free * cfg.gpu_memory_utilization
-        else:
-            budget = DEFAULT_CPU_KV_GIB * 2**30
-        # More blocks than every sequence at full length could use is wasted memory.
-        useful = cfg.max_num_seqs * (-(-self.max_model_len // bs))
-        num_blocks = min(int(budget // per_block), useful)
-        if num_blocks < 1:
-            raise ValueError(f"KV cache budget {budget / 2**30:.3f} GiB holds no block")
-        return num_blocks
-
-    def warmup(self) -> None:
-        """Run every code path once (prefill, chunk over cache, decode) before serving, then
-        time a batch's steps: the queue-wait model's first figures for a burst (see
-        zerohop.engine.step_times), measured warm (first runs are slow, so not kept)."""
-        length = min(2 * self.config.block_size + 3, self.max_model_len - 2)
-        self._run({"__warmup__": [1] * length})
-        self.throughput = ThroughputMeter()
-        self._run(self._calibration_prompts())
-        self.pool.counters.prefix_query_tokens = self.pool.counters.prefix_hit_tokens = 0
-
-    def _calibration_prompts(self) -> dict[str, list[int]]:
-        """Prompts that fill one step of up to CALIBRATION_TOKENS prompt tokens, then decode
-        together: a prefill step and a decode step at batch CALIBRATION_SEQS, timed warm."""
-        cfg = self.config
-        budget = min(cfg.max_num_batched_tokens, CALIBRATION_TOKENS)
-        seqs = max(1, min(cfg.max_num_seqs, CALIBRATION_SEQS, budget))
-        room = min(self.max_model_len, self.pool.num_blocks * cfg.block_size // seqs) - 2
-        length = max(1, min(budget // seqs, room - cfg.block_size))
-        vocab = self.model_config.vocab_size
-        return {f"__calibrate_{i}__": [(2 + i) % vocab] * length for i in range(seqs)}
-
-    def _run(self, prompts: dict[str, list[int]]) -> None:
-        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        for request_id, prompt in prompts.items():
-            self.add_request(request_id, prompt, params)
-        while self.has_unfinished():
-            for delta in self.step():
-                if delta.error:
-                    raise RuntimeError(f"warm-up failed: {delta.error}")
+        warm_up(self)
 
     # -- requests --------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ Torch-free, so the API process builds and checks grammars without the model code
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -23,6 +24,9 @@ from zerohop.engine.errors import InvalidRequestError
 # small model cannot loop on whitespace, and pretty-printed JSON still fits.
 JSON_WHITESPACE = r"(\n {0,16}| )"
 _JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+# Applications send the same few schemas over and over: building and checking one costs
+# ~2 ms, a cache hit microseconds (a refused one is not kept: exceptions are not cached).
+CACHE_SIZE = 512
 # Subschemas keyed by name, and lists of subschemas, where objects may nest.
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -39,10 +43,14 @@ def json_schema_grammar(schema: Any) -> str:
             raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict | bool):
         raise InvalidRequestError("a JSON schema must be an object (or true/false)")
+    return _schema_grammar(json.dumps(schema))  # key order kept: it orders the output
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _schema_grammar(schema_json: str) -> str:
+    closed = _closed(json.loads(schema_json))
     return _checked(
-        lambda: llguidance.LLMatcher.grammar_from_json_schema(
-            _closed(schema), defaults=_JSON_OPTIONS
-        ),
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=_JSON_OPTIONS),
         "JSON schema",
     )
 
@@ -55,6 +63,11 @@ def json_object_grammar() -> str:
 def regex_grammar(pattern: str) -> str:
     if not isinstance(pattern, str) or not pattern:
         raise InvalidRequestError("a regex constraint must be a non-empty string")
+    return _regex_grammar(pattern)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _regex_grammar(pattern: str) -> str:
     return _checked(lambda: llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
 
@@ -72,11 +85,12 @@ def lark_grammar(text: str) -> str:
     llama.cpp and xgrammar write them), which is translated to Lark."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidRequestError("a grammar constraint must be a non-empty string")
+    return _lark_grammar(text)
 
-    def build() -> str:
-        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
 
-    return _checked(build, "grammar")
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _lark_grammar(text: str) -> str:
+    return _checked(lambda: llguidance.LLMatcher.grammar_from_lark(any_to_lark(text)), "grammar")
 
 
 def check_grammar(grammar: str) -> None:
