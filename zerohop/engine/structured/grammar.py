@@ -23,7 +23,7 @@ from zerohop.engine.errors import InvalidRequestError
 # Between JSON tokens: nothing, one space, or a newline and up to 16 spaces of indent. A
 # small model cannot loop on whitespace, and pretty-printed JSON still fits.
 JSON_WHITESPACE = r"(\n {0,16}| )"
-_JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
 # Applications send the same few schemas over and over: building and checking one costs
 # ~2 ms, a cache hit microseconds (a refused one is not kept: exceptions are not cached).
 CACHE_SIZE = 512
@@ -48,9 +48,9 @@ def json_schema_grammar(schema: Any) -> str:
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _schema_grammar(schema_json: str) -> str:
-    closed = _closed(json.loads(schema_json))
+    closed = closed_schema(json.loads(schema_json))
     return _checked(
-        lambda: llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=_JSON_OPTIONS),
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=JSON_OPTIONS),
         "JSON schema",
     )
 
@@ -116,7 +116,7 @@ def _first_line(message: object) -> str:
     return "; ".join(lines[:3]) if lines else "rejected by the grammar backend"
 
 
-def _closed(schema: Any) -> Any:
+def closed_schema(schema: Any) -> Any:
     """A copy of `schema` whose objects allow no properties beyond those they name."""
     if not isinstance(schema, dict):
         return schema
@@ -126,11 +126,11 @@ def _closed(schema: Any) -> Any:
         out["additionalProperties"] = False
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+            out[key] = {name: closed_schema(sub) for name, sub in out[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_closed(sub) for sub in out[key]]
+            out[key] = [closed_schema(sub) for sub in out[key]]
     for key in _SCHEMA_ONES:
         if isinstance(out.get(key), dict):
-            out[key] = _closed(out[key])
+            out[key] = closed_schema(out[key])
     return out

@@ -1,0 +1,91 @@
+"""The Hermes tool-call format (Qwen2.5, Qwen3, SmolLM3 and many fine-tunes): calls are
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the model's text.
+
+Parsing is incremental: `feed` takes each new piece of text as it is decoded and returns
+what can be told apart so far, plain text (streamed at once, except a possible start of a
+tag, held back until it is decided) and whole calls. A call whose JSON does not parse, or
+names no known tool, is given back as text, never as a broken tool call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from zerohop.api.tools.forced import CLOSE, OPEN
+from zerohop.api.tools.spec import ToolCall
+
+
+@dataclass(slots=True)
+class Parsed:
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class HermesParser:
+    def __init__(self, tool_names: set[str]) -> None:
+        self.tool_names = tool_names
+        self._buffer = ""
+        self._in_call = False
+
+    def feed(self, text: str) -> Parsed:
+        self._buffer += text
+        out = Parsed()
+        while True:
+            if self._in_call:
+                end = self._buffer.find(CLOSE)
+                if end < 0:
+                    return out
+                body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE) :]
+                self._in_call = False
+                self._emit_call(body, out)
+                continue
+            start = self._buffer.find(OPEN)
+            if start < 0:
+                keep = _partial_tag(self._buffer)
+                out.text += self._buffer[: len(self._buffer) - keep]
+                self._buffer = self._buffer[len(self._buffer) - keep :]
+                return out
+            out.text += self._buffer[:start]
+            self._buffer = self._buffer[start + len(OPEN) :]
+            self._in_call = True
+
+    def finish(self) -> Parsed:
+        """The end of the output: whatever is still held is text (an unclosed call too)."""
+        rest = (OPEN if self._in_call else "") + self._buffer
+        self._buffer, self._in_call = "", False
+        return Parsed(text=rest)
+
+    def _emit_call(self, body: str, out: Parsed) -> None:
+        call = parse_call(body, self.tool_names)
+        if call is None:
+            out.text += OPEN + body + CLOSE
+        else:
+            out.calls.append(call)
+
+
+def parse_call(body: str, tool_names: set[str]) -> ToolCall | None:
+    """The call in a `<tool_call>` body, or None when it is not a valid call."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("name") not in tool_names:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(value["name"], arguments)
+
+
+def _partial_tag(text: str) -> int:
+    """How many trailing characters of `text` could begin `<tool_call>`."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n
+    return 0
