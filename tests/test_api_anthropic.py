@@ -268,7 +268,7 @@ BAD_REQUESTS = {
         encoded(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]),
         JSON, 400, "messages.0.content.0.x: Extra inputs are not permitted",
     ),
-    "unsupported field": (encoded(tools=[]), JSON, 400, "tools: not supported"),
+    "unsupported field": (encoded(thinking={}), JSON, 400, "thinking: not supported"),
     "image block": (
         encoded(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
         JSON, 400, "messages.0.content.0.type: 'image' content blocks are not supported",

@@ -33,6 +33,14 @@ from zerohop.api.anthropic_schema import (
     decode_count_tokens,
     decode_messages,
 )
+from zerohop.api.anthropic_tools import (
+    ToolEvents,
+    ToolOutput,
+    forced_grammar,
+    neutral_turns,
+    request_tools,
+    uses_tools,
+)
 from zerohop.api.asgi import (
     Receive,
     Scope,
@@ -47,6 +55,8 @@ from zerohop.api.asgi import (
 from zerohop.api.errors import ApiError, anthropic_body
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
+from zerohop.api.tools.prompt import render_messages
+from zerohop.api.tools.spec import Tool
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
@@ -66,6 +76,7 @@ _BLOCK_START = (
     b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
     b'\n\nevent: ping\ndata: {"type":"ping"}\n\n'
 )
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 _BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
 _MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
@@ -97,8 +108,13 @@ class AnthropicSurface:
         continues = request.continue_token_ids
         prompt = self.ctx.continued(self.prompt(request), continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
-        params = _sampling_params(request)
+        tools = request_tools(request)
+        if tools and (request.return_token_ids or continues):
+            raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
+        params = _sampling_params(request, tools)
         state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
+        if tools:
+            state.tools = ToolOutput.of(request, tools)
         generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
@@ -110,15 +126,21 @@ class AnthropicSurface:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
     def prompt(self, request: CountTokensRequest) -> list[int]:
-        turns, prefill = chat_turns(request)
-        if prefill is None:
+        extra: dict[str, Any] = {}
+        if uses_tools(request):
+            tools = request_tools(request)
+            turns, prefill = neutral_turns(request)
+            turns, extra = render_messages(turns, tools, self.ctx.tokenizer.chat_template)
+        else:
+            turns, prefill = chat_turns(request)
+        if prefill is None and not extra:
             return self.ctx.encode_chat(turns)
         tokenizer = self.ctx.tokenizer
         try:
-            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, **extra)
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
-        return tokenizer.encode(text + prefill, add_special_tokens=False)
+        return tokenizer.encode(text + (prefill or ""), add_special_tokens=False)
 
 
 class _Run:
@@ -130,18 +152,24 @@ class _Run:
         self.num_prompt = len(prompt)
         self.cached = 0
         self.output_tokens = 0
+        self.tools: ToolOutput | None = None  # set when the request has tools
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []
         async for delta in deltas:
             self._count(delta)
             pieces.append(delta.new_text)
+            if self.tools is not None:
+                self.tools.feed(delta.new_text, final=delta.finished)
             if delta.finished:
                 break
         stop_reason, stop_sequence = self._finish(delta)
+        content = [{"type": "text", "text": "".join(pieces)}]
+        if self.tools is not None:
+            content = self.tools.content()
         body = {
             **self._message(),
-            "content": [{"type": "text", "text": "".join(pieces)}],
+            "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": self._usage(),
@@ -155,10 +183,16 @@ class _Run:
         await start_stream(send, request_id_headers(self.rid))
         start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = self._usage()
-        await send_chunk(send, _event("message_start", {"message": start}) + _BLOCK_START)
+        first = _BLOCK_START if self.tools is None else _PING
+        await send_chunk(send, _event("message_start", {"message": start}) + first)
+        blocks = ToolEvents()
         try:
             while True:
-                if delta.new_token_ids:  # one event per token, even one with no text yet
+                if self.tools is not None:
+                    new = self.tools.feed(delta.new_text, final=delta.finished)
+                    if chunk := blocks.events(*new):
+                        await send_chunk(send, chunk)
+                elif delta.new_token_ids:  # one event per token, even one with no text yet
                     await send_chunk(send, self._delta_event(delta))
                 if delta.finished:
                     break
@@ -173,7 +207,8 @@ class _Run:
             return await end_stream(send, _event("error", anthropic_body(error, self.rid)))
         end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
         end["usage"] = self._usage()
-        await end_stream(send, _BLOCK_STOP + _event("message_delta", end) + _MESSAGE_STOP)
+        stop = _BLOCK_STOP if self.tools is None else blocks.end()
+        await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
 
     def _delta_event(self, delta: RequestDelta) -> bytes:
         text = orjson.dumps(delta.new_text)
@@ -193,6 +228,8 @@ class _Run:
         if reason not in _STOP_REASONS:  # "abort"
             # Not the client's doing (it would not be listening): drain or engine trouble.
             raise ApiError(529, "the server cancelled this request (shutting down or overloaded)")
+        if self.tools is not None and self.tools.calls:
+            return "tool_use", None
         if reason == "stop" and isinstance(delta.stop_reason, str):
             return "stop_sequence", delta.stop_reason
         return _STOP_REASONS[reason], None
@@ -246,17 +283,20 @@ def chat_turns(request: CountTokensRequest) -> tuple[list[dict[str, str]], str |
 
 
 def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(b.text for b in content)
+    if isinstance(content, str):
+        return content
+    return "".join(b.text for b in content if isinstance(b, TextBlock))
 
 
-def _sampling_params(request: MessagesRequest) -> SamplingParams:
+def _sampling_params(request: MessagesRequest, tools: list[Tool]) -> SamplingParams:
+    grammar = forced_grammar(request, tools) or output_grammar(request)
     return sampling_params(
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         max_tokens=request.max_tokens,
         stop=request.stop_sequences,
-        grammar=output_grammar(request),
+        grammar=grammar,
     )
 
 

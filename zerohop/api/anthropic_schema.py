@@ -19,8 +19,6 @@ from zerohop.api.null_defaults import NullMeansDefault
 # Fields of the real API this server does not implement: a request using them is refused.
 UNSUPPORTED_FIELDS = frozenset(
     {
-        "tools",
-        "tool_choice",
         "thinking",
         "mcp_servers",
         "container",
@@ -38,9 +36,64 @@ class TextBlock(NullMeansDefault, tag="text", tag_field="type", forbid_unknown_f
     citations: Any = None
 
 
+class ToolUseBlock(NullMeansDefault, tag="tool_use", tag_field="type", forbid_unknown_fields=True):
+    """A call the assistant made, in an earlier assistant turn."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: Any = None
+
+
+class ToolResultBlock(
+    NullMeansDefault, tag="tool_result", tag_field="type", forbid_unknown_fields=True
+):
+    """The result of a call, in the user turn after it."""
+
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool | None = False
+    cache_control: Any = None
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
 class Message(msgspec.Struct, forbid_unknown_fields=True):
     role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+    content: str | list[Block]
+
+
+class ToolDef(NullMeansDefault, forbid_unknown_fields=True):
+    """A client tool. `input_schema` is checked where it is used (a server tool has none)."""
+
+    name: str
+    input_schema: dict[str, Any] | None = None
+    description: str | None = ""
+    strict: bool | None = False
+    type: str | None = "custom"
+    cache_control: Any = None  # accepted and ignored, as in TextBlock
+    eager_input_streaming: bool | None = None  # accepted: calls stream whole anyway
+
+
+class ChoiceAuto(NullMeansDefault, tag="auto", tag_field="type", forbid_unknown_fields=True):
+    disable_parallel_tool_use: bool | None = False
+
+
+class ChoiceAny(NullMeansDefault, tag="any", tag_field="type", forbid_unknown_fields=True):
+    disable_parallel_tool_use: bool | None = False
+
+
+class ChoiceTool(NullMeansDefault, tag="tool", tag_field="type", forbid_unknown_fields=True):
+    name: str
+    disable_parallel_tool_use: bool | None = False
+
+
+class ChoiceNone(NullMeansDefault, tag="none", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+ToolChoice = ChoiceAuto | ChoiceAny | ChoiceTool | ChoiceNone
 
 
 class Metadata(NullMeansDefault, forbid_unknown_fields=True):
@@ -66,6 +119,8 @@ class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=T
     messages: list[Message]
     system: str | list[TextBlock] | None = None
     cache_control: Any = None  # accepted and ignored, as in TextBlock
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):
@@ -133,10 +188,10 @@ def validation_message(raw: str) -> str:
         return f"{full}: Extra inputs are not permitted"
     if _NULL.match(problem) and path and not match["path"].endswith("]"):
         return f"{path}: Field required"
-    if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type"):
+    if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type") and ".content." in path:
         return (
             f"{path}: '{tag['value']}' content blocks are not supported by this server"
-            " (only 'text')"
+            " (only 'text', 'tool_use' and 'tool_result')"
         )
     if not path:
         return f"the request body is invalid: {problem}"

@@ -1,0 +1,228 @@
+"""Tool use on the Anthropic Messages surface, through the official SDK against a live
+server on the tiny random model: forced calls (tool_choice any / tool) validate against the
+tool's schema, streamed or not; a tool_result turn is accepted; tool_choice none calls
+nothing; bad definitions are refused in Anthropic's error shape; count_tokens counts tools."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.api import anthropic_schema
+from zerohop.api.anthropic_tools import ToolOutput, neutral_turns, request_tools
+from zerohop.api.errors import ApiError
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["Paris", "Oslo"]},
+            "unit": {"enum": ["c", "f"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+}
+CLOCK = {
+    "name": "get_time",
+    "description": "The time.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"zone": {"enum": ["utc", "cet"]}},
+        "required": ["zone"],
+    },
+}
+TOOLS = [WEATHER, CLOCK]
+SCHEMAS = {t["name"]: t["input_schema"] for t in TOOLS}
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+MAX = 256
+
+
+def client(server: LiveServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="any", max_retries=0)
+
+
+def check_call(message: Any, names: set[str]) -> None:
+    assert message.stop_reason == "tool_use", message
+    calls = [b for b in message.content if b.type == "tool_use"]
+    assert len(calls) == 1, message.content
+    call = calls[0]
+    assert call.name in names and isinstance(call.input, dict)
+    assert call.id.startswith("toolu_") and len(call.id) == 30 and call.id[6:].isalnum()
+    jsonschema.validate(call.input, SCHEMAS[call.name])
+
+
+CHOICES = {"any": ({"type": "any"}, {"get_weather", "get_time"}), "tool": (
+    {"type": "tool", "name": "get_time"}, {"get_time"})}  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", list(CHOICES))
+def test_forced_call(live_server, choice: str) -> None:
+    tool_choice, names = CHOICES[choice]
+    kw = dict(model=MODEL_NAME, max_tokens=MAX, messages=USER, tools=TOOLS)
+    message = client(live_server).messages.create(**kw, tool_choice=tool_choice)
+    check_call(message, names)
+    with client(live_server).messages.stream(**kw, tool_choice=tool_choice) as stream:
+        final = stream.get_final_message()
+    check_call(final, names)
+    plain = [b.model_dump(exclude={"id"}, exclude_none=True) for b in message.content]
+    streamed = [b.model_dump(exclude={"id"}, exclude_none=True) for b in final.content]
+    assert [b["type"] for b in plain] == [b["type"] for b in streamed]
+
+
+def sse_events(lines: list[str]) -> list[tuple[str, dict]]:
+    events, name = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+    return events
+
+
+def test_raw_stream_event_order(live_server) -> None:
+    body = {"model": MODEL_NAME, "max_tokens": MAX, "messages": USER, "stream": True}
+    body |= {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}}
+    with httpx.stream("POST", live_server.url + "/v1/messages", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = sse_events(list(r.iter_lines()))
+    names = [n for n, _ in events if n != "ping"]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    data = dict(events)
+    block = data["content_block_start"]
+    assert block["index"] == 0 and block["content_block"]["input"] == {}
+    assert block["content_block"]["type"] == "tool_use"
+    delta = data["content_block_delta"]["delta"]
+    assert delta["type"] == "input_json_delta"
+    jsonschema.validate(json.loads(delta["partial_json"]), WEATHER["input_schema"])
+    assert data["message_delta"]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_second_turn_with_tool_result(live_server) -> None:
+    messages = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                 "input": {"city": "Paris", "unit": "c"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C, sunny"},
+                {"type": "text", "text": "And now?"},
+            ],
+        },
+    ]  # fmt: skip
+    message = client(live_server).messages.create(
+        model=MODEL_NAME, max_tokens=8, messages=messages, tools=TOOLS
+    )
+    assert message.type == "message"
+    error = {**messages[2], "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "no"}], "is_error": True}]}  # fmt: skip
+    message = client(live_server).messages.create(
+        model=MODEL_NAME, max_tokens=8, messages=[*messages[:2], error], tools=TOOLS
+    )
+    assert message.type == "message"
+
+
+def test_tool_choice_none_calls_nothing(live_server) -> None:
+    message = client(live_server).messages.create(
+        model=MODEL_NAME, max_tokens=16, messages=USER, tools=TOOLS, tool_choice={"type": "none"}
+    )
+    assert [b.type for b in message.content] == ["text"]
+    assert message.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_count_tokens_counts_tools(live_server) -> None:
+    count = client(live_server).messages.count_tokens
+    without = count(model=MODEL_NAME, messages=USER).input_tokens
+    assert count(model=MODEL_NAME, messages=USER, tools=TOOLS).input_tokens > without
+
+
+ORPHAN = [
+    *USER,
+    {"role": "assistant", "content": "ok"},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x"}]},
+]
+BAD = {
+    "bad name": ({"tools": [{**WEATHER, "name": "no spaces"}]}, "tools.0.name"),
+    "duplicate": ({"tools": [WEATHER, WEATHER]}, "used twice"),
+    "no schema": ({"tools": [{"name": "f"}]}, "tools.0.input_schema: Field required"),
+    "array schema": ({"tools": [{"name": "f", "input_schema": {"type": "array"}}]}, "'object'"),
+    "server tool": ({"tools": [{"type": "web_search_x", "name": "w"}]}, "server tools"),
+    "unknown choice": ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
+                       "no tool named 'nope'"),
+    "any without tools": ({"tool_choice": {"type": "any"}}, "at least one tool"),
+    "bad choice type": ({"tools": TOOLS, "tool_choice": {"type": "some"}}, "tool_choice"),
+    "orphan result": ({"tools": TOOLS, "messages": ORPHAN}, "unexpected `tool_use_id`"),
+    "blocks without tools": ({"messages": ORPHAN}, "must define tools"),
+    "forced with format": ({"tools": TOOLS, "tool_choice": {"type": "any"}, "output_config": {
+        "format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_requests(live_server, case: str) -> None:
+    fields, words = BAD[case]
+    body = {"model": MODEL_NAME, "max_tokens": 8, "messages": USER, **fields}
+    response = httpx.post(live_server.url + "/v1/messages", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    payload = response.json()
+    assert payload["type"] == "error"
+    assert payload["error"]["type"] == "invalid_request_error"
+    assert words in payload["error"]["message"], payload
+    assert payload["request_id"] == response.headers["request-id"]
+
+
+def decoded(**fields: Any) -> anthropic_schema.MessagesRequest:
+    body = {"model": MODEL_NAME, "max_tokens": 8, "messages": USER, "tools": TOOLS, **fields}
+    return anthropic_schema.decode_messages(json.dumps(body).encode())
+
+
+def test_neutral_turns_and_parsing() -> None:
+    messages = [
+        *USER,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                                           "name": "get_time", "input": {"zone": "utc"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "12:00"}]},
+    ]  # fmt: skip
+    turns, prefill = neutral_turns(decoded(messages=messages, system="Be brief."))
+    assert prefill is None
+    assert turns == [
+        {"role": "system", "content": "Be brief."},
+        USER[0],
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"name": "get_time", "arguments": {"zone": "utc"}}]},
+        {"role": "tool", "content": "12:00", "name": "get_time"},
+    ]  # fmt: skip
+    request = decoded(tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    output = ToolOutput.of(request, request_tools(request))
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>'
+    for piece in ["Sure.\n", call[:7], call[7:], "\n", call, " after"]:
+        output.feed(piece)
+    output.feed("", final=True)
+    content = output.content()
+    assert [b["type"] for b in content] == ["text", "tool_use"]  # one call only, then no text
+    assert content[0]["text"] == "Sure.\n" and content[1]["input"] == {"zone": "cet"}
+    with pytest.raises(ApiError, match="used twice"):
+        request_tools(decoded(tools=[CLOCK, CLOCK]))
