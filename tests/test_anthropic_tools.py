@@ -11,10 +11,12 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
+import msgspec
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api import anthropic_schema
+from zerohop.api.anthropic_tools import ToolEvents as ToolEventsFor
 from zerohop.api.anthropic_tools import ToolOutput, neutral_turns, request_tools
 from zerohop.api.errors import ApiError
 
@@ -226,3 +228,49 @@ def test_neutral_turns_and_parsing() -> None:
     assert content[0]["text"] == "Sure.\n" and content[1]["input"] == {"zone": "cet"}
     with pytest.raises(ApiError, match="used twice"):
         request_tools(decoded(tools=[CLOCK, CLOCK]))
+
+
+def test_stream_events_accumulate_to_the_content() -> None:
+    """Text then two calls, through the SDK's own stream accumulator: the same content as
+    the non-streaming response, block indexes consecutive, each block stopped once."""
+    from anthropic.lib.streaming._messages import accumulate_event
+
+    request = decoded(tool_choice={"type": "auto"})
+    output, blocks = ToolOutput.of(request, request_tools(request)), ToolEventsFor()
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>'
+    raw = b""
+    pieces = ["\n", "Sure", ".\n", call[:5], call[5:], "\n", call]
+    for i, piece in enumerate(pieces):
+        raw += blocks.events(*output.feed(piece, final=i == len(pieces) - 1))
+    raw += blocks.end()
+    events = sse_events(raw.decode().splitlines())
+    kinds = [(n, d.get("index")) for n, d in events if n != "content_block_delta"]
+    assert kinds == [("content_block_start", 0), ("content_block_stop", 0),
+                     ("content_block_start", 1), ("content_block_stop", 1),
+                     ("content_block_start", 2), ("content_block_stop", 2)]  # fmt: skip
+    start = {"type": "message_start", "message": {"id": "msg_1", "type": "message",
+             "role": "assistant", "model": MODEL_NAME, "content": [], "stop_reason": None,
+             "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}}  # fmt: skip
+    snapshot, bufs = None, {}
+    for data in [start] + [d for _, d in events]:
+        snapshot = accumulate_event(event=data, current_snapshot=snapshot, json_bufs=bufs)
+    got = [b.model_dump(exclude_none=True) for b in snapshot.content]
+    want = output.content()
+    assert [{k: b[k] for k in w} for b, w in zip(got, want, strict=True)] == want
+    assert want[0] == {"type": "text", "text": "\nSure.\n"} and len(want) == 3
+
+
+def test_new_structs_take_null_as_absent() -> None:
+    minimal = {
+        anthropic_schema.ToolDef: {"name": "f", "input_schema": {"type": "object"}},
+        anthropic_schema.ToolUseBlock: {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+        anthropic_schema.ToolResultBlock: {"type": "tool_result", "tool_use_id": "t"},
+        anthropic_schema.ChoiceAuto: {"type": "auto"},
+        anthropic_schema.ChoiceTool: {"type": "tool", "name": "f"},
+    }
+    for kind, body in minimal.items():
+        decoder = msgspec.json.Decoder(kind)
+        absent = decoder.decode(json.dumps(body))
+        for f in msgspec.structs.fields(kind):
+            if f.required is False and f.name not in body:
+                assert decoder.decode(json.dumps({**body, f.name: None})) == absent, f.name

@@ -8,7 +8,8 @@ Decisions where the API leaves room (see also anthropic_schema.py):
   continues from it. As in the API it may not end with whitespace.
 - Usage: `input_tokens` excludes prefix-cache hits, which are `cache_read_input_tokens`;
   `cache_creation_input_tokens` is always 0 (caching is automatic and never billed as a write).
-- A response always holds one text block, possibly empty.
+- A response without tools always holds one text block, possibly empty (tool use:
+  anthropic_tools.py).
 - `metadata.user_id`, `service_tier`, `cache_control` and `anthropic-version` are accepted
   and ignored; the key (`x-api-key` or `Authorization: Bearer`) is the gateway's (app.py).
 - The stream's headers go out with the engine's first delta, so a request the engine

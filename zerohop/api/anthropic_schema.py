@@ -1,7 +1,7 @@
 """Anthropic Messages API request bodies as msgspec Structs, and their validation errors.
 
 Unknown top-level fields are rejected as the API does ("<field>: Extra inputs are not
-permitted"); fields the API knows but this server does not implement (tools, thinking, ...)
+permitted"); fields the API knows but this server does not implement (thinking, ...)
 are rejected with a message that says so, rather than silently ignored. An explicit `null` is
 the field's default, as if absent (`null_defaults`); on a required field it is refused as missing.
 """
@@ -51,7 +51,7 @@ class ToolResultBlock(
     """The result of a call, in the user turn after it."""
 
     tool_use_id: str
-    content: str | list[TextBlock] = ""
+    content: str | list[TextBlock] | None = ""
     is_error: bool | None = False
     cache_control: Any = None
 
