@@ -391,7 +391,7 @@ OK_CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]}
 JSON = {"content-type": "application/json"}
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 IMAGE = [{"type": "image_url", "image_url": {"url": "http://x"}}]
-TOOLS = [{"type": "function", "function": {"name": "f"}}]
+TOOLS = [{"type": "function", "function": {"name": "not a name"}}]  # bad: spaces
 BAD_UTF8 = b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
 
 

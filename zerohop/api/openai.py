@@ -43,6 +43,14 @@ from zerohop.api.openai_schema import (
     sampling_params,
 )
 from zerohop.api.openai_stream import DONE, ChatStream, CompletionStream, Stream, sse
+from zerohop.api.openai_tools import (
+    ToolChatStream,
+    ToolPlan,
+    chat_prompt_messages,
+    check_forced,
+    has_tool_turns,
+    tool_plan,
+)
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
@@ -105,11 +113,12 @@ class OpenAIApi:
         check_chat(request)
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        prompt = self.ctx.continued(self.ctx.encode_chat(chat_messages(request)), continues)
+        plan = tool_plan(request)
+        prompt = self.ctx.continued(self._chat_prompt(request, plan), continues)
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
-        grammar = chat_grammar(request)
+        grammar = check_forced(plan, chat_grammar(request))
         params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
@@ -118,12 +127,35 @@ class OpenAIApi:
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
-                stream = ChatStream(rid, request.model, usage, len(prompt), top, params.n)
+                stream = self._chat_stream(
+                    rid, request.model, usage, len(prompt), top, params.n, plan
+                )
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
-                answer = ChatAnswer(len(prompt), params.n, top, self.logprob_formatter)
+                answer = ChatAnswer(len(prompt), params.n, top, self.logprob_formatter, plan.names)
                 await self._chat_once(rid, request.model, answer, deltas, send, request_id)
+
+    def _chat_prompt(self, request: ChatRequest, plan: ToolPlan) -> list[int]:
+        if not plan.tools and not has_tool_turns(request):
+            return self.ctx.encode_chat(chat_messages(request))
+        template = self.ctx.tokenizer.chat_template
+        messages, extra = chat_prompt_messages(request, plan, template)
+        return self.ctx.encode_chat(messages, **extra)
+
+    @staticmethod
+    def _chat_stream(
+        rid: str,
+        model: str,
+        usage: bool,
+        prompt_tokens: int,
+        top: int | None,
+        n: int,
+        plan: ToolPlan,
+    ) -> ChatStream:
+        if plan.names is None:
+            return ChatStream(rid, model, usage, prompt_tokens, top, n)
+        return ToolChatStream(rid, model, usage, prompt_tokens, top, n, names=plan.names)
 
     async def _chat_once(
         self,

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerohop.api.openai_output import Choices, LogprobFormatter, legacy_columns
+from zerohop.api.openai_output import Choices, LogprobFormatter, Totals, legacy_columns
+from zerohop.api.openai_tools import message_fields
 from zerohop.engine.outputs import RequestDelta
 
 
 class ChatAnswer:
     def __init__(
-        self, prompt_tokens: int, n: int, top: int | None, formatter: LogprobFormatter
+        self,
+        prompt_tokens: int,
+        n: int,
+        top: int | None,
+        formatter: LogprobFormatter,
+        tool_names: set[str] | None = None,
     ) -> None:
         self.choices = Choices(prompt_tokens, n)
         self.top, self.formatter = top, formatter
+        self.tool_names = tool_names  # parse each choice's tool calls (openai_tools.py)
         self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
     def add(self, delta: RequestDelta) -> None:
@@ -24,16 +31,18 @@ class ChatAnswer:
             self.logprobs[delta.index].extend(self.formatter.chat(delta, self.top))
 
     def body(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": "".join(totals.text)},
-                "logprobs": None if self.top is None else {"content": self.logprobs[i]},
-                "finish_reason": totals.finish_reason,
-                "stop_reason": totals.stop_reason,
-            }
-            for i, totals in enumerate(self.choices.totals)
-        ]
+        return [self._choice(i, totals) for i, totals in enumerate(self.choices.totals)]
+
+    def _choice(self, i: int, totals: Totals) -> dict[str, Any]:
+        text, reason = "".join(totals.text), totals.finish_reason
+        message, reason = message_fields(text, self.tool_names, reason)
+        return {
+            "index": i,
+            "message": message,
+            "logprobs": None if self.top is None else {"content": self.logprobs[i]},
+            "finish_reason": reason,
+            "stop_reason": totals.stop_reason,
+        }
 
     def usage(self) -> dict[str, Any]:
         return self.choices.usage()

@@ -4,7 +4,7 @@ that turn a request into a prompt and SamplingParams.
 Unknown top-level fields are rejected, as the OpenAI API does ("Unrecognized request argument
 supplied"); vLLM ignores them, but a silently ignored misspelt `max_token` is worse than a 400.
 Parameters the API defines but this server does not implement are accepted at their neutral
-value (no tools, text-only modalities, ...) and rejected with a clear 400
+value (text-only modalities, no audio, ...) and rejected with a clear 400
 otherwise; bookkeeping fields (`user`, `metadata`, `store`, ...) are accepted and ignored.
 An explicit `null` is the field's default, as if absent (`null_defaults`).
 """
@@ -227,14 +227,11 @@ def _check_common(request: _Common) -> None:
 
 def check_chat(request: ChatRequest) -> None:
     _check_common(request)
-    if request.tools or request.functions:
-        raise _unsupported("tools", "tool use")
-    if request.tool_choice not in (None, "none", "auto") or request.function_call not in (
-        None,
-        "none",
-        "auto",
-    ):
-        raise _unsupported("tool_choice", "forcing a tool call")
+    # tools and tool_choice are checked as they are translated (openai_tools.py).
+    if request.functions:
+        raise _unsupported("functions", "the deprecated functions (use tools)")
+    if request.function_call not in (None, "none", "auto"):
+        raise _unsupported("function_call", "the deprecated function_call (use tool_choice)")
     # response_format and structured_outputs are checked as they compile (constraints.py).
     if request.modalities and set(request.modalities) != {"text"}:
         raise _unsupported("modalities", "output other than text")

@@ -157,9 +157,9 @@ class ServingContext:
         if call is not None and self.gateway is not None:
             self.gateway.check_model(call, name)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+            return self.tokenizer.encode_chat(messages, add_generation_prompt=True, **extra)
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
 

@@ -1,0 +1,147 @@
+"""Tool calls on the OpenAI Chat Completions surface, with the official SDK against a live
+server on the tiny random model: forced calls (required, named) validate against the tool's
+schema, whole and streamed (the SDK's accumulator rebuilds them), a second turn with the
+calls and their results is accepted, "none" gives no calls, bad definitions are 400s."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.api.openai_tools import message_fields
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Oslo", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather.", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "add", "parameters": ADD}},
+]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
+MAX = 200  # random whitespace between JSON tokens takes room
+
+
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="any", max_retries=0)
+
+
+def create(server: LiveServer, **body: Any) -> Any:
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX, **body}
+    body.setdefault("seed", 1)
+    return client(server).chat.completions.create(**body)
+
+
+def check_call(call: Any, name: str | None = None) -> None:
+    assert call.type == "function" and call.id.startswith("call_") and len(call.id) == 29
+    assert name is None or call.function.name == name
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize(
+    ("choice", "name"),
+    [("required", None), ({"type": "function", "function": {"name": "add"}}, "add")],
+)
+def test_forced_call(live_server: LiveServer, choice: Any, name: str | None) -> None:
+    got = create(live_server, tool_choice=choice, n=2, seed=1)
+    for c in got.choices:
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.content is None and len(c.message.tool_calls) == 1
+        check_call(c.message.tool_calls[0], name)
+
+
+def test_forced_call_streamed(live_server: LiveServer) -> None:
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, "max_tokens": MAX, "seed": 2}
+    with client(live_server).chat.completions.stream(**body, tool_choice="required") as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert len(choice.message.tool_calls) == 1
+    check_call(choice.message.tool_calls[0])
+
+
+def test_second_turn(live_server: LiveServer) -> None:
+    first = create(
+        live_server, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    message = first.choices[0].message
+    assert message.tool_calls, first.model_dump()
+    call = message.tool_calls[0]
+    messages = [
+        *MESSAGES,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "Sunny"}]},
+    ]
+    got = create(live_server, messages=messages, max_tokens=4)
+    assert got.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_none_gives_no_calls(live_server: LiveServer) -> None:
+    got = create(live_server, tool_choice="none", max_tokens=8)
+    assert got.choices[0].message.tool_calls is None
+    assert got.choices[0].finish_reason in ("stop", "length")
+
+
+def test_auto_parses_a_call() -> None:
+    text = 'Hm <tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>'
+    message, reason = message_fields(text, {"add"}, "stop")
+    assert reason == "tool_calls" and message["content"] == "Hm "
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 3}
+    assert message_fields("<tool_call>x</tool_call>", {"add"}, "stop")[1] == "stop"
+
+
+BAD_NAME = [{"type": "function", "function": {"name": "no spaces"}}]
+ARRAY = [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]
+ORPHAN = [*MESSAGES, {"role": "tool", "tool_call_id": "call_nope", "content": "x"}]
+BAD = {
+    "bad-name": ({"tools": BAD_NAME}, "tools", "must be 1 to 64"),
+    "not-object": ({"tools": ARRAY}, "tools", "type must be 'object'"),
+    "duplicate": ({"tools": [TOOLS[1], TOOLS[1]]}, "tools", "used twice"),
+    "not-function": ({"tools": [{"type": "web"}]}, "tools", "only 'function'"),
+    "unknown-named": (
+        {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+        "no tool named",
+    ),
+    "bad-choice": ({"tool_choice": "sometimes"}, "tool_choice", "must be"),
+    "orphan": ({"messages": ORPHAN}, "messages[1].tool_call_id", "answers no earlier"),
+    "forced-and-format": (
+        {"tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+        "cannot be combined",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
+def test_refused(live_server: LiveServer, case: tuple[dict, str, str]) -> None:
+    fields, param, words = case
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 2, **fields}
+    response = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param and words in error["message"], error

@@ -1,0 +1,264 @@
+"""Tool calls on the OpenAI Chat Completions surface: the request's `tools`, `tool_choice`
+and tool turns translated to the neutral shapes of zerohop/api/tools, and the model's Hermes
+calls back as OpenAI's `tool_calls`, whole (`message_fields`) or streamed (`ToolChatStream`).
+
+`tool_choice` "auto" (the default with tools) offers the tools and parses calls; "none"
+offers none and parses nothing; "required" or a named function forces exactly one call by
+grammar (with `response_format` or `structured_outputs` too: a 400).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from zerohop.api.errors import ApiError
+from zerohop.api.openai_output import LogprobFormatter
+from zerohop.api.openai_schema import ChatRequest, Message, _message
+from zerohop.api.openai_stream import ChatStream, _index
+from zerohop.api.tools.forced import forced_call_grammar
+from zerohop.api.tools.hermes import HermesParser, Parsed
+from zerohop.api.tools.prompt import render_messages
+from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.outputs import RequestDelta
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    """What a request's tools mean: those offered, whether to parse calls, a forced grammar."""
+
+    tools: list[Tool]
+    parse: bool = False
+    grammar: str | None = None
+
+    @property
+    def names(self) -> set[str] | None:
+        """The names to parse calls of, or None when calls are not parsed."""
+        return {t.name for t in self.tools} if self.parse else None
+
+
+def tool_plan(request: ChatRequest) -> ToolPlan:
+    tools = request_tools(request.tools)
+    choice = request.tool_choice
+    if choice is not None and not tools and choice != "none":
+        raise ApiError(400, "tool_choice: requires tools", param="tool_choice")
+    if not tools or choice == "none":
+        return ToolPlan([])
+    if choice in (None, "auto"):
+        return ToolPlan(tools, parse=True)
+    forced = tools if choice == "required" else [_named(choice, tools)]
+    return ToolPlan(tools, parse=True, grammar=forced_call_grammar(forced))
+
+
+def request_tools(given: list[Any] | None) -> list[Tool]:
+    tools = [_tool(i, t) for i, t in enumerate(given or [])]
+    try:
+        return checked_tools(tools)
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="tools") from exc
+
+
+def _tool(index: int, given: Any) -> Tool:
+    where = f"tools[{index}]"
+    if not isinstance(given, dict) or given.get("type") != "function":
+        raise ApiError(400, f"{where}.type: only 'function' tools are supported", param="tools")
+    function = given.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, f"{where}.function.name is required", param="tools")
+    parameters = function.get("parameters")
+    description = function.get("description") or ""
+    if not isinstance(description, str):
+        raise ApiError(400, f"{where}.function.description must be a string", param="tools")
+    return Tool(
+        name=function["name"],
+        description=description,
+        parameters={"type": "object"} if parameters is None else parameters,
+        strict=bool(function.get("strict")),
+    )
+
+
+def _named(choice: Any, tools: list[Tool]) -> Tool:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
+        raise ApiError(
+            400,
+            "tool_choice: must be 'none', 'auto', 'required' or"
+            " {'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+        )
+    for tool in tools:
+        if tool.name == name:
+            return tool
+    raise ApiError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
+
+
+def check_forced(plan: ToolPlan, grammar: str | None) -> str | None:
+    """The grammar to decode with: the forced call's, or the response format's."""
+    if plan.grammar is None:
+        return grammar
+    if grammar is not None:
+        raise ApiError(
+            400,
+            "tool_choice: forcing a tool call cannot be combined with response_format"
+            " or structured_outputs",
+            param="tool_choice",
+        )
+    return plan.grammar
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def tool_messages(request: ChatRequest) -> list[dict[str, Any]]:
+    """The messages in prompt.py's neutral shape (tool calls and results included)."""
+    if not request.messages:
+        raise ApiError(400, "messages: at least one message is required", param="messages")
+    names: dict[str, str] = {}  # call id -> tool name, from the earlier assistant turns
+    return [_neutral(i, m, names) for i, m in enumerate(request.messages)]
+
+
+def has_tool_turns(request: ChatRequest) -> bool:
+    return any(m.role == "tool" or m.tool_calls for m in request.messages)
+
+
+def _neutral(index: int, message: Message, names: dict[str, str]) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if message.role == "tool":
+        return _tool_result(index, message, names)
+    if message.role == "assistant" and message.tool_calls:
+        plain = _message(index, _without_calls(message))
+        calls = [
+            _call(f"{where}.tool_calls[{j}]", c, names) for j, c in enumerate(message.tool_calls)
+        ]
+        return {**plain, "tool_calls": calls}
+    return _message(index, message)
+
+
+def _without_calls(message: Message) -> Message:
+    return Message(role=message.role, content=message.content, name=message.name)
+
+
+def _call(where: str, call: Any, names: dict[str, str]) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, f"{where}.function.name is required", param=where)
+    arguments = function.get("arguments") or "{}"
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        raise ApiError(400, f"{where}.function.arguments is not valid JSON", param=where) from None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, f"{where}.function.arguments must be a JSON object", param=where)
+    if isinstance(call.get("id"), str):
+        names[call["id"]] = function["name"]
+    return {"name": function["name"], "arguments": parsed}
+
+
+def _tool_result(index: int, message: Message, names: dict[str, str]) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    name = names.get(message.tool_call_id or "")
+    if name is None:
+        raise ApiError(
+            400,
+            f"{where}.tool_call_id: {message.tool_call_id!r} answers no earlier tool call",
+            param=f"{where}.tool_call_id",
+        )
+    plain = _message(index, Message(role="user", content=message.content))
+    return {"role": "tool", "content": plain["content"], "name": name}
+
+
+def chat_prompt_messages(
+    request: ChatRequest, plan: ToolPlan, template: str | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and extra template variables of a request that has tools or tool turns."""
+    return render_messages(tool_messages(request), plan.tools, template)
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+def openai_call(call: ToolCall) -> dict[str, Any]:
+    arguments = json.dumps(call.arguments)
+    return {
+        "id": call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
+
+
+def parse_all(text: str, names: set[str]) -> Parsed:
+    parser = HermesParser(names)
+    parsed = parser.feed(text)
+    parsed.text += parser.finish().text
+    return parsed
+
+
+def message_fields(
+    text: str, names: set[str] | None, finish_reason: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """A whole answer's message and finish reason, its calls parsed when `names` is set."""
+    if names is None:
+        return {"role": "assistant", "content": text}, finish_reason
+    parsed = parse_all(text, names)
+    if not parsed.calls:
+        return {"role": "assistant", "content": parsed.text}, finish_reason
+    message = {
+        "role": "assistant",
+        "content": parsed.text or None,
+        "tool_calls": [openai_call(c) for c in parsed.calls],
+    }
+    return message, "tool_calls"
+
+
+class ToolChatStream(ChatStream):
+    """A chat stream whose text goes through a Hermes parser per choice: text streams as
+    content, each whole call as a `tool_calls` delta (its id and name, then its arguments)."""
+
+    def __init__(self, *args: Any, names: set[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parsers = [HermesParser(names) for _ in range(self.choices.n)]
+        self.calls = [0] * self.choices.n
+
+    def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
+        totals = self.choices.add(delta)
+        i = delta.index
+        parsed = self.parsers[i].feed(delta.new_text)
+        if delta.finished:
+            parsed.text += self.parsers[i].finish().text
+        data = b""
+        if delta.new_token_ids or parsed.text:
+            data += self.content(formatter, replace(delta, new_text=parsed.text))
+        for call in parsed.calls:
+            data += self._call_chunks(i, call)
+        if delta.finished:
+            reason = "tool_calls" if self.calls[i] else totals.finish_reason
+            stop_reason = orjson.dumps(totals.stop_reason)
+            data += self.head + self.finish_choice(i, reason, stop_reason) + b"]" + self.tail
+        return data
+
+    def _call_chunks(self, index: int, call: ToolCall) -> bytes:
+        k, self.calls[index] = self.calls[index], self.calls[index] + 1
+        whole = openai_call(call)
+        opening = {**whole, "index": k, "function": {"name": call.name, "arguments": ""}}
+        arguments = {"index": k, "function": {"arguments": whole["function"]["arguments"]}}
+        return self._tool_delta(index, opening) + self._tool_delta(index, arguments)
+
+    def _tool_delta(self, index: int, call: dict[str, Any]) -> bytes:
+        delta = orjson.dumps({"tool_calls": [call]})
+        return (
+            self.head + _index(index) + b',"delta":' + delta
+            + b',"logprobs":null,"finish_reason":null}]' + self.tail
+        )  # fmt: skip
