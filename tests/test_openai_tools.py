@@ -12,9 +12,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.openai_tools import message_fields
+from zerohop.api.openai_output import LogprobFormatter
+from zerohop.api.openai_tools import ToolChatStream, message_fields
+from zerohop.engine.outputs import RequestDelta
 
 WEATHER = {
     "type": "object",
@@ -145,3 +149,32 @@ def test_refused(live_server: LiveServer, case: tuple[dict, str, str]) -> None:
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param and words in error["message"], error
+
+
+def stream_chunks(pieces: list[str], n: int = 1) -> list[dict]:
+    stream = ToolChatStream("chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"})
+    data = stream.opening()
+    for index in range(n):
+        for j, piece in enumerate(pieces):
+            last = j == len(pieces) - 1
+            delta = RequestDelta("r", [1], piece, finished=last, finish_reason="stop", index=index)
+            data += stream.step(LogprobFormatter.__new__(LogprobFormatter), delta)
+    events = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e]
+    return [json.loads(e) for e in events]
+
+
+def test_auto_stream_rebuilds_text_and_calls() -> None:
+    text = 'Hm <tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call> ok'
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
+    chunks = stream_chunks(pieces, n=2)
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    final = state.get_final_completion()
+    for choice in final.choices:
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content == "Hm  ok"
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 3}
+    whole, _ = message_fields(text, {"add"}, "stop")
+    assert whole["content"] == "Hm  ok"
