@@ -131,6 +131,7 @@ BAD = {
         "no tool named",
     ),
     "bad-choice": ({"tool_choice": "sometimes"}, "tool_choice", "must be"),
+    "forced-no-tools": ({"tools": None, "tool_choice": "required"}, "tool_choice", "requires"),
     "orphan": ({"messages": ORPHAN}, "messages[1].tool_call_id", "answers no earlier"),
     "forced-and-format": (
         {"tool_choice": "required", "response_format": {"type": "json_object"}},

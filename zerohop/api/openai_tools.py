@@ -48,8 +48,8 @@ class ToolPlan:
 def tool_plan(request: ChatRequest) -> ToolPlan:
     tools = request_tools(request.tools)
     choice = request.tool_choice
-    if choice is not None and not tools and choice != "none":
-        raise ApiError(400, "tool_choice: requires tools", param="tool_choice")
+    if not tools and choice not in (None, "none", "auto"):  # those two: as before tools
+        raise ApiError(400, "tool_choice: forcing a call requires tools", param="tool_choice")
     if not tools or choice == "none":
         return ToolPlan([])
     if choice in (None, "auto"):
