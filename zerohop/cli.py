@@ -25,6 +25,7 @@ from zerohop.cli_types import (
     PORT,
     POSITIVE_INT,
     POSITIVE_NUMBER,
+    TOOL_CALL_PARSERS,
     OneLineParser,
     integer,
 )
@@ -198,6 +199,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         engine_restarts=RestartPolicy(args.engine_max_restarts, args.engine_restart_window),
         max_header_bytes=args.max_header_bytes,
+        tool_call_parser=args.tool_call_parser,
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
@@ -271,6 +273,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         type=NONNEGATIVE_NUMBER,
         default=30.0,
         help="on SIGTERM, how long in-flight streams may finish before they are cancelled",
+    )
+    srv.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default="auto",
+        help="the format the model writes tool calls in (auto: told from the chat template;"
+        " forced calls are always Hermes)",
     )
     add_supervision_options(srv)
     add_protection_options(srv)

@@ -62,3 +62,4 @@ NONNEGATIVE_INT = integer(0)
 PORT = integer(0, 65535)
 NONNEGATIVE_NUMBER = number(0.0)  # >= 0
 POSITIVE_NUMBER = number(0.0, above=True)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # tools/parsers.py

@@ -64,6 +64,7 @@ class ServeOptions:
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
     engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    tool_call_parser: str = "auto"  # hermes, llama3_json, mistral; auto: by chat template
 
 
 @dataclass(slots=True)
@@ -168,6 +169,7 @@ async def serve(options: ServeOptions) -> int:
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
+        tool_call_parser=options.tool_call_parser,
         admission=AdmissionControl(
             engine,
             options.max_queue_wait,

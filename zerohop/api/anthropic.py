@@ -115,7 +115,7 @@ class AnthropicSurface:
         params = _sampling_params(request, tools)
         state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
         if tools:
-            state.tools = ToolOutput.of(request, tools)
+            state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)
         generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:

@@ -35,6 +35,7 @@ from zerohop.api.anthropic_schema import (
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.forced import forced_call_grammar
 from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.parsers import ParserFactory, ToolParser
 from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 
@@ -216,19 +217,23 @@ class ToolOutput:
     """Reads the model's output for calls, piece by piece: the text before the first call
     (blank text held back until it is decided) and the calls."""
 
-    parser: HermesParser | None  # None: tool_choice none, all is text
+    parser: ToolParser | None  # None: tool_choice none, all is text
     single: bool  # disable_parallel_tool_use: the first call only
     text: str = ""  # the text given out so far
     pending: str = ""  # blank text held back
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, request: MessagesRequest, tools: list[Tool]) -> ToolOutput:
+    def of(
+        cls, request: MessagesRequest, tools: list[Tool], parser: ParserFactory = HermesParser
+    ) -> ToolOutput:
+        """Calls read in `parser`'s format; a forced call (any, tool) is always Hermes."""
         choice = request.tool_choice
         if isinstance(choice, ChoiceNone):
             return cls(None, False)
         single = bool(choice is not None and choice.disable_parallel_tool_use)
-        return cls(HermesParser({t.name for t in tools}), single)
+        forced = isinstance(choice, ChoiceAny | ChoiceTool)
+        return cls((HermesParser if forced else parser)({t.name for t in tools}), single)
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         """(new text, new tool_use blocks) for the next piece of output."""

@@ -113,7 +113,7 @@ class OpenAIApi:
         check_chat(request)
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        plan = tool_plan(request)
+        plan = tool_plan(request, self.ctx.tool_parser)
         prompt = self.ctx.continued(self._chat_prompt(request, plan), continues)
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
@@ -133,7 +133,8 @@ class OpenAIApi:
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
-                answer = ChatAnswer(len(prompt), params.n, top, self.logprob_formatter, plan.names)
+                formatter = self.logprob_formatter
+                answer = ChatAnswer(len(prompt), params.n, top, formatter, plan.names, plan.parser)
                 await self._chat_once(rid, request.model, answer, deltas, send, request_id)
 
     def _chat_prompt(self, request: ChatRequest, plan: ToolPlan) -> list[int]:
@@ -155,7 +156,9 @@ class OpenAIApi:
     ) -> ChatStream:
         if plan.names is None:
             return ChatStream(rid, model, usage, prompt_tokens, top, n)
-        return ToolChatStream(rid, model, usage, prompt_tokens, top, n, names=plan.names)
+        return ToolChatStream(
+            rid, model, usage, prompt_tokens, top, n, names=plan.names, parser=plan.parser
+        )
 
     async def _chat_once(
         self,

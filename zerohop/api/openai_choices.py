@@ -8,6 +8,8 @@ from typing import Any
 
 from zerohop.api.openai_output import Choices, LogprobFormatter, Totals, legacy_columns
 from zerohop.api.openai_tools import message_fields
+from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.parsers import ParserFactory
 from zerohop.engine.outputs import RequestDelta
 
 
@@ -19,10 +21,12 @@ class ChatAnswer:
         top: int | None,
         formatter: LogprobFormatter,
         tool_names: set[str] | None = None,
+        tool_parser: ParserFactory = HermesParser,
     ) -> None:
         self.choices = Choices(prompt_tokens, n)
         self.top, self.formatter = top, formatter
         self.tool_names = tool_names  # parse each choice's tool calls (openai_tools.py)
+        self.tool_parser = tool_parser
         self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
 
     def add(self, delta: RequestDelta) -> None:
@@ -35,7 +39,7 @@ class ChatAnswer:
 
     def _choice(self, i: int, totals: Totals) -> dict[str, Any]:
         text, reason = "".join(totals.text), totals.finish_reason
-        message, reason = message_fields(text, self.tool_names, reason)
+        message, reason = message_fields(text, self.tool_names, reason, self.tool_parser)
         return {
             "index": i,
             "message": message,

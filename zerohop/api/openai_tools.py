@@ -23,6 +23,7 @@ from zerohop.api.openai_schema import ChatRequest, Message, _message
 from zerohop.api.openai_stream import ChatStream, _index
 from zerohop.api.tools.forced import forced_call_grammar
 from zerohop.api.tools.hermes import HermesParser, Parsed
+from zerohop.api.tools.parsers import ParserFactory, parse_whole
 from zerohop.api.tools.prompt import render_messages
 from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
 from zerohop.engine.errors import InvalidRequestError
@@ -38,6 +39,7 @@ class ToolPlan:
     tools: list[Tool]
     parse: bool = False
     grammar: str | None = None
+    parser: ParserFactory = HermesParser  # the calls' format (a forced call: Hermes)
 
     @property
     def names(self) -> set[str] | None:
@@ -45,7 +47,7 @@ class ToolPlan:
         return {t.name for t in self.tools} if self.parse else None
 
 
-def tool_plan(request: ChatRequest) -> ToolPlan:
+def tool_plan(request: ChatRequest, parser: ParserFactory = HermesParser) -> ToolPlan:
     tools = request_tools(request.tools)
     choice = request.tool_choice
     if not tools and choice not in (None, "none", "auto"):  # those two: as before tools
@@ -53,7 +55,7 @@ def tool_plan(request: ChatRequest) -> ToolPlan:
     if not tools or choice == "none":
         return ToolPlan([])
     if choice in (None, "auto"):
-        return ToolPlan(tools, parse=True)
+        return ToolPlan(tools, parse=True, parser=parser)
     forced = tools if choice == "required" else [_named(choice, tools)]
     return ToolPlan(tools, parse=True, grammar=forced_call_grammar(forced))
 
@@ -199,20 +201,20 @@ def openai_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def parse_all(text: str, names: set[str]) -> Parsed:
-    parser = HermesParser(names)
-    parsed = parser.feed(text)
-    parsed.text += parser.finish().text
-    return parsed
+def parse_all(text: str, names: set[str], parser: ParserFactory = HermesParser) -> Parsed:
+    return parse_whole(text, parser(names))
 
 
 def message_fields(
-    text: str, names: set[str] | None, finish_reason: str | None
+    text: str,
+    names: set[str] | None,
+    finish_reason: str | None,
+    parser: ParserFactory = HermesParser,
 ) -> tuple[dict[str, Any], str | None]:
     """A whole answer's message and finish reason, its calls parsed when `names` is set."""
     if names is None:
         return {"role": "assistant", "content": text}, finish_reason
-    parsed = parse_all(text, names)
+    parsed = parse_all(text, names, parser)
     if not parsed.calls:
         return {"role": "assistant", "content": parsed.text}, finish_reason
     message = {
@@ -227,9 +229,11 @@ class ToolChatStream(ChatStream):
     """A chat stream whose text goes through a Hermes parser per choice: text streams as
     content, each whole call as a `tool_calls` delta (its id and name, then its arguments)."""
 
-    def __init__(self, *args: Any, names: set[str], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, names: set[str], parser: ParserFactory = HermesParser, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.parsers = [HermesParser(names) for _ in range(self.choices.n)]
+        self.parsers = [parser(names) for _ in range(self.choices.n)]
         self.calls = [0] * self.choices.n
 
     def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:

@@ -22,6 +22,7 @@ from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_di
 from zerohop.api.errors import ApiError
 from zerohop.api.overload import AdmissionControl
 from zerohop.api.queue_timing import QueueTiming
+from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.async_engine import EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.fair_share import BATCH, INTERACTIVE
@@ -109,6 +110,12 @@ class ServingContext:
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
     admission: AdmissionControl | None = None  # overload refusals and load headers
+    tool_call_parser: str | None = None  # --tool-call-parser; None or auto: by template
+
+    @property
+    def tool_parser(self) -> ParserFactory:
+        """The format the model's tool calls are read in (tools/parsers.py)."""
+        return parser_for(self.tokenizer.chat_template, self.tool_call_parser)
 
     @property
     def vocab_size(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from zerohop.api.tools.forced import CLOSE, OPEN
 from zerohop.api.tools.spec import ToolCall
@@ -70,6 +71,11 @@ def parse_call(body: str, tool_names: set[str]) -> ToolCall | None:
         value = json.loads(body)
     except ValueError:
         return None
+    return call_from(value, tool_names)
+
+
+def call_from(value: Any, tool_names: set[str]) -> ToolCall | None:
+    """The call a decoded JSON value names (its `arguments` or `parameters`), or None."""
     if not isinstance(value, dict) or value.get("name") not in tool_names:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
