@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,8 +23,10 @@ from zerohop.api.errors import ApiError
 from zerohop.api.grpc_error_record import grpc_interceptors
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.api.grpc_tools import GrpcTools, grpc_tools, tool_call
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
+from zerohop.api.tools.prompt import render_messages
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
@@ -111,8 +114,9 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx = self.ctx
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
-        prompt = ctx.continued(self._prompt(request), continues)
-        params = _sampling_params(request, ctx.vocab_size)
+        tools = grpc_tools(request, ctx.tool_parser)
+        prompt = ctx.continued(self._prompt(request, tools), continues)
+        params = _sampling_params(request, ctx.vocab_size, tools.grammar if tools else None)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
         generation = ctx.generate(call, prompt, params, continues=continues)
@@ -122,9 +126,12 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             async for delta in deltas:
                 completion_tokens += len(delta.new_token_ids)
                 if delta.new_token_ids or delta.new_text or delta.finished:
-                    await context.write(_response(delta, len(prompt), completion_tokens))
+                    message = _response(delta, len(prompt), completion_tokens)
+                    if tools is not None:
+                        _with_calls(message, delta, tools)
+                    await context.write(message)
 
-    def _prompt(self, request: PromptRequest) -> list[int]:
+    def _prompt(self, request: PromptRequest, tools: GrpcTools | None = None) -> list[int]:
         kind = request.WhichOneof("input")
         if kind == "prompt":
             ids = self.ctx.encode_text(request.prompt)
@@ -134,12 +141,19 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
             if not messages:
                 raise ApiError(400, "messages: at least one message is required", "messages")
-            ids = self.ctx.encode_chat(messages)
+            ids = self._encode_chat(messages, tools)
         else:
             raise ApiError(400, "one of prompt, prompt_token_ids or messages is required")
         if not ids:
             raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
         return ids
+
+    def _encode_chat(self, messages: list[dict[str, Any]], tools: GrpcTools | None) -> list[int]:
+        if tools is None or not tools.tools:
+            return self.ctx.encode_chat(messages)
+        template = self.ctx.tokenizer.chat_template
+        messages, extra = render_messages(messages, tools.tools, template)
+        return self.ctx.encode_chat(messages, **extra)
 
     def _code(self, error: ApiError) -> grpc.StatusCode:
         if error.status >= 500 and self.ctx.engine.dead:
@@ -173,7 +187,9 @@ async def _start(context: grpc.aio.ServicerContext, ctx: ServingContext) -> str:
     return request_id
 
 
-def _sampling_params(request: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
+def _sampling_params(
+    request: pb.GenerateRequest, vocab_size: int, forced: str | None = None
+) -> SamplingParams:
     def given(name: str, default: float | None = None) -> float | None:
         return getattr(request, name) if request.HasField(name) else default
 
@@ -193,7 +209,7 @@ def _sampling_params(request: pb.GenerateRequest, vocab_size: int) -> SamplingPa
         min_p=given("min_p", 0.0),
         min_tokens=request.min_tokens,
         logit_bias=_logit_bias(request, vocab_size),
-        grammar=_grammar(request),
+        grammar=forced or _grammar(request),
     )
 
 
@@ -250,6 +266,15 @@ def _response(
     message.usage.completion_tokens = completion_tokens
     message.usage.cached_tokens = delta.cached_tokens
     return message
+
+
+def _with_calls(message: pb.GenerateResponse, delta: RequestDelta, tools: GrpcTools) -> None:
+    """The step's text without its calls, the calls it completed, and the finish reason."""
+    parsed = tools.feed(delta.new_text, delta.finished)
+    message.text = parsed.text
+    message.tool_calls.extend(tool_call(c) for c in parsed.calls)
+    if delta.finished and tools.calls:
+        message.finish_reason = pb.FINISH_REASON_TOOL_CALLS
 
 
 def _logprobs(token: int, top: dict[int, float]) -> pb.Logprobs:
