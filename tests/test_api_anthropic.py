@@ -268,7 +268,10 @@ BAD_REQUESTS = {
         encoded(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]),
         JSON, 400, "messages.0.content.0.x: Extra inputs are not permitted",
     ),
-    "unsupported field": (encoded(thinking={}), JSON, 400, "thinking: not supported"),
+    "unsupported field": (encoded(mcp_servers=[]), JSON, 400, "mcp_servers: not supported"),
+    "thinking without a reasoning format": (
+        encoded(thinking={"type": "disabled"}), JSON, 400, "has no reasoning format",
+    ),
     "image block": (
         encoded(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
         JSON, 400, "messages.0.content.0.type: 'image' content blocks are not supported",

@@ -9,7 +9,8 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 - Usage: `input_tokens` excludes prefix-cache hits, which are `cache_read_input_tokens`;
   `cache_creation_input_tokens` is always 0 (caching is automatic and never billed as a write).
 - A response without tools always holds one text block, possibly empty (tool use:
-  anthropic_tools.py).
+  anthropic_tools.py), after the thinking block when the request thinks
+  (anthropic_thinking.py).
 - `metadata.user_id`, `service_tier`, `cache_control` and `anthropic-version` are accepted
   and ignored; the key (`x-api-key` or `Authorization: Bearer`) is the gateway's (app.py).
 - The stream's headers go out with the engine's first delta, so a request the engine
@@ -34,6 +35,13 @@ from zerohop.api.anthropic_schema import (
     decode_count_tokens,
     decode_messages,
 )
+from zerohop.api.anthropic_thinking import (
+    START,
+    ThinkingEvents,
+    ThinkingOutput,
+    check_thinking,
+    thinking_mode,
+)
 from zerohop.api.anthropic_tools import (
     ToolEvents,
     ToolOutput,
@@ -54,6 +62,7 @@ from zerohop.api.asgi import (
     start_stream,
 )
 from zerohop.api.errors import ApiError, anthropic_body
+from zerohop.api.reasoning import ReasoningParser, opens_thought
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.api.tools.prompt import render_messages
@@ -99,7 +108,7 @@ class AnthropicSurface:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
-        prompt = self.prompt(request)
+        prompt = self.prompt(request, self.thinking(request))
         headers = request_id_headers(call.request_id)
         await send_json(send, 200, {"input_tokens": len(prompt)}, headers)
 
@@ -107,7 +116,8 @@ class AnthropicSurface:
         request = decode_messages(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        prompt = self.ctx.continued(self.prompt(request), continues)
+        thinks = self.thinking(request)
+        prompt = self.ctx.continued(self.prompt(request, thinks), continues)
         self.ctx.check_lengths(len(prompt), request.max_tokens)
         tools = request_tools(request)
         if tools and (request.return_token_ids or continues):
@@ -116,6 +126,9 @@ class AnthropicSurface:
         state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
         if tools:
             state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)
+        if thinks:
+            check_thinking(request, params.grammar)
+            state.thinking = ThinkingOutput(self._reasoning_parser(prompt), state.tools)
         generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
@@ -126,7 +139,16 @@ class AnthropicSurface:
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
-    def prompt(self, request: CountTokensRequest) -> list[int]:
+    def thinking(self, request: CountTokensRequest) -> bool | None:
+        """Whether to think (None: the model has no reasoning format); anthropic_thinking.py."""
+        template = self.ctx.tokenizer.chat_template
+        return thinking_mode(request, template, self.ctx.model_name)
+
+    def _reasoning_parser(self, prompt: list[int]) -> ReasoningParser:
+        tail = self.ctx.tokenizer.decode(prompt[-8:], skip_special_tokens=False)
+        return ReasoningParser(in_thought=opens_thought(tail))
+
+    def prompt(self, request: CountTokensRequest, thinks: bool | None = None) -> list[int]:
         extra: dict[str, Any] = {}
         if uses_tools(request):
             tools = request_tools(request)
@@ -134,6 +156,8 @@ class AnthropicSurface:
             turns, extra = render_messages(turns, tools, self.ctx.tokenizer.chat_template)
         else:
             turns, prefill = chat_turns(request)
+        if thinks is not None:
+            extra = {**extra, "enable_thinking": thinks}
         if prefill is None and not extra:
             return self.ctx.encode_chat(turns)
         tokenizer = self.ctx.tokenizer
@@ -154,19 +178,24 @@ class _Run:
         self.cached = 0
         self.output_tokens = 0
         self.tools: ToolOutput | None = None  # set when the request has tools
+        self.thinking: ThinkingOutput | None = None  # set when the request thinks
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []
         async for delta in deltas:
             self._count(delta)
             pieces.append(delta.new_text)
-            if self.tools is not None:
+            if self.thinking is not None:
+                self.thinking.feed(delta.new_text, final=delta.finished)
+            elif self.tools is not None:
                 self.tools.feed(delta.new_text, final=delta.finished)
             if delta.finished:
                 break
         stop_reason, stop_sequence = self._finish(delta)
         content = [{"type": "text", "text": "".join(pieces)}]
-        if self.tools is not None:
+        if self.thinking is not None:
+            content = self.thinking.content()
+        elif self.tools is not None:
             content = self.tools.content()
         body = {
             **self._message(),
@@ -185,11 +214,17 @@ class _Run:
         start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = self._usage()
         first = _BLOCK_START if self.tools is None else _PING
+        if self.thinking is not None:
+            first = START + _PING
         await send_chunk(send, _event("message_start", {"message": start}) + first)
         blocks = ToolEvents()
+        thoughts = None if self.thinking is None else ThinkingEvents(self.thinking)
         try:
             while True:
-                if self.tools is not None:
+                if thoughts is not None:
+                    if chunk := thoughts.events(delta.new_text, delta.finished):
+                        await send_chunk(send, chunk)
+                elif self.tools is not None:
                     new = self.tools.feed(delta.new_text, final=delta.finished)
                     if chunk := blocks.events(*new):
                         await send_chunk(send, chunk)
@@ -209,6 +244,8 @@ class _Run:
         end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
         end["usage"] = self._usage()
         stop = _BLOCK_STOP if self.tools is None else blocks.end()
+        if thoughts is not None:
+            stop = thoughts.end()
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
 
     def _delta_event(self, delta: RequestDelta) -> bytes:

@@ -1,7 +1,7 @@
 """Anthropic Messages API request bodies as msgspec Structs, and their validation errors.
 
 Unknown top-level fields are rejected as the API does ("<field>: Extra inputs are not
-permitted"); fields the API knows but this server does not implement (thinking, ...)
+permitted"); fields the API knows but this server does not implement (mcp_servers, ...)
 are rejected with a message that says so, rather than silently ignored. An explicit `null` is
 the field's default, as if absent (`null_defaults`); on a required field it is refused as missing.
 """
@@ -19,7 +19,6 @@ from zerohop.api.null_defaults import NullMeansDefault
 # Fields of the real API this server does not implement: a request using them is refused.
 UNSUPPORTED_FIELDS = frozenset(
     {
-        "thinking",
         "mcp_servers",
         "container",
         "context_management",
@@ -56,7 +55,36 @@ class ToolResultBlock(
     cache_control: Any = None
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock
+class ThinkingBlock(NullMeansDefault, tag="thinking", tag_field="type", forbid_unknown_fields=True):
+    """A thought of an earlier assistant turn, with the signature this server gave it."""
+
+    thinking: str
+    signature: str
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+
+
+class ThinkingEnabled(
+    NullMeansDefault, tag="enabled", tag_field="type", forbid_unknown_fields=True
+):
+    budget_tokens: int
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingAdaptive(
+    NullMeansDefault, tag="adaptive", tag_field="type", forbid_unknown_fields=True
+):
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingDisabled(
+    NullMeansDefault, tag="disabled", tag_field="type", forbid_unknown_fields=True
+):
+    pass
+
+
+Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,6 +149,7 @@ class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=T
     cache_control: Any = None  # accepted and ignored, as in TextBlock
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None  # anthropic_thinking.py
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):
@@ -191,7 +220,7 @@ def validation_message(raw: str) -> str:
     if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type") and ".content." in path:
         return (
             f"{path}: '{tag['value']}' content blocks are not supported by this server"
-            " (only 'text', 'tool_use' and 'tool_result')"
+            " (only 'text', 'thinking', 'tool_use' and 'tool_result')"
         )
     if not path:
         return f"the request body is invalid: {problem}"

@@ -271,10 +271,12 @@ class ToolOutput:
 @dataclass(slots=True)
 class ToolEvents:
     """The SSE events of a tool-use response's content: a text block (index 0) while there
-    is text, then each call as a block of its own, indexes consecutive."""
+    is text, then each call as a block of its own, indexes consecutive (from `first`: 1
+    after a thinking block, whose index 0 is then `index`)."""
 
     index: int = -1
     text_open: bool = False
+    first: int = 0
 
     def events(self, text: str, blocks: list[dict[str, Any]]) -> bytes:
         out = b""
@@ -293,7 +295,7 @@ class ToolEvents:
 
     def end(self) -> bytes:
         """The last block's stop (an empty text block first when there was no content)."""
-        if self.index < 0:
+        if self.index < self.first:
             return self._start({"type": "text", "text": ""}) + self._stop()
         return self._stop()
 
@@ -303,7 +305,7 @@ class ToolEvents:
 
     def _stop(self) -> bytes:
         self.text_open = False
-        if self.index < 0:
+        if self.index < self.first:
             return b""
         return sse_event("content_block_stop", {"index": self.index})
 

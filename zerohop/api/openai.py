@@ -31,6 +31,7 @@ from zerohop.api.constraints import chat_grammar, completion_grammar
 from zerohop.api.errors import ApiError, openai_body
 from zerohop.api.openai_choices import ChatAnswer, CompletionAnswer
 from zerohop.api.openai_output import LogprobFormatter, raise_failure
+from zerohop.api.openai_reasoning import ReasoningChatStream
 from zerohop.api.openai_schema import (
     ChatRequest,
     CompletionRequest,
@@ -51,6 +52,7 @@ from zerohop.api.openai_tools import (
     has_tool_turns,
     tool_plan,
 )
+from zerohop.api.reasoning import has_reasoning_format, opens_thought
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
@@ -122,6 +124,7 @@ class OpenAIApi:
         params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
+        in_thought = self._in_thought(prompt, plan)
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(deltas):
             if request.stream:
@@ -130,12 +133,25 @@ class OpenAIApi:
                 stream = self._chat_stream(
                     rid, request.model, usage, len(prompt), top, params.n, plan
                 )
+                if in_thought is not None:
+                    stream = ReasoningChatStream(
+                        rid, request.model, usage, len(prompt), top, params.n, in_thought=in_thought
+                    )
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 formatter = self.logprob_formatter
                 answer = ChatAnswer(len(prompt), params.n, top, formatter, plan.names, plan.parser)
+                answer.in_thought = in_thought
                 await self._chat_once(rid, request.model, answer, deltas, send, request_id)
+
+    def _in_thought(self, prompt: list[int], plan: ToolPlan) -> bool | None:
+        """None: no reasoning split (no reasoning format, or tools); else whether the output
+        starts inside the thought (openai_reasoning.py)."""
+        tokenizer = self.ctx.tokenizer
+        if plan.names is not None or not has_reasoning_format(tokenizer.chat_template):
+            return None
+        return opens_thought(tokenizer.decode(prompt[-8:], skip_special_tokens=False))
 
     def _chat_prompt(self, request: ChatRequest, plan: ToolPlan) -> list[int]:
         if not plan.tools and not has_tool_turns(request):

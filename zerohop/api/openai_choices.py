@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerohop.api.openai_output import Choices, LogprobFormatter, Totals, legacy_columns
+from zerohop.api.openai_reasoning import reasoning_fields, split_reasoning
 from zerohop.api.openai_tools import message_fields
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory
@@ -28,6 +29,7 @@ class ChatAnswer:
         self.tool_names = tool_names  # parse each choice's tool calls (openai_tools.py)
         self.tool_parser = tool_parser
         self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        self.in_thought: bool | None = None  # set: split the thought out (openai_reasoning)
 
     def add(self, delta: RequestDelta) -> None:
         self.choices.add(delta)
@@ -39,7 +41,11 @@ class ChatAnswer:
 
     def _choice(self, i: int, totals: Totals) -> dict[str, Any]:
         text, reason = "".join(totals.text), totals.finish_reason
+        if self.in_thought is not None:
+            thought, text = split_reasoning(text, self.in_thought)
         message, reason = message_fields(text, self.tool_names, reason, self.tool_parser)
+        if self.in_thought is not None:
+            message.update(reasoning_fields(thought))
         return {
             "index": i,
             "message": message,

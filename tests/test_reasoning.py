@@ -1,0 +1,197 @@
+"""Reasoning (issue 21): the `<think>` parser under random splits, signatures, and extended
+thinking on the Anthropic surface through the official SDK, against a live server on a copy
+of the tiny qwen3 whose chat template is Qwen3-style (opens `<think>` in the generation
+prompt unless `enable_thinking` is false)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.api.anthropic_schema import MessagesRequest, decode_messages
+from zerohop.api.anthropic_thinking import ThinkingEvents, ThinkingOutput, thinking_mode
+from zerohop.api.anthropic_tools import ToolOutput
+from zerohop.api.errors import ApiError
+from zerohop.api.reasoning import ReasoningParser, has_reasoning_format, sign, verify
+
+THINK_MODEL = "tiny-qwen3-think"
+THINK_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+USER = [{"role": "user", "content": "Why is the sky blue?"}]
+THINK = {"type": "enabled", "budget_tokens": 1024}
+MAX = 1040
+ADAPTIVE = {"type": "adaptive"}  # no budget: a short max_tokens keeps the test quick
+
+
+def parse(pieces: list[str], in_thought: bool = False) -> tuple[str, str]:
+    parser = ReasoningParser(in_thought)
+    thought, answer = "", ""
+    for i, piece in enumerate(pieces):
+        t, a = parser.feed(piece, final=i == len(pieces) - 1)
+        thought, answer = thought + t, answer + a
+    return thought, answer
+
+
+def random_split(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, min(8, len(text) - 1))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+CASES = {
+    "thought then answer": ("<think>\nabc </th\n</think>\n\nthe answer", False, "abc </th\n"),
+    "opened by the prompt": ("\nwhy <t</think>\n\nok <think>", True, "why <t"),
+    "no thought": ("  plain <think> text", False, ""),
+    "unfinished thought": ("<think>\nstill </thin", False, "still </thin"),
+}
+ANSWERS = {
+    "thought then answer": "the answer",
+    "opened by the prompt": "ok <think>",
+    "no thought": "plain <think> text",
+    "unfinished thought": "",
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_parser_random_splits(case: str) -> None:
+    text, in_thought, thought = CASES[case]
+    assert parse([text], in_thought) == (thought, ANSWERS[case])
+    rng = random.Random(case)
+    for _ in range(200):
+        assert parse(random_split(text, rng), in_thought) == (thought, ANSWERS[case])
+
+
+def test_signature_and_detection() -> None:
+    assert verify("a thought", sign("a thought"))
+    assert not verify("a thought!", sign("a thought"))
+    assert has_reasoning_format(THINK_TEMPLATE) and not has_reasoning_format("{{ x }}")
+
+
+@pytest.fixture(scope="module")
+def think_server(tiny_model, tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("think") / "qwen3-think"
+    shutil.copytree(tiny_model("qwen3"), folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = THINK_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    server = LiveServer(Path(folder), served_model_name=THINK_MODEL)
+    server.start(tmp_path_factory.mktemp("think-log") / "server.log")
+    yield server
+    server.stop()
+
+
+def client(server: LiveServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="any", max_retries=0)
+
+
+def test_thinking_blocks(think_server: LiveServer) -> None:
+    # A budget needs max_tokens > 1024: a stop sequence ends this one early.
+    kw = dict(model=THINK_MODEL, max_tokens=MAX, messages=USER, thinking=THINK)
+    message = client(think_server).messages.create(**kw, stop_sequences=["e"])
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].signature
+    kw = dict(kw, max_tokens=24, thinking=ADAPTIVE)
+    message = client(think_server).messages.create(**kw)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking and message.content[0].signature
+    events = []
+    with client(think_server).messages.stream(**kw) as stream:
+        events = [e for e in stream if e.type.startswith("content_block")]
+        final = stream.get_final_message()
+    assert events[0].type == "content_block_start" and events[0].content_block.type == "thinking"
+    stop0 = next(i for i, e in enumerate(events) if e.type == "content_block_stop")
+    assert events[stop0].index == 0 and events[stop0 - 1].delta.type == "signature_delta"
+    assert all(e.delta.type == "thinking_delta" for e in events[1 : stop0 - 1])
+    assert {e.index for e in events[stop0 + 1 :]} == {1}
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].signature
+
+    signed = final.content[0].model_dump(exclude_none=True)
+    history = [*USER, {"role": "assistant", "content": [signed, {"type": "text", "text": "x"}]}]
+    again = dict(kw, max_tokens=8, thinking={"type": "disabled"})
+    more = [*history, {"role": "user", "content": "And at night?"}]
+    reply = client(think_server).messages.create(**dict(again, messages=more))
+    assert [b.type for b in reply.content] == ["text"]
+    forged = dict(signed, thinking=signed["thinking"] + " (edited)")
+    more[1] = {"role": "assistant", "content": [forged, {"type": "text", "text": "x"}]}
+    with pytest.raises(anthropic.BadRequestError, match="signature"):
+        client(think_server).messages.create(**dict(again, messages=more))
+
+
+@pytest.mark.parametrize(
+    "fields,error",
+    [
+        ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "budget_tokens"),
+        ({"thinking": THINK, "max_tokens": 1024}, "max_tokens"),
+    ],
+)
+def test_thinking_refused(think_server: LiveServer, fields: dict, error: str) -> None:
+    kw = {"model": THINK_MODEL, "max_tokens": MAX, "messages": USER, **fields}
+    with pytest.raises(anthropic.BadRequestError, match=error):
+        client(think_server).messages.create(**kw)
+
+
+def test_no_reasoning_format() -> None:
+    # Live on the tiny llama: tests/test_api_anthropic.py's bad requests.
+    body = {"model": MODEL_NAME, "max_tokens": MAX, "messages": USER, "thinking": THINK}
+    request = decode_messages(json.dumps(body).encode())
+    with pytest.raises(ApiError, match="no reasoning format"):
+        thinking_mode(request, "{{ messages }}", MODEL_NAME)
+    assert thinking_mode(dict_request(body, thinking=None), "{{ messages }}", MODEL_NAME) is None
+
+
+def dict_request(body: dict, **fields) -> MessagesRequest:
+    return decode_messages(json.dumps({**body, **fields}).encode())
+
+
+def test_openai_reasoning_content(think_server: LiveServer) -> None:
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    kw = dict(model=THINK_MODEL, max_tokens=16, messages=USER, reasoning_effort="low")
+    message = oai.chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content and message.reasoning == message.reasoning_content
+    assert message.content == ""  # the random model never closes its thought
+    chunks = list(oai.chat.completions.create(**kw, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert streamed and not "".join(d.content or "" for d in deltas)
+    assert "<think>" not in streamed
+
+
+def event_list(chunk: bytes) -> list[dict]:
+    return [json.loads(line[6:]) for line in chunk.decode().splitlines() if line[:6] == "data: "]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_thinking_events(tools: bool) -> None:
+    output = ThinkingOutput(ReasoningParser(True), ToolOutput(None, False) if tools else None)
+    events = ThinkingEvents(output)
+    chunk = events.events("a thought</thi", False) + events.events("nk>\n\nhi", False)
+    chunk += events.events("!", True) + events.end()
+    got = [(e["type"], e["index"], e.get("delta", {}).get("type")) for e in event_list(chunk)]
+    assert got == [
+        ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, None),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+    ]
+    assert output.thought == "a thought" and verify(
+        "a thought", event_list(chunk)[1]["delta"]["signature"]
+    )

@@ -1,0 +1,54 @@
+"""Reasoning on the OpenAI chat surface: for a model with a reasoning format (reasoning.py),
+each choice's thought is `message.reasoning_content` (and vLLM's `reasoning`, the same text)
+and the rest is `content`; streamed, each chunk's delta carries the thought's new text as
+`reasoning_content` / `reasoning` and the answer's as `content`. `reasoning_effort` is
+accepted and ignored. Not with tools: then the whole output is parsed for calls, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from zerohop.api.openai_output import LogprobFormatter
+from zerohop.api.openai_stream import ChatStream
+from zerohop.api.reasoning import OPEN, ReasoningParser
+from zerohop.engine.outputs import RequestDelta
+
+
+def split_reasoning(text: str, in_thought: bool) -> tuple[str | None, str]:
+    """(the thought, or None when there was none; the answer)."""
+    thought, answer = ReasoningParser(in_thought).feed(text, final=True)
+    opened = in_thought or text.lstrip().startswith(OPEN)
+    return (thought if opened else None), answer
+
+
+def reasoning_fields(thought: str | None) -> dict[str, Any]:
+    return {"reasoning_content": thought, "reasoning": thought}
+
+
+class ReasoningChatStream(ChatStream):
+    """A ChatStream whose chunks split each choice's output into thought and answer."""
+
+    def __init__(self, *args: Any, in_thought: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parsers = [ReasoningParser(in_thought) for _ in range(self.choices.n)]
+
+    def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
+        if delta.finished and not delta.new_token_ids:  # flush what the parser holds back
+            return self.content(formatter, delta) + super().step(formatter, delta)
+        return super().step(formatter, delta)
+
+    def content(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
+        thought, answer = self.parsers[delta.index].feed(delta.new_text, final=delta.finished)
+        fields: dict[str, Any] = reasoning_fields(thought) if thought else {}
+        if answer or not thought:
+            fields["content"] = answer
+        logprobs = self.logprobs(formatter, delta) if delta.new_logprobs is not None else None
+        choice: dict[str, Any] = {"index": delta.index, "delta": fields}
+        choice["logprobs"] = orjson.Fragment(logprobs) if logprobs else None
+        choice["finish_reason"] = None
+        if self.token_ids:
+            choice["token_ids"] = delta.new_token_ids
+        return self.head + orjson.dumps(choice) + b"]" + self.tail

@@ -1,0 +1,110 @@
+"""Reasoning (thinking) output: which models have a reasoning format, splitting their output
+into the thought and the answer, and signing thoughts so a client cannot forge them.
+
+- A model has a reasoning format when its chat template mentions `<think>` (Qwen3 and the
+  like); `enable_thinking` is the template variable that turns the thought on or off.
+- The output is `<think>thought</think>answer`; when the generation prompt already opened
+  `<think>` (templates that force the thought), the output starts inside the thought.
+  Whitespace at the start of the thought and of the answer is dropped.
+- Signatures are base64 HMAC-SHA256 of the thought text, keyed by `ZEROHOP_REASONING_SECRET`
+  when set (replicas behind one address must share it), else by a key drawn at start: a
+  signature is then valid on this server process only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+
+OPEN, CLOSE = "<think>", "</think>"
+SECRET_ENV = "ZEROHOP_REASONING_SECRET"
+_SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
+
+
+def has_reasoning_format(chat_template: str | None) -> bool:
+    return bool(chat_template) and OPEN in chat_template
+
+
+def opens_thought(prompt_text: str) -> bool:
+    """Whether a rendered prompt ends inside an opened `<think>` (the output is the thought)."""
+    tail = prompt_text.rstrip()
+    return tail.endswith(OPEN)
+
+
+def sign(thinking: str) -> str:
+    digest = hmac.new(_SECRET, thinking.encode(), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode()
+
+
+def verify(thinking: str, signature: str) -> bool:
+    return hmac.compare_digest(sign(thinking), signature)
+
+
+class ReasoningParser:
+    """Splits output, fed piece by piece, into (thought, answer) text; partial tags are held
+    back until they are decided. After `</think>` all is answer."""
+
+    def __init__(self, in_thought: bool = False) -> None:
+        self.state = "thought_lead" if in_thought else "start"
+        self.buffer = ""
+        self.thought_done = False  # `</think>` seen (or the output had no thought)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        self.buffer += text
+        reasoning, content = "", ""
+        while self.buffer:
+            step = getattr(self, "_" + self.state)(final)
+            if step is None:
+                break
+            reasoning, content = reasoning + step[0], content + step[1]
+        return reasoning, content
+
+    def _start(self, final: bool) -> tuple[str, str] | None:
+        stripped = self.buffer.lstrip()
+        if stripped.startswith(OPEN):
+            self.buffer, self.state = stripped[len(OPEN) :], "thought_lead"
+            return "", ""
+        if (not stripped or OPEN.startswith(stripped)) and not final:
+            return None
+        self.state, self.thought_done = "answer_lead", True
+        return "", ""
+
+    def _thought_lead(self, final: bool) -> tuple[str, str] | None:
+        return self._lead("thought", final)
+
+    def _thought(self, final: bool) -> tuple[str, str] | None:
+        end = self.buffer.find(CLOSE)
+        if end >= 0:
+            thought, self.buffer = self.buffer[:end], self.buffer[end + len(CLOSE) :]
+            self.state, self.thought_done = "answer_lead", True
+            return thought, ""
+        keep = 0 if final else _partial_suffix(self.buffer, CLOSE)
+        thought = self.buffer[: len(self.buffer) - keep]
+        self.buffer = self.buffer[len(thought) :]
+        return (thought, "") if thought else None
+
+    def _answer_lead(self, final: bool) -> tuple[str, str] | None:
+        return self._lead("answer", final)
+
+    def _lead(self, then: str, final: bool) -> tuple[str, str] | None:
+        """Drops the whitespace that begins the thought or the answer."""
+        self.buffer = self.buffer.lstrip()
+        if not self.buffer and not final:
+            return None
+        self.state = then
+        return "", ""
+
+    def _answer(self, final: bool) -> tuple[str, str] | None:
+        content, self.buffer = self.buffer, ""
+        return "", content
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
