@@ -49,6 +49,7 @@ from zerohop.api.anthropic_tools import (
     neutral_turns,
     request_tools,
     uses_tools,
+    with_system_and_prefill,
 )
 from zerohop.api.asgi import (
     Receive,
@@ -307,17 +308,8 @@ def chat_turns(request: CountTokensRequest) -> tuple[list[dict[str, str]], str |
             turns[-1]["content"] += "\n\n" + text
         else:
             turns.append({"role": message.role, "content": text})
-    prefill = None
-    if turns[-1]["role"] == "assistant":
-        prefill = turns.pop()["content"]
-        if prefill != prefill.rstrip():
-            raise ApiError(
-                400, "messages: final assistant content cannot end with trailing whitespace"
-            )
     system = _text(request.system) if request.system is not None else ""
-    if system:
-        turns.insert(0, {"role": "system", "content": system})
-    return turns, prefill
+    return with_system_and_prefill(turns, system)
 
 
 def _text(content: str | list[TextBlock]) -> str:

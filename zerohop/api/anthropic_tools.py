@@ -131,6 +131,15 @@ def neutral_turns(
             _assistant_turn(turns, blocks, calls)
         else:
             _user_turn(turns, blocks, calls, i)
+    system = _join(request.system) if request.system is not None else ""
+    return with_system_and_prefill(turns, system)
+
+
+def with_system_and_prefill(
+    turns: list[dict[str, Any]], system: str
+) -> tuple[list[dict[str, Any]], str | None]:
+    """`turns` with the system prompt first, less a final assistant text turn (a prefill,
+    returned apart: the answer continues it)."""
     prefill = None
     if turns[-1]["role"] == "assistant" and not turns[-1].get("tool_calls"):
         prefill = turns.pop()["content"]
@@ -138,7 +147,6 @@ def neutral_turns(
             raise ApiError(
                 400, "messages: final assistant content cannot end with trailing whitespace"
             )
-    system = _join(request.system) if request.system is not None else ""
     if system:
         turns.insert(0, {"role": "system", "content": system})
     return turns, prefill

@@ -19,6 +19,8 @@ import hmac
 import os
 import secrets
 
+from zerohop.api.tools.jsonscan import partial_tag
+
 OPEN, CLOSE = "<think>", "</think>"
 SECRET_ENV = "ZEROHOP_REASONING_SECRET"
 _SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
@@ -81,7 +83,7 @@ class ReasoningParser:
             thought, self.buffer = self.buffer[:end], self.buffer[end + len(CLOSE) :]
             self.state, self.thought_done = "answer_lead", True
             return thought, ""
-        keep = 0 if final else _partial_suffix(self.buffer, CLOSE)
+        keep = 0 if final else partial_tag(self.buffer, CLOSE)
         thought = self.buffer[: len(self.buffer) - keep]
         self.buffer = self.buffer[len(thought) :]
         return (thought, "") if thought else None
@@ -100,11 +102,3 @@ class ReasoningParser:
     def _answer(self, final: bool) -> tuple[str, str] | None:
         content, self.buffer = self.buffer, ""
         return "", content
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0

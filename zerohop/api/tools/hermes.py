@@ -9,11 +9,11 @@ names no known tool, is given back as text, never as a broken tool call.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.tools.forced import CLOSE, OPEN
+from zerohop.api.tools.jsonscan import loads, partial_tag
 from zerohop.api.tools.spec import ToolCall
 
 
@@ -43,7 +43,7 @@ class HermesParser:
                 continue
             start = self._buffer.find(OPEN)
             if start < 0:
-                keep = _partial_tag(self._buffer)
+                keep = partial_tag(self._buffer, OPEN)
                 out.text += self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 return out
@@ -67,11 +67,7 @@ class HermesParser:
 
 def parse_call(body: str, tool_names: set[str]) -> ToolCall | None:
     """The call in a `<tool_call>` body, or None when it is not a valid call."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return call_from(value, tool_names)
+    return call_from(loads(body), tool_names)
 
 
 def call_from(value: Any, tool_names: set[str]) -> ToolCall | None:
@@ -80,18 +76,7 @@ def call_from(value: Any, tool_names: set[str]) -> ToolCall | None:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
+        arguments = loads(arguments)
     if not isinstance(arguments, dict):
         return None
     return ToolCall(value["name"], arguments)
-
-
-def _partial_tag(text: str) -> int:
-    """How many trailing characters of `text` could begin `<tool_call>`."""
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-n:]):
-            return n
-    return 0
