@@ -1,9 +1,10 @@
 """Grammars compiled off the step loop: one worker thread, a cache keyed by the grammar.
 
 llguidance builds a matcher in well under a millisecond for a typical schema, but a large
-grammar can take longer and the tokenizer's index takes ~0.3 s once per model; both run on
-the worker (llguidance drops the GIL while it builds), so a request waits in the queue
-while its grammar compiles, never the batch. Each request gets a copy of the cached
+grammar can take longer, and the tokenizer's index takes ~0.3 s once per engine (at its
+first grammar, so an engine that never sees one never pays); both run on the worker
+(llguidance drops the GIL while it builds), so a request waits in the queue while its
+grammar compiles, never the batch. Each request gets a copy of the cached
 matcher (a deep copy costs about a microsecond).
 """
 
@@ -29,9 +30,8 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerohop-grammar")
         self._cache: OrderedDict[str, Future[llguidance.LLMatcher]] = OrderedDict()
-        self._index = self._worker.submit(
-            _token_index, tokenizer.backend.to_str(), vocab_size, sorted(eos_token_ids)
-        )
+        self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, sorted(eos_token_ids)
+        self._index: Future[llguidance.LLTokenizer] | None = None  # built on first use
 
     def submit(self, grammar: str) -> Future[llguidance.LLMatcher]:
         """The compiled matcher for `grammar` (shared: take `.deep_copy()` per request);
@@ -40,14 +40,20 @@ class GrammarCompiler:
         if future is not None:
             self._cache.move_to_end(grammar)
             return future
-        future = self._worker.submit(self._compile, grammar)
+        if self._index is None:  # an engine that never sees a grammar never pays for it
+            tokenizer_json = self._tokenizer.backend.to_str()
+            self._index = self._worker.submit(
+                _token_index, tokenizer_json, self._vocab_size, self._eos
+            )
+        future = self._worker.submit(self._compile, grammar, self._index)
         self._cache[grammar] = future
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return future
 
-    def _compile(self, grammar: str) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self._index.result(), grammar, log_level=0)
+    @staticmethod
+    def _compile(grammar: str, index: Future[llguidance.LLTokenizer]) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(index.result(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"the constraint cannot be compiled: {matcher.get_error()}")
         return matcher
