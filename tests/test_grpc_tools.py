@@ -1,7 +1,9 @@
 """Tools on the gRPC surface, against a live server on the tiny random model with the
 grpcio client: a forced call (required, or a named tool) comes back as a ToolCall whose
 arguments parse and follow the tool's schema, with FINISH_REASON_TOOL_CALLS; mode none
-parses nothing; bad tools and choices are INVALID_ARGUMENT."""
+parses nothing; bad tools and choices are INVALID_ARGUMENT. The conversation goes back with
+the assistant's calls and their results (tool_call_id), and CountTokens counts tools and
+turns as Generate renders them; bad calls and results are INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
@@ -110,3 +112,75 @@ def test_bad_tools_are_invalid_argument(stub, fields, words) -> None:
         list(stub.Generate(_request(**fields), timeout=60))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in info.value.details()
+
+
+def _conversation(call: pb.ToolCall, result: str) -> pb.ChatMessages:
+    """The user's question, the assistant's call as it came back, and the call's result."""
+    return pb.ChatMessages(
+        messages=[
+            CHAT.messages[0],
+            pb.ChatMessage(role="assistant", tool_calls=[call]),
+            pb.ChatMessage(role="tool", tool_call_id=call.id, content=result),
+        ]
+    )
+
+
+def _count(stub, messages: pb.ChatMessages, tools=TOOLS) -> int:
+    request = pb.CountTokensRequest(model=MODEL_NAME, messages=messages, tools=tools)
+    return stub.CountTokens(request, timeout=60).input_tokens
+
+
+def test_a_tool_result_is_sent_back_and_answered(stub) -> None:
+    choice = pb.ToolChoice(name="get_weather")
+    _, calls, _ = _generate(stub, _request(tool_choice=choice, seed=1))
+    short = _conversation(calls[0], "sunny")
+    long = _conversation(calls[0], "sunny, 21 degrees, a light wind from the west, no rain")
+    # The tools, the call and the result are all in the prompt: each adds tokens.
+    assert _count(stub, CHAT, tools=[]) < _count(stub, CHAT) < _count(stub, short)
+    assert _count(stub, short) < _count(stub, long)
+    _, more, responses = _generate(stub, _request(messages=long, max_tokens=8, seed=2))
+    last = responses[-1]
+    assert last.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+    assert not more and last.usage.completion_tokens >= 1
+    assert last.usage.prompt_tokens == _count(stub, long)
+
+
+def test_tool_turns_without_tools_render(stub) -> None:
+    """A final answer may be asked for without offering the tools again."""
+    call = pb.ToolCall(id="call_1", name="add", arguments_json='{"a": 1}')
+    messages = _conversation(call, "1")
+    _, _, responses = _generate(stub, _request(messages=messages, tools=[], max_tokens=4))
+    assert responses[-1].usage.prompt_tokens == _count(stub, messages, tools=[])
+
+
+def _turns(arguments: str = '{"a": 1}', answers: str = "call_1", role: str = "assistant"):
+    call = pb.ToolCall(id="call_1", name="add", arguments_json=arguments)
+    return pb.ChatMessages(
+        messages=[
+            CHAT.messages[0],
+            pb.ChatMessage(role=role, tool_calls=[call]),
+            pb.ChatMessage(role="tool", tool_call_id=answers, content="1"),
+        ]
+    )
+
+
+BAD_TURNS = {
+    "arguments not an object": (_turns(arguments="[1]"), "must be a JSON object"),
+    "arguments not JSON": (_turns(arguments="{"), "not valid JSON"),
+    "result of no call": (_turns(answers="call_2"), "'call_2' answers no earlier tool call"),
+    "result without an id": (_turns(answers=""), "answers no earlier tool call"),
+    "calls on a user turn": (_turns(role="user"), "only assistant messages"),
+}
+
+
+@pytest.mark.parametrize(("messages", "words"), BAD_TURNS.values(), ids=BAD_TURNS.keys())
+def test_bad_tool_turns_are_invalid_argument(stub, messages, words) -> None:
+    calls = [
+        lambda: list(stub.Generate(_request(messages=messages), timeout=60)),
+        lambda: _count(stub, messages),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in info.value.details()

@@ -23,10 +23,18 @@ from zerohop.api.errors import ApiError
 from zerohop.api.grpc_error_record import grpc_interceptors
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.api.grpc_tools import GrpcTools, grpc_tools, tool_call
+from zerohop.api.grpc_tools import (
+    GrpcTools,
+    chat_messages,
+    grpc_tools,
+    has_tool_turns,
+    prompt_tools,
+    tool_call,
+)
 from zerohop.api.rate_headers import openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
 from zerohop.api.tools.prompt import render_messages
+from zerohop.api.tools.spec import Tool
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sampling_params import SamplingParams
@@ -69,7 +77,8 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     ) -> pb.CountTokensResponse:
         async with self._call(context) as call:
             self.ctx.check_model(request.model, call)
-            return pb.CountTokensResponse(input_tokens=len(self._prompt(request)))
+            prompt = self._prompt(request, prompt_tools(request))
+            return pb.CountTokensResponse(input_tokens=len(prompt))
 
     @contextlib.asynccontextmanager
     async def _call(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
@@ -115,7 +124,8 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
         tools = grpc_tools(request, ctx.tool_parser)
-        prompt = ctx.continued(self._prompt(request, tools), continues)
+        offered = tools.tools if tools is not None else None
+        prompt = ctx.continued(self._prompt(request, offered), continues)
         params = _sampling_params(request, ctx.vocab_size, tools.grammar if tools else None)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
@@ -131,14 +141,14 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
                         _with_calls(message, delta, tools)
                     await context.write(message)
 
-    def _prompt(self, request: PromptRequest, tools: GrpcTools | None = None) -> list[int]:
+    def _prompt(self, request: PromptRequest, tools: list[Tool] | None) -> list[int]:
         kind = request.WhichOneof("input")
         if kind == "prompt":
             ids = self.ctx.encode_text(request.prompt)
         elif kind == "prompt_token_ids":
             ids = list(request.prompt_token_ids.ids)
         elif kind == "messages":
-            messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+            messages = chat_messages(request.messages.messages)
             if not messages:
                 raise ApiError(400, "messages: at least one message is required", "messages")
             ids = self._encode_chat(messages, tools)
@@ -148,11 +158,13 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
         return ids
 
-    def _encode_chat(self, messages: list[dict[str, Any]], tools: GrpcTools | None) -> list[int]:
-        if tools is None or not tools.tools:
+    def _encode_chat(self, messages: list[dict[str, Any]], tools: list[Tool] | None) -> list[int]:
+        """Tools, and tool turns without tools (a final answer after the results), go
+        through prompt.py, as on the OpenAI surface; plain chat straight to the template."""
+        if not tools and not has_tool_turns(messages):
             return self.ctx.encode_chat(messages)
         template = self.ctx.tokenizer.chat_template
-        messages, extra = render_messages(messages, tools.tools, template)
+        messages, extra = render_messages(messages, tools or [], template)
         return self.ctx.encode_chat(messages, **extra)
 
     def _code(self, error: ApiError) -> grpc.StatusCode:

@@ -6,6 +6,12 @@ Hermes fallback, tools/prompt.py). Mode auto parses the calls in the server's to
 format; required or a named tool forces exactly one call by grammar (always Hermes, read as
 Hermes); none offers no tools. Arguments of auto-mode calls are not checked against the
 tool's schema.
+
+A client sends the conversation back as ChatMessages: an assistant turn with the
+`tool_calls` it was given, then a "tool" message per result naming the call's
+`tool_call_id`. They become prompt.py's neutral turns here, checked where they enter (the
+arguments a JSON object, each result answering an earlier call), as the OpenAI surface
+checks its own.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +57,29 @@ class GrpcTools:
 
 def grpc_tools(request: pb.GenerateRequest, parser: ParserFactory) -> GrpcTools | None:
     """The request's tools, or None without any; a bad tool or choice is a 400."""
+    tools = prompt_tools(request)
+    if tools is None:
+        return None
+    if not tools:  # mode none
+        return GrpcTools([])
+    names = {t.name for t in tools}
+    choice = _choice(request)
+    if not _forced(choice):
+        return GrpcTools(tools, parser=parser(names))
+    if request.HasField("constraint"):
+        raise ApiError(400, "tool_choice: a forced call cannot take a constraint", "tool_choice")
+    chosen = _chosen(choice, tools)
+    return GrpcTools(tools, forced_call_grammar(chosen), HermesParser(names))
+
+
+def prompt_tools(request: pb.GenerateRequest | pb.CountTokensRequest) -> list[Tool] | None:
+    """The tools the prompt renders: None without tools, [] with mode none. Generate and
+    CountTokens share it, so a count is of the prompt Generate would see and a request
+    CountTokens accepts is one Generate accepts (a constraint aside)."""
     tools = checked([_tool(i, t) for i, t in enumerate(request.tools)])
-    choice = request.tool_choice if request.HasField("tool_choice") else pb.ToolChoice()
-    forced = choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED or choice.HasField("name")
+    choice = _choice(request)
     if not tools:
-        if forced:
+        if _forced(choice):
             raise ApiError(400, "tool_choice: forcing a call requires tools", "tool_choice")
         return None
     if request.WhichOneof("input") != "messages":
@@ -62,14 +87,17 @@ def grpc_tools(request: pb.GenerateRequest, parser: ParserFactory) -> GrpcTools 
     if choice.mode == pb.TOOL_CHOICE_MODE_NONE:
         if choice.HasField("name"):
             raise ApiError(400, "tool_choice: mode none cannot name a tool", "tool_choice")
-        return GrpcTools([])
-    names = {t.name for t in tools}
-    if not forced:
-        return GrpcTools(tools, parser=parser(names))
-    if request.HasField("constraint"):
-        raise ApiError(400, "tool_choice: a forced call cannot take a constraint", "tool_choice")
-    chosen = _chosen(choice, tools)
-    return GrpcTools(tools, forced_call_grammar(chosen), HermesParser(names))
+        return []
+    _chosen(choice, tools)  # an unknown name is a 400 wherever it is sent
+    return tools
+
+
+def _choice(request: pb.GenerateRequest | pb.CountTokensRequest) -> pb.ToolChoice:
+    return request.tool_choice if request.HasField("tool_choice") else pb.ToolChoice()
+
+
+def _forced(choice: pb.ToolChoice) -> bool:
+    return choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED or choice.HasField("name")
 
 
 def checked(tools: list[Tool]) -> list[Tool]:
@@ -103,3 +131,53 @@ def _chosen(choice: pb.ToolChoice, tools: list[Tool]) -> list[Tool]:
 def tool_call(call: ToolCall) -> pb.ToolCall:
     call_id = "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
     return pb.ToolCall(id=call_id, name=call.name, arguments_json=json.dumps(call.arguments))
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def chat_messages(messages: Sequence[pb.ChatMessage]) -> list[dict[str, Any]]:
+    """The messages in prompt.py's neutral shape; bad calls and results are a 400."""
+    names: dict[str, str] = {}  # call id -> tool name, from the earlier assistant turns
+    return [_neutral(i, m, names) for i, m in enumerate(messages)]
+
+
+def has_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    """Whether neutral messages need prompt.py's rendering even without tools offered."""
+    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+
+
+def _neutral(index: int, message: pb.ChatMessage, names: dict[str, str]) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if message.role == "tool":
+        return _tool_result(where, message, names)
+    if not message.tool_calls:
+        return {"role": message.role, "content": message.content}
+    if message.role != "assistant":
+        message_text = f"{where}.tool_calls: only assistant messages carry tool calls"
+        raise ApiError(400, message_text, "messages")
+    calls = [_call(f"{where}.tool_calls[{j}]", c, names) for j, c in enumerate(message.tool_calls)]
+    return {"role": "assistant", "content": message.content, "tool_calls": calls}
+
+
+def _call(where: str, call: pb.ToolCall, names: dict[str, str]) -> dict[str, Any]:
+    if not call.name:
+        raise ApiError(400, f"{where}.name is required", "messages")
+    try:
+        arguments = json.loads(call.arguments_json or "{}")
+    except ValueError:
+        raise ApiError(400, f"{where}.arguments_json is not valid JSON", "messages") from None
+    if not isinstance(arguments, dict):
+        raise ApiError(400, f"{where}.arguments_json must be a JSON object", "messages")
+    if call.id:
+        names[call.id] = call.name
+    return {"name": call.name, "arguments": arguments}
+
+
+def _tool_result(where: str, message: pb.ChatMessage, names: dict[str, str]) -> dict[str, Any]:
+    """A tool turn names its tool (templates and the fallback show it), found by call id."""
+    name = names.get(message.tool_call_id)
+    if name is None:
+        text = f"{where}.tool_call_id: {message.tool_call_id!r} answers no earlier tool call"
+        raise ApiError(400, text, "messages")
+    return {"role": "tool", "content": message.content, "name": name}
