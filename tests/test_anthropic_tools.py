@@ -195,6 +195,20 @@ def test_bad_requests(live_server, case: str) -> None:
     assert payload["request_id"] == response.headers["request-id"]
 
 
+def test_a_tool_schema_that_is_not_a_json_schema_is_a_400(live_server) -> None:
+    schema = {"type": "object", "required": "city"}
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client(live_server).messages.create(
+            model=MODEL_NAME,
+            max_tokens=2,
+            messages=USER,
+            tools=[{"name": "f", "input_schema": schema}],
+        )
+    error = info.value.body["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("tools.0.input_schema: not a valid JSON schema: ")
+
+
 def decoded(**fields: Any) -> anthropic_schema.MessagesRequest:
     body = {"model": MODEL_NAME, "max_tokens": 8, "messages": USER, "tools": TOOLS, **fields}
     return anthropic_schema.decode_messages(json.dumps(body).encode())

@@ -18,6 +18,7 @@ from openai.types.chat import ChatCompletionChunk
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_tools import ToolChatStream, message_fields
+from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.outputs import RequestDelta
 
 WEATHER = {
@@ -115,6 +116,23 @@ def test_auto_parses_a_call() -> None:
     assert reason == "tool_calls" and message["content"] == "Hm "
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 3}
     assert message_fields("<tool_call>x</tool_call>", {"add"}, "stop")[1] == "stop"
+
+
+def test_auto_returns_a_call_its_schema_refuses_as_text() -> None:
+    tools = ToolSet([Tool("add", parameters=ADD)])
+    text = 'Hm <tool_call>{"name": "add", "arguments": {"a": 12}}</tool_call>'
+    assert message_fields(text, tools, "stop") == ({"role": "assistant", "content": text}, "stop")
+    good = text.replace("12", "3")
+    assert message_fields(good, tools, "stop")[1] == "tool_calls"
+
+
+def test_a_tool_schema_that_is_not_a_json_schema_is_a_400(live_server: LiveServer) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "int"}}}
+    bad = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": schema}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        create(live_server, tools=bad, max_tokens=2)
+    assert info.value.param == "tools" and info.value.type == "invalid_request_error"
+    assert "tools[1].function.parameters: not a valid JSON schema: " in info.value.message
 
 
 BAD_NAME = [{"type": "function", "function": {"name": "no spaces"}}]

@@ -77,6 +77,11 @@ def test_an_unclosed_call_is_text_at_the_end() -> None:
         ([Tool("a"), Tool("a")], "used twice"),
         ([Tool("a", parameters={"type": "array"})], "type must be 'object'"),
         ([Tool("a", parameters=[1])], "must be a JSON object"),  # type: ignore[arg-type]
+        (
+            [Tool("a"), Tool("b", parameters={"properties": {"x": {"type": "strng"}}})],
+            r"tools\[1\]\.parameters: not a valid JSON schema: .* \(at \.properties\.x\.type\)",
+        ),
+        ([Tool("a", parameters={"required": "x"})], "not a valid JSON schema"),
     ],
 )
 def test_checked_tools_refuses(tools: list[Tool], words: str) -> None:

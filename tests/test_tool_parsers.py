@@ -1,5 +1,6 @@
 """The Llama 3.x JSON and Mistral tool-call parsers and the choice of parser: any split of
-an output into pieces reads as the whole output does; what is not a valid call is text."""
+an output into pieces reads as the whole output does; what is not a valid call is text,
+in every format also a call whose arguments its tool's schema refuses."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.llama3 import Llama3JsonParser
 from zerohop.api.tools.mistral import MistralParser
 from zerohop.api.tools.parsers import PARSER_CHOICES, parse_whole, parser_for
+from zerohop.api.tools.spec import Tool, ToolSet
 
 NAMES = {"get_weather", "add"}
 WEATHER = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
@@ -153,3 +155,45 @@ def test_a_forced_call_is_read_as_hermes_whatever_the_chosen_format():
     forced = ChatRequest(model="m", messages=messages, tools=tools, tool_choice="required")
     assert tool_plan(auto, MistralParser).parser is MistralParser
     assert tool_plan(forced, MistralParser).parser is HermesParser
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+CHECKED = ToolSet([Tool("get_weather", parameters=SCHEMA)])
+VALID_ARGS = '{"city": "Oslo", "days": 2}'
+INVALID_ARGS = {"wrong type": '{"city": 3}', "missing required": '{"days": 2}'}
+FORMATS = {
+    "hermes": (HermesParser, '<tool_call>{{"name": "get_weather", "arguments": {}}}</tool_call>'),
+    "llama3_json": (Llama3JsonParser, '{{"name": "get_weather", "parameters": {}}}'),
+    "mistral": (MistralParser, '[TOOL_CALLS][{{"name": "get_weather", "arguments": {}}}]'),
+}
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_call_whose_arguments_follow_the_schema_is_a_call(fmt: str) -> None:
+    factory, shape = FORMATS[fmt]
+    parsed = parse_whole("Hi\n" + shape.format(VALID_ARGS), factory(CHECKED))
+    assert parsed.text == "Hi\n" and [(c.name, c.arguments) for c in parsed.calls] == [
+        ("get_weather", {"city": "Oslo", "days": 2})
+    ]
+
+
+@pytest.mark.parametrize("case", list(INVALID_ARGS))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_call_the_schema_refuses_is_the_text_the_model_wrote(fmt: str, case: str) -> None:
+    factory, shape = FORMATS[fmt]
+    output = "Hi\n" + shape.format(INVALID_ARGS[case])
+    parsed = parse_whole(output, factory(CHECKED))
+    assert parsed.calls == [] and parsed.text == output
+    assert [c.name for c in parse_whole(output, factory({"get_weather"})).calls] == [
+        "get_weather"
+    ]  # a set of names checks no schema
+
+
+def test_an_unresolvable_ref_validates_nothing() -> None:
+    remote = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    tools = ToolSet([Tool("f", parameters=remote)])
+    assert not tools.valid("f", {"a": 1}) and tools.valid("f", {})

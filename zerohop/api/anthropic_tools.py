@@ -36,7 +36,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.tools.forced import forced_call_grammar
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory, ToolParser
-from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
+from zerohop.api.tools.spec import Tool, ToolCall, ToolSet, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -72,13 +72,9 @@ def request_tools(request: CountTokensRequest) -> list[Tool]:
             raise ApiError(400, f"tools.{i}.input_schema: Field required", param="tools")
         tools.append(Tool(spec.name, spec.description or "", spec.input_schema, spec.strict))
     try:
-        return checked_tools(tools, where="tools")
+        return checked_tools(tools, at="tools.{}", schema_key="input_schema")
     except InvalidRequestError as exc:
-        raise ApiError(400, _dotted(str(exc)), param="tools") from None
-
-
-def _dotted(message: str) -> str:
-    return message.replace("[", ".").replace("]", "")
+        raise ApiError(400, str(exc), param="tools") from None
 
 
 def forced_grammar(request: MessagesRequest, tools: list[Tool]) -> str | None:
@@ -241,7 +237,7 @@ class ToolOutput:
             return cls(None, False)
         single = bool(choice is not None and choice.disable_parallel_tool_use)
         forced = isinstance(choice, ChoiceAny | ChoiceTool)
-        return cls((HermesParser if forced else parser)({t.name for t in tools}), single)
+        return cls((HermesParser if forced else parser)(ToolSet(tools)), single)
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         """(new text, new tool_use blocks) for the next piece of output."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from zerohop.api.tools.forced import forced_call_grammar
 from zerohop.api.tools.hermes import HermesParser, Parsed
 from zerohop.api.tools.parsers import ParserFactory, parse_whole
 from zerohop.api.tools.prompt import render_messages
-from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
+from zerohop.api.tools.spec import Tool, ToolCall, ToolSet, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 
@@ -40,11 +40,11 @@ class ToolPlan:
     parse: bool = False
     grammar: str | None = None
     parser: ParserFactory = HermesParser  # the calls' format (a forced call: Hermes)
+    # The tools to parse (and validate) calls of, or None when calls are not parsed.
+    names: ToolSet | None = field(init=False)
 
-    @property
-    def names(self) -> set[str] | None:
-        """The names to parse calls of, or None when calls are not parsed."""
-        return {t.name for t in self.tools} if self.parse else None
+    def __post_init__(self) -> None:
+        self.names = ToolSet(self.tools) if self.parse else None
 
 
 def tool_plan(request: ChatRequest, parser: ParserFactory = HermesParser) -> ToolPlan:
@@ -63,7 +63,7 @@ def tool_plan(request: ChatRequest, parser: ParserFactory = HermesParser) -> Too
 def request_tools(given: list[Any] | None) -> list[Tool]:
     tools = [_tool(i, t) for i, t in enumerate(given or [])]
     try:
-        return checked_tools(tools)
+        return checked_tools(tools, schema_key="function.parameters")
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param="tools") from exc
 

@@ -3,18 +3,20 @@
 
 Parsing is incremental: `feed` takes each new piece of text as it is decoded and returns
 what can be told apart so far, plain text (streamed at once, except a possible start of a
-tag, held back until it is decided) and whole calls. A call whose JSON does not parse, or
-names no known tool, is given back as text, never as a broken tool call.
+tag, held back until it is decided) and whole calls. A call whose JSON does not parse,
+names no known tool or (given a ToolSet) has arguments its tool's schema refuses, is given
+back as text, exactly as the model wrote it, never as a broken tool call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.tools.forced import CLOSE, OPEN
 from zerohop.api.tools.jsonscan import loads, partial_tag
-from zerohop.api.tools.spec import ToolCall
+from zerohop.api.tools.spec import ToolCall, ToolSet
 
 
 @dataclass(slots=True)
@@ -24,7 +26,7 @@ class Parsed:
 
 
 class HermesParser:
-    def __init__(self, tool_names: set[str]) -> None:
+    def __init__(self, tool_names: Collection[str]) -> None:
         self.tool_names = tool_names
         self._buffer = ""
         self._in_call = False
@@ -65,18 +67,21 @@ class HermesParser:
             out.calls.append(call)
 
 
-def parse_call(body: str, tool_names: set[str]) -> ToolCall | None:
+def parse_call(body: str, tool_names: Collection[str]) -> ToolCall | None:
     """The call in a `<tool_call>` body, or None when it is not a valid call."""
     return call_from(loads(body), tool_names)
 
 
-def call_from(value: Any, tool_names: set[str]) -> ToolCall | None:
-    """The call a decoded JSON value names (its `arguments` or `parameters`), or None."""
+def call_from(value: Any, tool_names: Collection[str]) -> ToolCall | None:
+    """The call a decoded JSON value names (its `arguments` or `parameters`), or None.
+    With a ToolSet the arguments must also follow the tool's schema."""
     if not isinstance(value, dict) or value.get("name") not in tool_names:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         arguments = loads(arguments)
     if not isinstance(arguments, dict):
+        return None
+    if isinstance(tool_names, ToolSet) and not tool_names.valid(value["name"], arguments):
         return None
     return ToolCall(value["name"], arguments)

@@ -10,6 +10,8 @@ decided. An object that is not a valid call of a known tool is given back as tex
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from zerohop.api.tools.hermes import Parsed, call_from
 from zerohop.api.tools.jsonscan import INCOMPLETE, loads, partial_tag, value_end
 
@@ -17,7 +19,7 @@ PYTHON_TAG = "<|python_tag|>"
 
 
 class Llama3JsonParser:
-    def __init__(self, tool_names: set[str]) -> None:
+    def __init__(self, tool_names: Collection[str]) -> None:
         self.tool_names = tool_names
         self._buffer = ""
         self._boundary = True  # only blank text since a place a call may begin

@@ -8,6 +8,7 @@ as text (with its tag). The v11+ tokenizers' `[TOOL_CALLS]name[ARGS]{...}` is no
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from zerohop.api.tools.hermes import Parsed, call_from
@@ -18,7 +19,7 @@ TOOL_CALLS = "[TOOL_CALLS]"
 
 
 class MistralParser:
-    def __init__(self, tool_names: set[str]) -> None:
+    def __init__(self, tool_names: Collection[str]) -> None:
         self.tool_names = tool_names
         self._buffer = ""
         self._in_calls = False  # the tag was read: its list comes next

@@ -1,12 +1,13 @@
 """The tool-call formats read from a model's output, and which one a model writes: named
 by `zerohop serve --tool-call-parser` (vLLM's names), or else told from its chat template.
 
-Every parser takes the names of the tools offered and reads output incrementally: `feed`
+Every parser takes the tools offered (a ToolSet: their arguments are validated too; or a
+set of names) and reads output incrementally: `feed`
 returns the text and whole calls told apart so far, `finish` what is left (as text)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from zerohop.api.tools.forced import OPEN
@@ -22,7 +23,7 @@ class ToolParser(Protocol):
     def finish(self) -> Parsed: ...
 
 
-ParserFactory = Callable[[set[str]], ToolParser]
+ParserFactory = Callable[[Collection[str]], ToolParser]
 
 PARSERS: dict[str, ParserFactory] = {
     "hermes": HermesParser,
