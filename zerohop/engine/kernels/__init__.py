@@ -4,6 +4,12 @@
 find the cached library in `~/.cache/zerohop/kernels/<key>` (ninja sees nothing to redo).
 The key covers the source, the torch version and the CPU, so a changed machine or torch
 rebuilds. Without a C++ compiler the engine falls back to float weights, and says why.
+
+torch's loader marks a build in progress with a `lock` file it creates and removes itself;
+a process killed mid-build leaves the file behind, and every later load would wait on it
+forever. So each load holds an flock on a sibling `build.lock` (never removed) around
+torch's: the kernel drops an flock when its holder dies, so whoever holds ours knows no
+live zerohop is building there, and a `lock` file it finds is stale and safe to remove.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import logging
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -80,15 +87,40 @@ def load() -> ModuleType:
     if not any(build_dir.glob("*.so")):
         log.warning("building zerohop's CPU kernels into %s (once, ~30 s)", build_dir)
     try:
-        return load_extension(
-            name="zerohop_qgemm",
-            sources=[str(SOURCE)],
-            extra_cflags=_compiler_flags(),
-            build_directory=str(build_dir),
-            verbose=False,
-        )
+        with build_lock(build_dir):
+            return load_extension(
+                name="zerohop_qgemm",
+                sources=[str(SOURCE)],
+                extra_cflags=_compiler_flags(),
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except (OSError, RuntimeError, ImportError, SystemExit) as exc:
         raise KernelsUnavailable(f"building the CPU kernels failed: {exc}") from exc
+
+
+@contextmanager
+def build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold `build_dir`'s build.lock (waiting while another process builds there), with
+    any `lock` file a dead builder left removed."""
+    import fcntl  # POSIX only; load() refuses Windows before this
+
+    with (build_dir / "build.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or when this process dies
+        try:
+            _remove_stale_lock(build_dir)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_stale_lock(build_dir: Path) -> None:
+    """With build.lock held no live zerohop is inside torch's loader here, so its `lock`
+    file, if there is one, belongs to a process that died mid-build."""
+    stale = build_dir / "lock"
+    if stale.exists():
+        log.warning("removing %s, left by a kernel build that did not finish", stale)
+        stale.unlink(missing_ok=True)
 
 
 def cpu_kernel(name: str, device: torch.device, dtype: torch.dtype) -> Callable | None:
