@@ -5,6 +5,9 @@ content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffi
 delta is awaited before the response starts, so engine-side rejections still get a real 400.
 A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE comment
 before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
+
+Chat takes vLLM's `chat_template_kwargs` (e.g. {"enable_thinking": false}): extra variables
+for the chat template's render, a JSON object whose keys may not replace the render's own.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from zerohop.api.constraints import chat_grammar, completion_grammar
 from zerohop.api.errors import ApiError, openai_body
 from zerohop.api.openai_choices import ChatAnswer, CompletionAnswer
 from zerohop.api.openai_output import LogprobFormatter, raise_failure
-from zerohop.api.openai_reasoning import ReasoningChatStream
+from zerohop.api.openai_reasoning import ReasoningChatStream, with_thinking_budget
 from zerohop.api.openai_schema import (
     ChatRequest,
     CompletionRequest,
@@ -56,12 +59,43 @@ from zerohop.api.reasoning import has_reasoning_format, opens_thought
 from zerohop.api.send_times import with_send_times
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Scope, Receive, Send, str], Any]
 T = TypeVar("T")
+
+# Variables the render sets itself (zerohop.engine.tokenizer.apply_chat_template), or the
+# template's globals: a kwarg with one of these names would change what the request says
+# (its messages, its tools) or break the template, so it is refused.
+RENDER_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "raise_exception"}
+    | {"strftime_now", *(f"{name}_token" for name in SPECIAL_TOKEN_NAMES)}
+    | {"self"}  # ServingContext.encode_chat's own parameter: **kwargs would collide
+)
+
+
+class TemplatedChatRequest(ChatRequest, kw_only=True):
+    """A chat request with vLLM's `chat_template_kwargs`, which only this surface's chat
+    render reads (msgspec refuses a value that is not a JSON object)."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def template_kwargs(request: TemplatedChatRequest) -> dict[str, Any]:
+    """The request's extra template variables; one naming a render variable is a 400."""
+    kwargs = request.chat_template_kwargs or {}
+    if taken := sorted(RENDER_VARIABLES.intersection(kwargs)):
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {taken[0]!r} is set by the server's chat template render"
+            " and cannot be passed as a template kwarg",
+            param=f"chat_template_kwargs.{taken[0]}",
+        )
+    return kwargs
 
 
 def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
@@ -111,12 +145,13 @@ class OpenAIApi:
 
     async def chat(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request_id = call.request_id
-        request = await self._read(scope, receive, ChatRequest)
+        request = await self._read(scope, receive, TemplatedChatRequest)
         check_chat(request)
+        kwargs = template_kwargs(request)
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
         plan = tool_plan(request, self.ctx.tool_parser)
-        prompt = self.ctx.continued(self._chat_prompt(request, plan), continues)
+        prompt = self.ctx.continued(self._chat_prompt(request, plan, kwargs), continues)
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
@@ -125,6 +160,8 @@ class OpenAIApi:
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
         in_thought = self._in_thought(prompt, plan)
+        if request.thinking_token_budget is not None:
+            params = self._with_budget(params, request.thinking_token_budget, prompt)
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(deltas):
             if request.stream:
@@ -151,14 +188,26 @@ class OpenAIApi:
         tokenizer = self.ctx.tokenizer
         if plan.names is not None or not has_reasoning_format(tokenizer.chat_template):
             return None
-        return opens_thought(tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+        return self._opens_thought(prompt)
 
-    def _chat_prompt(self, request: ChatRequest, plan: ToolPlan) -> list[int]:
+    def _opens_thought(self, prompt: list[int]) -> bool:
+        return opens_thought(self.ctx.tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+
+    def _with_budget(
+        self, params: SamplingParams, budget: int, prompt: list[int]
+    ) -> SamplingParams:
+        reasoning = has_reasoning_format(self.ctx.tokenizer.chat_template)
+        opened = reasoning and self._opens_thought(prompt)
+        return with_thinking_budget(params, budget, reasoning, opened)
+
+    def _chat_prompt(
+        self, request: ChatRequest, plan: ToolPlan, kwargs: dict[str, Any]
+    ) -> list[int]:
         if not plan.tools and not has_tool_turns(request):
-            return self.ctx.encode_chat(chat_messages(request))
+            return self.ctx.encode_chat(chat_messages(request), **kwargs)
         template = self.ctx.tokenizer.chat_template
         messages, extra = chat_prompt_messages(request, plan, template)
-        return self.ctx.encode_chat(messages, **extra)
+        return self.ctx.encode_chat(messages, **kwargs, **extra)
 
     @staticmethod
     def _chat_stream(
