@@ -133,6 +133,26 @@ def test_thinking_blocks(think_server: LiveServer) -> None:
         client(think_server).messages.create(**dict(again, messages=more))
 
 
+def test_budget_closes_the_thought(think_server: LiveServer) -> None:
+    # Greedy, the random model never closes its thought on this prompt (nor ends within
+    # 1300 tokens): only the budget ends it, and the answer has the rest of max_tokens.
+    # Without a budget (adaptive) the thought takes all of max_tokens.
+    story = [{"role": "user", "content": "Tell me a story."}]
+    greedy = {"temperature": 0.0}  # not a parameter of this SDK version any more
+    kw = dict(model=THINK_MODEL, max_tokens=MAX + 16, messages=story, extra_body=greedy)
+    capped = client(think_server).messages.create(**kw, thinking=THINK)
+    assert [b.type for b in capped.content] == ["thinking", "text"]
+    assert capped.content[1].text
+    with client(think_server).messages.stream(**kw, thinking=THINK) as stream:
+        streamed = stream.get_final_message()
+    assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in capped.content]
+    free = client(think_server).messages.create(**kw, thinking=ADAPTIVE)
+    assert free.stop_reason == "max_tokens" and free.usage.output_tokens == MAX + 16
+    assert not "".join(b.text for b in free.content if b.type == "text")
+    assert free.content[0].thinking.startswith(capped.content[0].thinking)
+    assert len(free.content[0].thinking) > len(capped.content[0].thinking)
+
+
 @pytest.mark.parametrize(
     "fields,error",
     [
@@ -170,6 +190,39 @@ def test_openai_reasoning_content(think_server: LiveServer) -> None:
     streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     assert streamed and not "".join(d.content or "" for d in deltas)
     assert "<think>" not in streamed
+
+
+def test_openai_thinking_token_budget(think_server: LiveServer) -> None:
+    # vLLM's field: without it the random model's output is all thought (above); with it
+    # the thought is closed after 8 tokens and the rest of max_tokens is the answer.
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    extra = {"thinking_token_budget": 8, "ignore_eos": True, "seed": 5}
+    kw = dict(model=THINK_MODEL, max_tokens=24, messages=USER, extra_body=extra)
+    message = oai.chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content and message.content
+    assert "</think>" not in message.content and "</think>" not in message.reasoning_content
+    deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True)]
+    streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert streamed == message.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == message.content
+
+
+def test_openai_thinking_token_budget_refused(
+    think_server: LiveServer, live_server: LiveServer
+) -> None:
+    def create(server: LiveServer, model: str, **fields) -> None:
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="any", max_retries=0)
+        oai.chat.completions.create(model=model, max_tokens=4, messages=USER, **fields)
+
+    with pytest.raises(openai.BadRequestError, match="no reasoning format"):
+        create(live_server, MODEL_NAME, extra_body={"thinking_token_budget": 8})
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+        fmt = {"type": "json_object"}
+        create(
+            think_server, THINK_MODEL, response_format=fmt, extra_body={"thinking_token_budget": 8}
+        )
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+        create(think_server, THINK_MODEL, extra_body={"thinking_token_budget": -1})
 
 
 def event_list(chunk: bytes) -> list[dict]:

@@ -41,6 +41,7 @@ from zerohop.api.anthropic_thinking import (
     ThinkingOutput,
     check_thinking,
     thinking_mode,
+    with_budget,
 )
 from zerohop.api.anthropic_tools import (
     ToolEvents,
@@ -129,7 +130,9 @@ class AnthropicSurface:
             state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)
         if thinks:
             check_thinking(request, params.grammar)
-            state.thinking = ThinkingOutput(self._reasoning_parser(prompt), state.tools)
+            opened = self._opens_thought(prompt)
+            params = with_budget(params, request, opened)
+            state.thinking = ThinkingOutput(ReasoningParser(in_thought=opened), state.tools)
         generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
@@ -145,9 +148,9 @@ class AnthropicSurface:
         template = self.ctx.tokenizer.chat_template
         return thinking_mode(request, template, self.ctx.model_name)
 
-    def _reasoning_parser(self, prompt: list[int]) -> ReasoningParser:
+    def _opens_thought(self, prompt: list[int]) -> bool:
         tail = self.ctx.tokenizer.decode(prompt[-8:], skip_special_tokens=False)
-        return ReasoningParser(in_thought=opens_thought(tail))
+        return opens_thought(tail)
 
     def prompt(self, request: CountTokensRequest, thinks: bool | None = None) -> list[int]:
         extra: dict[str, Any] = {}

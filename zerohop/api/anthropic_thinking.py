@@ -5,8 +5,10 @@
   with a `thinking` block (signed; streamed as thinking_delta events, then a
   signature_delta, then its stop), then the text (and tool_use) blocks from index 1.
   `disabled`, or no `thinking`, renders `enable_thinking=False`, and the output is all text.
-- `budget_tokens` must be >= 1024 and < max_tokens, as in the API. It is not enforced during
-  generation: the thought runs until the model closes it or max_tokens is reached.
+- `budget_tokens` must be >= 1024 and < max_tokens, as in the API. The engine closes the
+  thought by force once it has that many tokens (zerohop.engine.thought_budget), and the
+  model answers after it; `adaptive` has no budget: the thought runs until the model closes
+  it or max_tokens is reached.
 - Thinking is refused with a forced tool call (as in the API), with `output_config.format`
   (its grammar would constrain the thought), with a prefill and with the failover extensions.
 - A `thinking` block in an assistant turn must carry the signature this server gave it (a
@@ -16,7 +18,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerohop.api.anthropic_schema import (
@@ -29,6 +31,7 @@ from zerohop.api.anthropic_schema import (
 from zerohop.api.anthropic_tools import ToolEvents, ToolOutput, sse_event
 from zerohop.api.errors import ApiError
 from zerohop.api.reasoning import ReasoningParser, has_reasoning_format, sign, verify
+from zerohop.engine.sampling_params import SamplingParams
 
 MIN_BUDGET = 1024
 
@@ -70,6 +73,14 @@ def check_thinking(request: MessagesRequest, grammar: str | None) -> None:
         raise ApiError(400, "thinking: may not be enabled with a prefilled assistant message")
     if request.return_token_ids or request.continue_token_ids:
         raise ApiError(400, "thinking: not supported with return_token_ids or continue_token_ids")
+
+
+def with_budget(params: SamplingParams, request: MessagesRequest, opened: bool) -> SamplingParams:
+    """`params` with the request's thinking budget; `opened`: the prompt opened the thought."""
+    config = request.thinking
+    if not isinstance(config, ThinkingEnabled):
+        return params
+    return replace(params, thinking_budget=config.budget_tokens, thought_open=opened)
 
 
 def check_signatures(request: CountTokensRequest) -> None:

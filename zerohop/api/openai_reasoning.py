@@ -3,18 +3,25 @@ each choice's thought is `message.reasoning_content` (and vLLM's `reasoning`, th
 and the rest is `content`; streamed, each chunk's delta carries the thought's new text as
 `reasoning_content` / `reasoning` and the answer's as `content`. `reasoning_effort` is
 accepted and ignored. Not with tools: then the whole output is parsed for calls, as before.
+
+vLLM's `thinking_token_budget` closes the thought by force after that many tokens
+(zerohop.engine.thought_budget); on a model without a reasoning format, or with a forced
+grammar, it is a 400.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
+from zerohop.api.errors import ApiError
 from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_stream import ChatStream
 from zerohop.api.reasoning import OPEN, ReasoningParser
 from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sampling_params import SamplingParams
 
 
 def split_reasoning(text: str, in_thought: bool) -> tuple[str | None, str]:
@@ -22,6 +29,29 @@ def split_reasoning(text: str, in_thought: bool) -> tuple[str | None, str]:
     thought, answer = ReasoningParser(in_thought).feed(text, final=True)
     opened = in_thought or text.lstrip().startswith(OPEN)
     return (thought if opened else None), answer
+
+
+def with_thinking_budget(
+    params: SamplingParams, budget: int | None, reasoning: bool, opened: bool
+) -> SamplingParams:
+    """`params` with the request's `thinking_token_budget`; `reasoning`: the model has a
+    reasoning format; `opened`: the prompt opened the thought."""
+    if budget is None:
+        return params
+    if not reasoning:
+        raise ApiError(
+            400,
+            "thinking_token_budget: the model has no reasoning format (no <think> in its"
+            " chat template)",
+            param="thinking_token_budget",
+        )
+    if params.grammar is not None:
+        raise ApiError(
+            400,
+            "thinking_token_budget: not supported with a forced tool call or structured output",
+            param="thinking_token_budget",
+        )
+    return replace(params, thinking_budget=budget, thought_open=opened)
 
 
 def reasoning_fields(thought: str | None) -> dict[str, Any]:

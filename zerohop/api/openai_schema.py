@@ -12,7 +12,7 @@ An explicit `null` is the field's default, as if absent (`null_defaults`).
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -98,6 +98,8 @@ class _Common(NullMeansDefault, forbid_unknown_fields=True, kw_only=True):
 class ChatRequest(_Common, kw_only=True):
     messages: list[Message]
     max_tokens: int | None = None
+    # vLLM's: the thought of a reasoning model is closed by force after this many tokens.
+    thinking_token_budget: Annotated[int, msgspec.Meta(ge=0)] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None

@@ -20,8 +20,9 @@ import os
 import secrets
 
 from zerohop.api.tools.jsonscan import partial_tag
+from zerohop.engine.thought_budget import THOUGHT_CLOSE, THOUGHT_OPEN
 
-OPEN, CLOSE = "<think>", "</think>"
+OPEN, CLOSE = THOUGHT_OPEN, THOUGHT_CLOSE
 SECRET_ENV = "ZEROHOP_REASONING_SECRET"
 _SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
 

@@ -10,6 +10,7 @@ then exits, and the API process starts a new one).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
 from zerohop.engine.structured.constraints import Constraints
+from zerohop.engine.thought_budget import ThoughtBudget, ThoughtTags
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 from zerohop.engine.warmup import num_kv_blocks, warm_up
 
@@ -117,6 +119,10 @@ class LLMEngine:
         self._failed_steps = 0  # in a row
         warm_up(self)
 
+    @functools.cached_property
+    def thought_tags(self) -> ThoughtTags:
+        return ThoughtTags.of(self.tokenizer)
+
     # -- requests --------------------------------------------------------------------
 
     def add_request(
@@ -153,6 +159,9 @@ class LLMEngine:
         seq.detokenizer = IncrementalDetokenizer(
             self.tokenizer, params.stop or [], params.skip_special_tokens
         )
+        if params.thinking_budget is not None:
+            budget, tags = params.thinking_budget, self.thought_tags
+            seq.thought = ThoughtBudget(budget, tags, in_thought=params.thought_open)
         if continues:
             if list(prompt_token_ids[len(prompt_token_ids) - len(continues) :]) != continues:
                 raise InvalidRequestError("the prompt must end with the tokens it continues")

@@ -18,6 +18,7 @@ from the queue, and their output tokens are charged each step like any sequence'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -205,6 +206,8 @@ def _child(parent: Sequence, index: int, device: torch.device) -> Sequence:
         child.detokenizer = parent.detokenizer.fork()
     if parent.matcher is not None:
         child.matcher = parent.matcher.deep_copy()
+    if parent.thought is not None:
+        child.thought = dataclasses.replace(parent.thought)
     return child
 
 

@@ -1,5 +1,6 @@
 """vLLM's logits processors on a batch: allowed_token_ids, bad_words, min_tokens, logit_bias,
-the repetition, frequency and presence penalties, and min_p.
+the repetition, frequency and presence penalties, and min_p; and a thinking budget's forced
+closing tag (zerohop.engine.thought_budget).
 
 Only the rows whose request set one of these options are copied and processed, each option
 as a few tensor ops over those rows: token ids gathered into index tensors, and the
@@ -18,6 +19,7 @@ import torch
 
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.thought_budget import ThoughtBudget
 
 NEG_INF = float("-inf")
 WORD_CACHE_SIZE = 4096  # tokenized bad words kept (clients tend to resend the same ones)
@@ -31,6 +33,7 @@ class History(Protocol):
 
     params: SamplingParams
     token_ids: list[int]  # prompt + output
+    thought: ThoughtBudget | None
 
     @property
     def num_prompt_tokens(self) -> int: ...
@@ -66,7 +69,14 @@ def is_active(seq: History) -> bool:
         or p.bad_words
         or p.allowed_token_ids is not None
         or seq.num_output_tokens < p.min_tokens
+        or forced_token(seq) is not None
     )
+
+
+def forced_token(seq: History) -> int | None:
+    """The token a thinking budget forces next (its thought's closing tag), or None."""
+    thought = seq.thought
+    return None if thought is None else thought.forced_token(seq.token_ids, seq.num_prompt_tokens)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -103,6 +113,7 @@ class LogitsProcessors:
         _put(out, [list(b) for b in biases], [v for b in biases for v in b.values()])
         _repetition_penalty(out, picked)
         _frequency_presence_penalties(out, picked)
+        _force(out, picked)
         return rows, out
 
     def _banned(self, seq: History, vocab: int) -> list[int]:
@@ -168,6 +179,15 @@ def _keep_allowed(out: torch.Tensor, seqs: list[History]) -> None:
     kept = out[index]
     out.index_fill_(0, torch.tensor(rows, device=out.device), NEG_INF)
     out.index_put_(index, kept)
+
+
+def _force(out: torch.Tensor, seqs: list[History]) -> None:
+    """Rows whose thinking budget forces a token: that token only, whatever else applied."""
+    for j, seq in enumerate(seqs):
+        token = forced_token(seq)
+        if token is not None:
+            out[j].fill_(NEG_INF)
+            out[j, token] = 0.0
 
 
 def _flat_index(ids: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:

@@ -38,6 +38,10 @@ class SamplingParams:
     # An llguidance grammar (zerohop.engine.structured.grammar builds one from a JSON
     # schema, regex, choice or Lark grammar); the output must match it.
     grammar: str | None = None
+    # Thought tokens (`<think>` ... `</think>`) before the thought is closed by force
+    # (zerohop.engine.thought_budget); `thought_open`: the prompt opened the thought.
+    thinking_budget: int | None = None
+    thought_open: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,10 +66,20 @@ class SamplingParams:
         self._validate_penalties()
         if isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {self.n}")
+        self._validate_thinking_budget()
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(
                 f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}"
             )
+
+    def _validate_thinking_budget(self) -> None:
+        budget = self.thinking_budget
+        if budget is None:
+            return
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise InvalidRequestError(f"thinking_budget must be an integer >= 0, got {budget!r}")
+        if self.grammar is not None:
+            raise InvalidRequestError("thinking_budget cannot be combined with a grammar")
 
     def _validate_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):

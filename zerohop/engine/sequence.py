@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from zerohop.engine.detokenizer import IncrementalDetokenizer
+    from zerohop.engine.thought_budget import ThoughtBudget
 
 _arrivals = itertools.count()
 
@@ -49,6 +50,7 @@ class Sequence:
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     matcher: llguidance.LLMatcher | None = None  # the request's grammar state, if constrained
+    thought: ThoughtBudget | None = None  # its thinking budget's state, if it has one
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a prompt needs at least one token"
