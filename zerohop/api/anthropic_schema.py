@@ -137,7 +137,8 @@ class OutputFormat(NullMeansDefault, forbid_unknown_fields=True):
 
 class OutputConfig(NullMeansDefault, forbid_unknown_fields=True):
     format: OutputFormat | None = None
-    # Accepted and ignored: there is no extended thinking to spend effort or a budget on.
+    # Accepted and ignored: effort levels and task budgets are not mapped to the thought
+    # (thinking.budget_tokens is the budget zerohop enforces).
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     task_budget: Any = None
 
