@@ -82,7 +82,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--num-threads",
         type=POSITIVE_INT,
         default=None,
-        help="torch threads of the engine (default: cores)",
+        help="torch threads of the engine (default: the CPUs this process may use: its affinity"
+        " mask, capped by its cgroup CPU quota)",
     )
     g.add_argument("--max-model-len", type=POSITIVE_INT, default=None, help="context length cap")
     g.add_argument(
@@ -141,7 +142,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """`zerohop generate`: one prompt through the offline `LLM`, the text on stdout."""
     from zerohop import LLM, SamplingParams
 
-    llm = LLM(resolve_model(args.model), **engine_options(args))
+    options = engine_options(args)
+    options["num_threads"] = options["num_threads"] or default_engine_threads()
+    llm = LLM(resolve_model(args.model), **options)
     params = SamplingParams(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
     )
@@ -155,11 +158,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def default_engine_threads() -> int:
-    # Every core: the API process needs little CPU (1-12% of a core in the benchmarks) and
-    # the engine's threads wait passively. Served on SmolLM2 at 32 streams, 2 engine threads
-    # on 2 cores gave 94.5 output tok/s and 375 ms TTFT p50 against 61.9 and 458 ms with 1
-    # (benchmarks/serve.py): judged by what a user sees, not by served/offline.
-    return max(1, os.cpu_count() or 1)
+    """The CPUs this process may use (zerohop.engine.cpus: affinity mask and cgroup quota),
+    logged with where the count came from; `os.cpu_count()` would be the whole node's."""
+    # Every usable CPU: the API process needs little CPU (1-12% of a core in the benchmarks)
+    # and the engine's threads wait passively. Served on SmolLM2 at 32 streams, 2 engine
+    # threads on 2 cores gave 94.5 output tok/s and 375 ms TTFT p50 against 61.9 and 458 ms
+    # with 1 (benchmarks/serve.py): judged by what a user sees, not by served/offline.
+    import logging
+
+    from zerohop.engine.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    logging.getLogger("zerohop.cli").info("engine threads: %d (%s)", cpus.count, cpus.source)
+    return cpus.count
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
