@@ -91,16 +91,19 @@ def sse_events(lines: list[str]) -> list[tuple[str, dict]]:
 
 
 def test_raw_stream_event_order(live_server) -> None:
+    """A forced call streams as it is decoded: its block starts (input {}) once the name is
+    read, then input_json_deltas whose partial_json joins to the input, then it stops."""
     body = {"model": MODEL_NAME, "max_tokens": MAX, "messages": USER, "stream": True}
     body |= {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}}
     with httpx.stream("POST", live_server.url + "/v1/messages", json=body, timeout=60) as r:
         assert r.status_code == 200
         events = sse_events(list(r.iter_lines()))
     names = [n for n, _ in events if n != "ping"]
-    assert names == [
+    deltas = [d for n, d in events if n == "content_block_delta"]
+    assert len(deltas) > 1 and names == [
         "message_start",
         "content_block_start",
-        "content_block_delta",
+        *["content_block_delta"] * len(deltas),
         "content_block_stop",
         "message_delta",
         "message_stop",
@@ -109,10 +112,52 @@ def test_raw_stream_event_order(live_server) -> None:
     block = data["content_block_start"]
     assert block["index"] == 0 and block["content_block"]["input"] == {}
     assert block["content_block"]["type"] == "tool_use"
-    delta = data["content_block_delta"]["delta"]
-    assert delta["type"] == "input_json_delta"
-    jsonschema.validate(json.loads(delta["partial_json"]), WEATHER["input_schema"])
+    assert block["content_block"]["name"] == "get_weather"
+    assert {d["index"] for d in deltas} == {0}
+    assert {d["delta"]["type"] for d in deltas} == {"input_json_delta"}
+    partial = "".join(d["delta"]["partial_json"] for d in deltas)
+    assert partial.startswith("{") and partial.endswith("}")
+    jsonschema.validate(json.loads(partial), WEATHER["input_schema"])
     assert data["message_delta"]["delta"]["stop_reason"] == "tool_use"
+
+
+BOOK = {
+    "name": "book",
+    "description": "Book a room.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["Paris", "Oslo"]},
+            "note": {"type": "string", "maxLength": 24},
+            "nights": {"type": "integer", "minimum": 1, "maximum": 9},
+            "breakfast": {"type": "boolean"},
+        },
+        "required": ["city", "note", "nights", "breakfast"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_forced_call_streams_its_input_as_decoded(live_server) -> None:
+    """Through the SDK's stream helper: several input_json events, and the final message's
+    content is the whole response's (greedy decoding: the same call)."""
+    kw = dict(model=MODEL_NAME, max_tokens=300, messages=USER, tools=[BOOK])
+    kw["extra_body"] = {"temperature": 0}  # this SDK takes no temperature argument
+    kw["tool_choice"] = {"type": "tool", "name": "book"}
+    whole = client(live_server).messages.create(**kw)
+    partials = []
+    with client(live_server).messages.stream(**kw) as stream:
+        for event in stream:
+            if event.type == "input_json":
+                partials.append(event.partial_json)
+        final = stream.get_final_message()
+    assert len(partials) > 1 and final.stop_reason == whole.stop_reason == "tool_use"
+    (block,) = final.content
+    assert block.type == "tool_use" and json.loads("".join(partials)) == block.input
+    jsonschema.validate(block.input, BOOK["input_schema"])
+    assert [b.model_dump(exclude={"id"}) for b in final.content] == [
+        b.model_dump(exclude={"id"}) for b in whole.content
+    ]
 
 
 def test_second_turn_with_tool_result(live_server) -> None:

@@ -18,6 +18,8 @@ from openai.types.chat import ChatCompletionChunk
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_tools import ToolChatStream, message_fields
+from zerohop.api.tools.forced_stream import ForcedCallParser
+from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.outputs import RequestDelta
 
@@ -86,6 +88,46 @@ def test_forced_call_streamed(live_server: LiveServer) -> None:
     assert choice.finish_reason == "tool_calls"
     assert len(choice.message.tool_calls) == 1
     check_call(choice.message.tool_calls[0])
+
+
+BOOK = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Oslo", "Rome"]},
+        "note": {"type": "string", "maxLength": 24},
+        "nights": {"type": "integer", "minimum": 1, "maximum": 9},
+        "breakfast": {"type": "boolean"},
+    },
+    "required": ["city", "note", "nights", "breakfast"],
+    "additionalProperties": False,
+}
+
+
+def test_forced_call_streams_its_arguments_as_decoded(live_server: LiveServer) -> None:
+    """The name first (with id, type and arguments ""), then the arguments' text in pieces;
+    the SDK's accumulated completion holds the call the whole response holds."""
+    book = {"type": "function", "function": {"name": "book", "parameters": BOOK}}
+    choice = {"type": "function", "function": {"name": "book"}}
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "tools": [book], "tool_choice": choice}
+    body |= {"max_tokens": 300, "seed": 3}
+    whole = client(live_server).chat.completions.create(**body).choices[0].message.tool_calls[0]
+    deltas = []
+    with client(live_server).chat.completions.stream(**body) as stream:
+        for event in stream:
+            if event.type == "chunk":
+                deltas += [d for c in event.chunk.choices for d in c.delta.tool_calls or []]
+        final = stream.get_final_completion()
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name, first.function.arguments) == (
+        0, "function", "book", "")  # fmt: skip
+    assert first.id.startswith("call_") and len(rest) > 1
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    (call,) = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls" and call.id == first.id
+    assert call.function.arguments == "".join(d.function.arguments for d in rest)
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, BOOK)
+    assert (call.function.name, arguments) == ("book", json.loads(whole.function.arguments))
 
 
 def test_second_turn(live_server: LiveServer) -> None:
@@ -170,8 +212,10 @@ def test_refused(live_server: LiveServer, case: tuple[dict, str, str]) -> None:
     assert error["param"] == param and words in error["message"], error
 
 
-def stream_chunks(pieces: list[str], n: int = 1) -> list[dict]:
-    stream = ToolChatStream("chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"})
+def stream_chunks(pieces: list[str], n: int = 1, parser: Any = HermesParser) -> list[dict]:
+    stream = ToolChatStream(
+        "chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"}, parser=parser
+    )
     data = stream.opening()
     for index in range(n):
         for j, piece in enumerate(pieces):
@@ -197,3 +241,19 @@ def test_auto_stream_rebuilds_text_and_calls() -> None:
         assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 3}
     whole, _ = message_fields(text, {"add"}, "stop")
     assert whole["content"] == "Hm  ok"
+
+
+def test_a_forced_stream_sends_one_chunk_per_token_once_the_call_is_named() -> None:
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    pieces = [text[i : i + 2] for i in range(0, len(text), 2)]
+    chunks = stream_chunks(pieces, parser=ForcedCallParser)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    named = next(i for i, d in enumerate(deltas) if "tool_calls" in d)
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all(d == {"content": ""} for d in deltas[1:named])  # one per token until then
+    assert deltas[named]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
+    after = deltas[named + 1 : -1]
+    fragments = [d["tool_calls"][0]["function"]["arguments"] for d in after if "tool_calls" in d]
+    assert "".join(fragments) == '{"a": 3, "b": 4}' and all(fragments)
+    assert all(d == {"content": ""} for d in after if "tool_calls" not in d)  # the closing
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

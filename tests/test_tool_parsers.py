@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.llama3 import Llama3JsonParser
 from zerohop.api.tools.mistral import MistralParser
@@ -146,6 +147,7 @@ def test_the_cli_offers_every_parser():
 
 
 def test_a_forced_call_is_read_as_hermes_whatever_the_chosen_format():
+    """As Hermes, as it is decoded (forced_stream.py)."""
     from zerohop.api.openai_schema import ChatRequest
     from zerohop.api.openai_tools import tool_plan
 
@@ -154,7 +156,7 @@ def test_a_forced_call_is_read_as_hermes_whatever_the_chosen_format():
     auto = ChatRequest(model="m", messages=messages, tools=tools)
     forced = ChatRequest(model="m", messages=messages, tools=tools, tool_choice="required")
     assert tool_plan(auto, MistralParser).parser is MistralParser
-    assert tool_plan(forced, MistralParser).parser is HermesParser
+    assert tool_plan(forced, MistralParser).parser is ForcedCallParser
 
 
 SCHEMA = {

@@ -10,7 +10,9 @@ Decisions where the API leaves room:
   text after the first call is dropped (as vLLM's Hermes parser does). A response with no
   call holds one text block, possibly empty, as without tools.
 - A `tool_result` with `is_error` reaches the model as "Error: " + its content.
-- Each call streams whole: `content_block_start`, one `input_json_delta`, `content_block_stop`.
+- A forced call streams as it is decoded: `content_block_start` once its name is read, an
+  `input_json_delta` per piece of its input, `content_block_stop`. Other calls stream once
+  whole and valid for their schema (an invalid one is text): the start, one delta, the stop.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from zerohop.api.anthropic_schema import (
 )
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.forced import forced_call_grammar
+from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory, ToolParser
 from zerohop.api.tools.spec import Tool, ToolCall, ToolSet, checked_tools
@@ -216,46 +219,69 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": call.arguments}
 
 
+# What a piece of output adds: text, whole tool_use blocks, a streamed block begun (its
+# tool_use block, input still {}) and more of the streamed block's input JSON text.
+Added = tuple[str, list[dict[str, Any]], dict[str, Any] | None, str]
+
+
 @dataclass(slots=True)
 class ToolOutput:
     """Reads the model's output for calls, piece by piece: the text before the first call
-    (blank text held back until it is decided) and the calls."""
+    (blank text held back until it is decided) and the calls, a forced one as it is decoded
+    (forced_stream.py), the others once whole and validated."""
 
     parser: ToolParser | None  # None: tool_choice none, all is text
     single: bool  # disable_parallel_tool_use: the first call only
     text: str = ""  # the text given out so far
     pending: str = ""  # blank text held back
     calls: list[dict[str, Any]] = field(default_factory=list)
+    open: dict[str, Any] | None = None  # the block being streamed, until its call ends
 
     @classmethod
     def of(
         cls, request: MessagesRequest, tools: list[Tool], parser: ParserFactory = HermesParser
     ) -> ToolOutput:
-        """Calls read in `parser`'s format; a forced call (any, tool) is always Hermes."""
+        """Calls read in `parser`'s format; a forced call (any, tool) is always Hermes,
+        streamed as it is decoded."""
         choice = request.tool_choice
         if isinstance(choice, ChoiceNone):
             return cls(None, False)
         single = bool(choice is not None and choice.disable_parallel_tool_use)
         forced = isinstance(choice, ChoiceAny | ChoiceTool)
-        return cls((HermesParser if forced else parser)(ToolSet(tools)), single)
+        return cls((ForcedCallParser if forced else parser)(ToolSet(tools)), single)
 
-    def feed(self, piece: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
-        """(new text, new tool_use blocks) for the next piece of output."""
-        parsed = self.parser.feed(piece) if self.parser else None
-        text, found = (parsed.text, parsed.calls) if parsed else (piece, [])
-        if final and self.parser:
-            text += self.parser.finish().text
-        new_text = self._add_text(text, final)
-        return new_text, self._add_calls(found)
+    def feed(self, piece: str, final: bool = False) -> Added:
+        """(new text, new whole tool_use blocks, a streamed block begun, more of its input)
+        for the next piece of output."""
+        if self.parser is None:
+            return self._add_text(piece, final), [], None, ""
+        parsed = self.parser.feed(piece)
+        if final:
+            rest = self.parser.finish()
+            parsed.text, parsed.calls = parsed.text + rest.text, parsed.calls + rest.calls
+        opened = self._open(parsed.opened)
+        fragment = parsed.fragment if self.open is not None else ""
+        new_text = self._add_text(parsed.text, final)
+        return new_text, self._add_calls(parsed.calls), opened, fragment
+
+    def _open(self, name: str | None) -> dict[str, Any] | None:
+        if name is None or (self.single and self.calls):
+            return None
+        self.open = {"type": "tool_use", "id": tool_use_id(), "name": name, "input": {}}
+        return self.open
 
     def _add_calls(self, found: list[ToolCall]) -> list[dict[str, Any]]:
+        if self.open is not None and found:  # the streamed call's end: sent already
+            self.open["input"] = found.pop(0).arguments
+            self.calls.append(self.open)
+            self.open = None
         room = 1 - len(self.calls) if self.single else len(found)
         blocks = [tool_use_block(c) for c in found[: max(room, 0)]]
         self.calls += blocks
         return blocks
 
     def _add_text(self, text: str, final: bool) -> str:
-        if self.calls:
+        if self.calls or self.open is not None:
             return ""
         self.pending += text
         if self.pending.strip() or final:
@@ -276,13 +302,22 @@ class ToolOutput:
 class ToolEvents:
     """The SSE events of a tool-use response's content: a text block (index 0) while there
     is text, then each call as a block of its own, indexes consecutive (from `first`: 1
-    after a thinking block, whose index 0 is then `index`)."""
+    after a thinking block, whose index 0 is then `index`). A whole call is its block's
+    start and one `input_json_delta`; a streamed one its start once its name is read, then an
+    `input_json_delta` per piece of its input. A block stops when the next starts, or at
+    `end`."""
 
     index: int = -1
     text_open: bool = False
     first: int = 0
 
-    def events(self, text: str, blocks: list[dict[str, Any]]) -> bytes:
+    def events(
+        self,
+        text: str,
+        blocks: list[dict[str, Any]],
+        opened: dict[str, Any] | None = None,
+        fragment: str = "",
+    ) -> bytes:
         out = b""
         if text:
             if not self.text_open:
@@ -290,12 +325,18 @@ class ToolEvents:
                 self.text_open = True
             delta = {"type": "text_delta", "text": text}
             out += sse_event("content_block_delta", {"index": self.index, "delta": delta})
+        if opened is not None:
+            out += self._stop() + self._start({**opened, "input": {}})
+        if fragment:
+            out += self._input(fragment)
         for block in blocks:
             out += self._stop() + self._start({**block, "input": {}})
-            partial = orjson.dumps(block["input"]).decode()
-            delta = {"type": "input_json_delta", "partial_json": partial}
-            out += sse_event("content_block_delta", {"index": self.index, "delta": delta})
+            out += self._input(orjson.dumps(block["input"]).decode())
         return out
+
+    def _input(self, partial: str) -> bytes:
+        delta = {"type": "input_json_delta", "partial_json": partial}
+        return sse_event("content_block_delta", {"index": self.index, "delta": delta})
 
     def end(self) -> bytes:
         """The last block's stop (an empty text block first when there was no content)."""

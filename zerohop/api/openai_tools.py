@@ -2,9 +2,10 @@
 and tool turns translated to the neutral shapes of zerohop/api/tools, and the model's Hermes
 calls back as OpenAI's `tool_calls`, whole (`message_fields`) or streamed (`ToolChatStream`).
 
-`tool_choice` "auto" (the default with tools) offers the tools and parses calls; "none"
-offers none and parses nothing; "required" or a named function forces exactly one call by
-grammar (with `response_format` or `structured_outputs` too: a 400).
+`tool_choice` "auto" (the default with tools) offers the tools and parses calls, each
+validated against its tool's schema (an invalid one is content); "none" offers none and
+parses nothing; "required" or a named function forces exactly one call by grammar (with
+`response_format` or `structured_outputs` too: a 400), streamed as it is decoded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +24,7 @@ from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_schema import ChatRequest, Message, _message
 from zerohop.api.openai_stream import ChatStream, _index
 from zerohop.api.tools.forced import forced_call_grammar
+from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser, Parsed
 from zerohop.api.tools.parsers import ParserFactory, parse_whole
 from zerohop.api.tools.prompt import render_messages
@@ -57,7 +60,8 @@ def tool_plan(request: ChatRequest, parser: ParserFactory = HermesParser) -> Too
     if choice in (None, "auto"):
         return ToolPlan(tools, parse=True, parser=parser)
     forced = tools if choice == "required" else [_named(choice, tools)]
-    return ToolPlan(tools, parse=True, grammar=forced_call_grammar(forced))
+    grammar = forced_call_grammar(forced)
+    return ToolPlan(tools, parse=True, grammar=grammar, parser=ForcedCallParser)
 
 
 def request_tools(given: list[Any] | None) -> list[Tool]:
@@ -201,13 +205,13 @@ def openai_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def parse_all(text: str, names: set[str], parser: ParserFactory = HermesParser) -> Parsed:
+def parse_all(text: str, names: Collection[str], parser: ParserFactory = HermesParser) -> Parsed:
     return parse_whole(text, parser(names))
 
 
 def message_fields(
     text: str,
-    names: set[str] | None,
+    names: Collection[str] | None,
     finish_reason: str | None,
     parser: ParserFactory = HermesParser,
 ) -> tuple[dict[str, Any], str | None]:
@@ -226,35 +230,66 @@ def message_fields(
 
 
 class ToolChatStream(ChatStream):
-    """A chat stream whose text goes through a Hermes parser per choice: text streams as
-    content, each whole call as a `tool_calls` delta (its id and name, then its arguments)."""
+    """A chat stream whose text goes through a tool-call parser per choice: text streams as
+    content; a forced call (forced_stream.py) as it is decoded, a `tool_calls` delta with its
+    index, id, type, name and arguments "" once its name is read, then one per piece of its
+    arguments' text; every other call once whole and validated, in the same shape (its
+    opening, then all its arguments)."""
 
     def __init__(
-        self, *args: Any, names: set[str], parser: ParserFactory = HermesParser, **kwargs: Any
+        self,
+        *args: Any,
+        names: Collection[str],
+        parser: ParserFactory = HermesParser,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.parsers = [parser(names) for _ in range(self.choices.n)]
-        self.calls = [0] * self.choices.n
+        self.calls = [0] * self.choices.n  # whole calls per choice
+        self.open = [False] * self.choices.n  # a streamed call is under way (index: calls)
 
     def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
         totals = self.choices.add(delta)
         i = delta.index
         parsed = self.parsers[i].feed(delta.new_text)
         if delta.finished:
-            parsed.text += self.parsers[i].finish().text
+            rest = self.parsers[i].finish()
+            parsed.text, parsed.calls = parsed.text + rest.text, parsed.calls + rest.calls
+        calls = self._streamed(i, parsed) + b"".join(self._call_chunks(i, c) for c in parsed.calls)
         data = b""
-        if delta.new_token_ids or parsed.text:
-            data += self.content(formatter, replace(delta, new_text=parsed.text))
-        for call in parsed.calls:
-            data += self._call_chunks(i, call)
+        if parsed.text or (delta.new_token_ids and (not calls or self._per_token(delta))):
+            data = self.content(formatter, replace(delta, new_text=parsed.text))
+        data += calls
         if delta.finished:
             reason = "tool_calls" if self.calls[i] else totals.finish_reason
             stop_reason = orjson.dumps(totals.stop_reason)
             data += self.head + self.finish_choice(i, reason, stop_reason) + b"]" + self.tail
         return data
 
+    def _per_token(self, delta: RequestDelta) -> bool:
+        """Whether a token's chunk carries more than its text (logprobs, token ids): it is
+        sent even when a tool delta carries the token's output."""
+        return delta.new_logprobs is not None or self.token_ids
+
+    def _streamed(self, index: int, parsed: Parsed) -> bytes:
+        """The deltas of a call streamed as it is decoded: its opening, its next fragment;
+        the call's end (it arrives whole in `parsed.calls`) needs none."""
+        data, k = b"", self.calls[index]
+        if parsed.opened is not None:
+            self.open[index] = True
+            function = {"name": parsed.opened, "arguments": ""}
+            opening = {"index": k, "id": call_id(), "type": "function", "function": function}
+            data += self._tool_delta(index, opening)
+        if parsed.fragment and self.open[index]:
+            fragment = {"index": k, "function": {"arguments": parsed.fragment}}
+            data += self._tool_delta(index, fragment)
+        return data
+
     def _call_chunks(self, index: int, call: ToolCall) -> bytes:
         k, self.calls[index] = self.calls[index], self.calls[index] + 1
+        if self.open[index]:  # streamed already: this is its end
+            self.open[index] = False
+            return b""
         whole = openai_call(call)
         opening = {**whole, "index": k, "function": {"name": call.name, "arguments": ""}}
         arguments = {"index": k, "function": {"arguments": whole["function"]["arguments"]}}

@@ -21,8 +21,14 @@ from zerohop.api.tools.spec import ToolCall, ToolSet
 
 @dataclass(slots=True)
 class Parsed:
+    """What a piece of output held: text, whole calls, and (forced_stream.py only) a call
+    streamed as it is decoded: its name once read, then its arguments' text piece by piece.
+    The whole call comes in `calls` once it ends: a reader that streams it has sent it all."""
+
     text: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    opened: str | None = None  # a streamed call's tool name, as soon as it is read
+    fragment: str = ""  # more of the streamed call's arguments (JSON text as decoded)
 
 
 class HermesParser:

@@ -15,22 +15,39 @@ def value_end(text: str, start: int = 0) -> int:
     """The index just past the object or list at `text[start]`, INCOMPLETE or INVALID."""
     if text[start] not in _PAIRS:
         return INVALID
-    stack: list[str] = []
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
-        elif c == '"':
-            in_string = True
-        elif c in _PAIRS:
-            stack.append(_PAIRS[c])
-        elif c in "}]":
-            if c != stack.pop():
+    end = ValueScanner().feed(text[start:] if start else text)
+    return end + start if end >= 0 else end
+
+
+class ValueScanner:
+    """`value_end` fed piece by piece: a streamed value's end is found in time linear in
+    its length, not rescanned from its start at every token."""
+
+    def __init__(self) -> None:
+        self._stack: list[str] = []
+        self._in_string = self._escaped = self._started = False
+
+    def feed(self, text: str) -> int:
+        """The index in `text` just past the value's end, INCOMPLETE or INVALID. The first
+        piece must begin with the value's bracket."""
+        for i, c in enumerate(text):
+            if self._in_string:
+                self._escaped, self._in_string = (
+                    (False, True) if self._escaped else (c == "\\", c != '"')
+                )
+            elif not self._started and c not in _PAIRS:
                 return INVALID
-            if not stack:
-                return i + 1
-    return INCOMPLETE
+            elif c == '"':
+                self._in_string = True
+            elif c in _PAIRS:
+                self._started = True
+                self._stack.append(_PAIRS[c])
+            elif c in "}]":
+                if c != self._stack.pop():
+                    return INVALID
+                if not self._stack:
+                    return i + 1
+        return INCOMPLETE
 
 
 def loads(text: str) -> Any | None:
