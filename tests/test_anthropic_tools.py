@@ -17,8 +17,10 @@ import pytest
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api import anthropic_schema
 from zerohop.api.anthropic_tools import ToolEvents as ToolEventsFor
-from zerohop.api.anthropic_tools import ToolOutput, neutral_turns, request_tools
+from zerohop.api.anthropic_tools import ToolOutput, auto_grammar, neutral_turns, request_tools
 from zerohop.api.errors import ApiError
+from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.mistral import MistralParser
 
 WEATHER = {
     "name": "get_weather",
@@ -158,6 +160,34 @@ def test_forced_call_streams_its_input_as_decoded(live_server) -> None:
     assert [b.model_dump(exclude={"id"}) for b in final.content] == [
         b.model_dump(exclude={"id"}) for b in whole.content
     ]
+
+
+STRICT_BOOK = {**BOOK, "strict": True}
+
+
+def test_strict_tools_in_auto_mode_decode_by_grammar(live_server) -> None:
+    """Only when every tool is strict, in auto mode, read as Hermes, without a format, a
+    prefill or thinking; then the model may write text but only valid calls."""
+    request = decoded(tools=[STRICT_BOOK])
+    tools = request_tools(request)
+    assert auto_grammar(request, tools, HermesParser, None) is not None
+    assert auto_grammar(request, tools, MistralParser, None) is None
+    assert auto_grammar(request, tools, HermesParser, True) is None
+    mixed = decoded(tools=[STRICT_BOOK, CLOCK])
+    assert auto_grammar(mixed, request_tools(mixed), HermesParser, None) is None
+    prefilled = decoded(
+        tools=[STRICT_BOOK], messages=[*USER, {"role": "assistant", "content": "I"}]
+    )
+    assert auto_grammar(prefilled, tools, HermesParser, None) is None
+    forced = decoded(tools=[STRICT_BOOK], tool_choice={"type": "any"})
+    assert auto_grammar(forced, tools, HermesParser, None) is None
+    message = client(live_server).messages.create(
+        model=MODEL_NAME, max_tokens=24, messages=USER, tools=[STRICT_BOOK]
+    )
+    assert message.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    for block in message.content:
+        if block.type == "tool_use":
+            jsonschema.validate(block.input, BOOK["input_schema"])
 
 
 def test_second_turn_with_tool_result(live_server) -> None:

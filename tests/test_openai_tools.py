@@ -6,20 +6,25 @@ calls and their results is accepted, "none" gives no calls, bad definitions are 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
+import llguidance
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
+from tokenizers import Tokenizer
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.openai_output import LogprobFormatter
-from zerohop.api.openai_tools import ToolChatStream, message_fields
+from zerohop.api.openai_schema import ChatRequest
+from zerohop.api.openai_tools import ToolChatStream, check_forced, message_fields, tool_plan
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.mistral import MistralParser
 from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.outputs import RequestDelta
 
@@ -128,6 +133,51 @@ def test_forced_call_streams_its_arguments_as_decoded(live_server: LiveServer) -
     arguments = json.loads(call.function.arguments)
     jsonschema.validate(arguments, BOOK)
     assert (call.function.name, arguments) == ("book", json.loads(whole.function.arguments))
+
+
+STRICT = [{"type": "function", "function": {"name": "book", "parameters": BOOK, "strict": True}}]
+STRICT_CALL = (
+    '<tool_call>\n{"name": "book", "arguments": {"city": "Rome", "note": "", "nights": 2,'
+    ' "breakfast": true}}\n</tool_call>'
+)
+
+
+def decodes(folder: Path, grammar: str, text: str) -> bool:
+    """Whether the model's tokens of `text` all pass `grammar` and may end there."""
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    index = llguidance.LLTokenizer(
+        tokenizer.to_str(), n_vocab=tokenizer.get_vocab_size(), eos_token=[0]
+    )
+    matcher = llguidance.LLMatcher(index, grammar, log_level=0)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+
+def test_strict_tools_in_auto_mode_allow_text_and_only_valid_calls(llama_dir: Path) -> None:
+    plan = tool_plan(ChatRequest(model="m", messages=MESSAGES, tools=STRICT))
+    grammar = check_forced(plan, None)
+    assert plan.strict and grammar is not None
+    for text in ["", "Plain text, even <tool_cal> or </tool_call>.", STRICT_CALL,
+                 f"Booking.\n{STRICT_CALL}\nand {STRICT_CALL} done"]:  # fmt: skip
+        assert decodes(llama_dir, grammar, text), text
+    refused = [STRICT_CALL.replace("2", '"2"'), STRICT_CALL.replace("book", "cook"),
+               STRICT_CALL.replace(', "breakfast": true', ""), "a <tool_call>{}"]  # fmt: skip
+    for text in refused:
+        assert not decodes(llama_dir, grammar, text), text
+    assert check_forced(plan, "other") == "other"  # a response format wins
+    loose = ChatRequest(model="m", messages=MESSAGES, tools=[*STRICT, TOOLS[1]])
+    assert not tool_plan(loose).strict and check_forced(tool_plan(loose), None) is None
+    assert not tool_plan(
+        ChatRequest(model="m", messages=MESSAGES, tools=STRICT), MistralParser
+    ).strict
+
+
+def test_strict_tools_in_auto_mode_decode(live_server: LiveServer) -> None:
+    got = create(live_server, tools=STRICT, n=2, max_tokens=24)
+    for choice in got.choices:
+        assert choice.finish_reason in ("stop", "length", "tool_calls"), choice
+        for call in choice.message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), BOOK)
 
 
 def test_second_turn(live_server: LiveServer) -> None:

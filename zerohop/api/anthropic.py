@@ -46,6 +46,7 @@ from zerohop.api.anthropic_thinking import (
 from zerohop.api.anthropic_tools import (
     ToolEvents,
     ToolOutput,
+    auto_grammar,
     forced_grammar,
     neutral_turns,
     request_tools,
@@ -125,6 +126,9 @@ class AnthropicSurface:
         if tools and (request.return_token_ids or continues):
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
         params = _sampling_params(request, tools)
+        params.grammar = params.grammar or auto_grammar(
+            request, tools, self.ctx.tool_parser, thinks
+        )
         state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
         if tools:
             state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)

@@ -4,7 +4,8 @@ Decisions where the API leaves room:
 - Tools reach the model through the chat template (or prompt.py's Hermes fallback); the
   model's `<tool_call>` text comes back as `tool_use` blocks, `stop_reason: "tool_use"`.
 - `tool_choice` any / tool constrain the output to exactly one call (forced.py); auto lets
-  the model write text and calls; none renders the tools but parses no calls.
+  the model write text and calls (validated against their schemas; with only strict tools,
+  constrained by grammar to valid ones); none renders the tools but parses no calls.
   `disable_parallel_tool_use` keeps the first call only.
 - Content is [a text block, when the text before the first call is not blank] + the calls;
   text after the first call is dropped (as vLLM's Hermes parser does). A response with no
@@ -26,6 +27,7 @@ import orjson
 
 from zerohop.api.anthropic_schema import (
     ChoiceAny,
+    ChoiceAuto,
     ChoiceNone,
     ChoiceTool,
     CountTokensRequest,
@@ -35,7 +37,7 @@ from zerohop.api.anthropic_schema import (
     ToolUseBlock,
 )
 from zerohop.api.errors import ApiError
-from zerohop.api.tools.forced import forced_call_grammar
+from zerohop.api.tools.forced import auto_call_grammar, forced_call_grammar
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory, ToolParser
@@ -102,6 +104,27 @@ def forced_grammar(request: MessagesRequest, tools: list[Tool]) -> str | None:
     if _prefilled(request):
         raise ApiError(400, "tool_choice: a forced tool call cannot continue a prefill")
     return forced_call_grammar(chosen)
+
+
+def auto_grammar(
+    request: MessagesRequest, tools: list[Tool], parser: ParserFactory, thinks: bool | None
+) -> str | None:
+    """In auto mode with only strict tools (`strict: true`), the grammar of free text whose
+    calls follow the tools' schemas (forced.auto_call_grammar), else None. Not when calls are
+    read in another format than Hermes (the one it writes), nor with a grammar of the
+    request's own (output_config.format), a prefill or thinking: each is decoded as before,
+    its calls validated."""
+    choice = request.tool_choice
+    if not tools or not all(t.strict for t in tools) or parser is not HermesParser:
+        return None
+    if choice is not None and not isinstance(choice, ChoiceAuto):
+        return None
+    formatted = request.output_format is not None or (
+        request.output_config is not None and request.output_config.format is not None
+    )
+    if formatted or thinks or _prefilled(request):
+        return None
+    return auto_call_grammar(tools)
 
 
 def _prefilled(request: CountTokensRequest) -> bool:

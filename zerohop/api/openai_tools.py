@@ -5,7 +5,9 @@ calls back as OpenAI's `tool_calls`, whole (`message_fields`) or streamed (`Tool
 `tool_choice` "auto" (the default with tools) offers the tools and parses calls, each
 validated against its tool's schema (an invalid one is content); "none" offers none and
 parses nothing; "required" or a named function forces exactly one call by grammar (with
-`response_format` or `structured_outputs` too: a 400), streamed as it is decoded.
+`response_format` or `structured_outputs` too: a 400), streamed as it is decoded. When
+every tool is `strict` (and calls are read as Hermes), auto mode decodes by a grammar that
+lets the model write any text but only valid calls.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_schema import ChatRequest, Message, _message
 from zerohop.api.openai_stream import ChatStream, _index
-from zerohop.api.tools.forced import forced_call_grammar
+from zerohop.api.tools.forced import auto_call_grammar, forced_call_grammar
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser, Parsed
 from zerohop.api.tools.parsers import ParserFactory, parse_whole
@@ -43,6 +45,7 @@ class ToolPlan:
     parse: bool = False
     grammar: str | None = None
     parser: ParserFactory = HermesParser  # the calls' format (a forced call: Hermes)
+    strict: bool = False  # auto mode with only strict tools: calls constrained by grammar
     # The tools to parse (and validate) calls of, or None when calls are not parsed.
     names: ToolSet | None = field(init=False)
 
@@ -58,7 +61,8 @@ def tool_plan(request: ChatRequest, parser: ParserFactory = HermesParser) -> Too
     if not tools or choice == "none":
         return ToolPlan([])
     if choice in (None, "auto"):
-        return ToolPlan(tools, parse=True, parser=parser)
+        strict = parser is HermesParser and all(t.strict for t in tools)
+        return ToolPlan(tools, parse=True, parser=parser, strict=strict)
     forced = tools if choice == "required" else [_named(choice, tools)]
     grammar = forced_call_grammar(forced)
     return ToolPlan(tools, parse=True, grammar=grammar, parser=ForcedCallParser)
@@ -108,8 +112,13 @@ def _named(choice: Any, tools: list[Tool]) -> Tool:
 
 
 def check_forced(plan: ToolPlan, grammar: str | None) -> str | None:
-    """The grammar to decode with: the forced call's, or the response format's."""
+    """The grammar to decode with: the forced call's, or the response format's, or in auto
+    mode with only strict tools (`strict: true`), free text whose calls follow the tools'
+    schemas (forced.auto_call_grammar; the response format's wins: no 400, the calls are
+    still validated). Only for the Hermes format, the one that grammar writes."""
     if plan.grammar is None:
+        if grammar is None and plan.strict:
+            return auto_call_grammar(plan.tools)
         return grammar
     if grammar is not None:
         raise ApiError(
