@@ -37,6 +37,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-num-batched-tokens", type=POSITIVE_INT, default=2048, help="token budget of one step"
     )
+    g.add_argument(
+        "--inter-token-target",
+        type=NONNEGATIVE_NUMBER,
+        default=0.1,  # EngineConfig's (zerohop.engine.prefill_budget), without importing torch
+        metavar="SECONDS",
+        help="a step with running streams carries only the prompt tokens its measured cost"
+        " fits within this, so their next tokens keep flowing while new prompts prefill (a step"
+        " with nothing decoding keeps the full --max-num-batched-tokens; 0: no limit)",
+    )
     g.add_argument("--block-size", type=POSITIVE_INT, default=16, help="tokens per KV cache block")
     g.add_argument(
         "--kv-cache-memory",
@@ -111,6 +120,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     return {
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "inter_token_target": args.inter_token_target,
         "block_size": args.block_size,
         "kv_cache_memory": args.kv_cache_memory,
         "dtype": args.dtype,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -162,6 +164,9 @@ SCHEDULING_POLICIES = ("vtc", "fcfs")
 class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
+    # Seconds a step with running decodes aims to take: its prompt tokens are cut to what the
+    # measured step costs say fits (zerohop.engine.prefill_budget); 0: no limit.
+    inter_token_target: float = DEFAULT_INTER_TOKEN_TARGET
     block_size: int = 16
     kv_cache_memory: float | None = None  # GiB; None: 1 GiB on CPU, a fraction of free on CUDA
     gpu_memory_utilization: float = 0.9
@@ -187,6 +192,11 @@ class EngineConfig:
         assert self.block_size > 0 and self.max_num_seqs > 0
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
+        target = self.inter_token_target
+        if isinstance(target, bool) or not isinstance(target, int | float):
+            raise ValueError(f"inter_token_target must be a number of seconds; got {target!r}")
+        if not math.isfinite(target) or target < 0:
+            raise ValueError(f"inter_token_target must be finite and >= 0; got {target!r}")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_MODES)};"

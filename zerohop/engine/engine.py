@@ -29,6 +29,7 @@ from zerohop.engine.logits_processors import check_token_ids
 from zerohop.engine.model import CausalLM
 from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
+from zerohop.engine.prefill_budget import PrefillBudget
 from zerohop.engine.quant import needs_kernels
 from zerohop.engine.request_options import check_request_options
 from zerohop.engine.runner import ModelRunner
@@ -102,6 +103,7 @@ class LLMEngine:
             self.config.max_num_seqs,
             self.config.max_num_batched_tokens,
             policy if policy is not None else default_policy(self.config),
+            PrefillBudget(self.config.inter_token_target, lambda: self.throughput.step_times),
         )
         self.throughput = ThroughputMeter()
         self.runner = ModelRunner(self.model, num_blocks, bs, self.config.enforce_eager)

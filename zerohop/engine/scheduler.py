@@ -2,8 +2,12 @@
 
 Each step: running requests first (one decode token each, or the next chunk of a prompt),
 then waiting requests in the policy's order while the token budget, the sequence cap and
-the KV pool allow. When the pool runs dry, the policy's victim is preempted by recompute:
-its blocks are freed and it waits again with every token it has, prompt and output.
+the KV pool allow. The token budget is max_num_batched_tokens, lowered while requests are
+decoding to their tokens plus the prompt tokens that fit beside them within the inter-token
+target (zerohop.engine.prefill_budget); a prompt's chunk never takes the tokens of the
+decodes scheduled after it. When the pool runs dry, the policy's victim is preempted by
+recompute: its blocks are freed and it waits again with every token it has, prompt and
+output.
 
 A policy hook that fails for one request (`remove`, `admitted` or `requeue` of that request)
 fails that request only: it is taken out of the batch, its blocks freed, and reported in
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy
+from zerohop.engine.prefill_budget import PrefillBudget
 from zerohop.engine.sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
@@ -63,11 +68,13 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         policy: SchedulingPolicy | None = None,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy if policy is not None else FCFSPolicy()
+        self.prefill_budget = prefill_budget  # None: the full budget in every step
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
@@ -88,9 +95,18 @@ class Scheduler:
 
     def _plan(self, out: SchedulerOutput) -> None:
         displaced = self._displace_for_waiting(out)
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.step_budget())
         if len(out.preempted) == displaced:  # no request was preempted for KV blocks
             self._schedule_waiting(out, budget)
+
+    def step_budget(self) -> int:
+        """Tokens this step may compute: every decode, and the prompt tokens the prefill
+        budget allows beside them; max_num_batched_tokens when nothing decodes."""
+        limit = self.max_num_batched_tokens
+        decodes = sum(1 for seq in self.running if _is_decode(seq))
+        if self.prefill_budget is None or decodes == 0 or decodes >= limit:
+            return limit
+        return decodes + self.prefill_budget.tokens(decodes, limit - decodes)
 
     def _hook(self, seq: Sequence, in_policy: bool, hook: Callable[[Sequence], None]) -> None:
         """Call a policy hook about `seq`; its failure is that request's alone."""
@@ -131,6 +147,11 @@ class Scheduler:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
+            if not _is_decode(seq):  # a prompt's chunk: the decodes after it go first
+                num_new = min(num_new, budget - self._decodes_after(i))
+                if num_new <= 0:
+                    i += 1
+                    continue
             while not self.pool.allocate(seq, seq.num_computed_tokens + num_new):
                 candidates = [s for s in self.running if id(s) not in scheduled]
                 victim = self.policy.victim(candidates)
@@ -146,6 +167,9 @@ class Scheduler:
             if seq.status is Status.WAITING:  # it preempted itself: nothing else fits
                 break
         return budget
+
+    def _decodes_after(self, index: int) -> int:
+        return sum(1 for seq in self.running[index + 1 :] if _is_decode(seq))
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
@@ -191,3 +215,8 @@ class Scheduler:
                 log.exception("scheduling policy failed to remove request %s", seq.request_id)
         self.pool.release(seq)
         seq.finish(reason, stop_reason)
+
+
+def _is_decode(seq: Sequence) -> bool:
+    """One token left to compute: its next output token (or a prompt's very last token)."""
+    return seq.num_tokens - seq.num_computed_tokens == 1

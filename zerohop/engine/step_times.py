@@ -15,7 +15,8 @@ and the seconds of the steps that fell in it:
 smallest's time below them, and above the largest, the largest's time scaled linearly in
 size (the most pessimistic it gets: a batch is never taken to cost more than linear in its
 size, nor a step to be faster than a smaller one). The API process predicts a request's
-queue wait from the two curves (zerohop.api.queue_model).
+queue wait from the two curves (zerohop.api.queue_model), and the scheduler sizes the prompt
+tokens a step may carry beside running decodes from them (zerohop.engine.prefill_budget).
 
 Torch-free: the tables travel in the engine's stats (`EngineStats.step_times`).
 """
@@ -94,6 +95,20 @@ class StepCurve:
         lo = hi - 1
         share = (size - ns[lo]) / (ns[hi] - ns[lo])
         return ss[lo] + share * (ss[hi] - ss[lo])
+
+    def largest_within(self, seconds: float, limit: int) -> int:
+        """The largest whole size, at most `limit`, taken to cost at most `seconds` (0 when
+        even the smallest seen costs more). The curve never falls, so a bisection finds it."""
+        if limit <= 0 or self(1) > seconds:
+            return 0
+        lo, hi = 1, limit  # self(lo) <= seconds
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self(mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 @dataclass(slots=True)
