@@ -85,6 +85,26 @@ def test_auto_mode_streams_text(stub) -> None:
     assert not calls and responses[-1].usage.completion_tokens >= 1
 
 
+def _written(text: str) -> pb.Constraint:
+    """A regex under which the model writes exactly `text` (the random model never writes a
+    call of its own accord)."""
+    return pb.Constraint(regex="".join("\\" + c if c in r"\.^$*+?()[]{}|/" else c for c in text))
+
+
+@pytest.mark.parametrize(("days", "is_call"), [(2, True), (9, False)])  # days: 1 to 3
+def test_auto_mode_reads_calls_that_validate(stub, days: int, is_call: bool) -> None:
+    body = json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": days}})
+    written = f"<tool_call>\n{body}\n</tool_call>"
+    text, calls, responses = _generate(stub, _request(constraint=_written(written)))
+    if is_call:
+        assert text == "" and [c.name for c in calls] == ["get_weather"]
+        assert json.loads(calls[0].arguments_json) == {"city": "Oslo", "days": 2}
+        assert responses[-1].finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    else:
+        assert text == written and not calls
+        assert responses[-1].finish_reason == pb.FINISH_REASON_STOP
+
+
 BAD = {
     "text prompt": ({"messages": None, "prompt": "hi"}, "messages prompt"),
     "bad name": ({"tools": [pb.Tool(name="no spaces")]}, "tools[0].name"),

@@ -4,8 +4,8 @@ zerohop.api.tools, and the model's calls as GenerateResponse `tool_calls`.
 Tools need a `messages` prompt (they reach the model through the chat template or the
 Hermes fallback, tools/prompt.py). Mode auto parses the calls in the server's tool-call
 format; required or a named tool forces exactly one call by grammar (always Hermes, read as
-Hermes); none offers no tools. Arguments of auto-mode calls are not checked against the
-tool's schema.
+Hermes); none offers no tools. An auto-mode call whose arguments the tool's schema refuses
+comes back as text, as on the other surfaces.
 
 A client sends the conversation back as ChatMessages: an assistant turn with the
 `tool_calls` it was given, then a "tool" message per result naming the call's
@@ -28,7 +28,7 @@ from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.tools.forced import forced_call_grammar
 from zerohop.api.tools.hermes import HermesParser, Parsed
 from zerohop.api.tools.parsers import ParserFactory, ToolParser
-from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
+from zerohop.api.tools.spec import Tool, ToolCall, ToolSet, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 
 _ALNUM = string.ascii_letters + string.digits
@@ -62,7 +62,7 @@ def grpc_tools(request: pb.GenerateRequest, parser: ParserFactory) -> GrpcTools 
         return None
     if not tools:  # mode none
         return GrpcTools([])
-    names = {t.name for t in tools}
+    names = ToolSet(tools)  # auto-mode calls are validated against their schemas
     choice = _choice(request)
     if not _forced(choice):
         return GrpcTools(tools, parser=parser(names))
