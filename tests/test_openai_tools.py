@@ -262,10 +262,13 @@ def test_refused(live_server: LiveServer, case: tuple[dict, str, str]) -> None:
     assert error["param"] == param and words in error["message"], error
 
 
-def stream_chunks(pieces: list[str], n: int = 1, parser: Any = HermesParser) -> list[dict]:
+def stream_chunks(
+    pieces: list[str], n: int = 1, parser: Any = HermesParser, in_thought: bool | None = None
+) -> list[dict]:
     stream = ToolChatStream(
-        "chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"}, parser=parser
-    )
+        "chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"}, parser=parser,
+        in_thought=in_thought,
+    )  # fmt: skip
     data = stream.opening()
     for index in range(n):
         for j, piece in enumerate(pieces):
@@ -274,6 +277,30 @@ def stream_chunks(pieces: list[str], n: int = 1, parser: Any = HermesParser) -> 
             data += stream.step(LogprobFormatter.__new__(LogprobFormatter), delta)
     events = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e]
     return [json.loads(e) for e in events]
+
+
+@pytest.mark.parametrize("in_thought", [False, True])
+def test_a_reasoning_stream_splits_the_thought_then_reads_calls(in_thought: bool) -> None:
+    # A reasoning model with tools: the thought streams as reasoning_content, the call
+    # after it as tool_calls, and the SDK's accumulator rebuilds both.
+    text = ("" if in_thought else "<think>") + "weigh it </thi</think>\n\n"
+    text += '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>'
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    chunks = stream_chunks(pieces, in_thought=in_thought)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    thought = "".join(d.get("reasoning_content") or "" for d in deltas)
+    assert thought == "weigh it </thi" and all(d.get("reasoning") == d.get("reasoning_content")
+                                              for d in deltas)  # fmt: skip
+    assert not "".join(d.get("content") or "" for d in deltas)
+    first_call = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
+    assert all(not d.get("reasoning_content") for d in deltas[first_call:])
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    (choice,) = state.get_final_completion().choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert json.loads(call.function.arguments) == {"a": 3}
 
 
 def test_auto_stream_rebuilds_text_and_calls() -> None:

@@ -207,6 +207,20 @@ def test_openai_thinking_token_budget(think_server: LiveServer) -> None:
     assert "".join(d.content or "" for d in deltas) == message.content
 
 
+def test_openai_reasoning_with_tools(think_server: LiveServer) -> None:
+    # With tools offered, the thought is still split out (calls are read in the answer).
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    extra = {"thinking_token_budget": 6, "ignore_eos": True, "seed": 2}
+    kw = dict(model=THINK_MODEL, max_tokens=20, messages=USER, tools=[tool], extra_body=extra)
+    message = oai.chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content and message.content and "<think>" not in message.content
+    deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True)]
+    assert "".join(d.content or "" for d in deltas) == message.content
+    thought = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert thought == message.reasoning_content
+
+
 def test_openai_thinking_token_budget_refused(
     think_server: LiveServer, live_server: LiveServer
 ) -> None:

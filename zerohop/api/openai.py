@@ -155,11 +155,13 @@ class OpenAIApi:
         max_tokens = chat_max_tokens(request)
         self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
-        grammar = check_forced(plan, chat_grammar(request))
+        response_format = chat_grammar(request)
+        grammar = check_forced(plan, response_format)
         params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        in_thought = self._in_thought(prompt, plan)
+        constrained = plan.grammar is not None or response_format is not None
+        in_thought = None if constrained else self._in_thought(prompt)
         if request.thinking_token_budget is not None:
             params = self._with_budget(params, request.thinking_token_budget, prompt)
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
@@ -167,13 +169,8 @@ class OpenAIApi:
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
-                stream = self._chat_stream(
-                    rid, request.model, usage, len(prompt), top, params.n, plan
-                )
-                if in_thought is not None:
-                    stream = ReasoningChatStream(
-                        rid, request.model, usage, len(prompt), top, params.n, in_thought=in_thought
-                    )
+                head = (rid, request.model, usage, len(prompt), top, params.n)
+                stream = self._chat_stream(head, plan, in_thought)
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
@@ -182,11 +179,11 @@ class OpenAIApi:
                 answer.in_thought = in_thought
                 await self._chat_once(rid, request.model, answer, deltas, send, request_id)
 
-    def _in_thought(self, prompt: list[int], plan: ToolPlan) -> bool | None:
-        """None: no reasoning split (no reasoning format, or tools); else whether the output
-        starts inside the thought (openai_reasoning.py)."""
-        tokenizer = self.ctx.tokenizer
-        if plan.names is not None or not has_reasoning_format(tokenizer.chat_template):
+    def _in_thought(self, prompt: list[int]) -> bool | None:
+        """None: no reasoning split (the model has no reasoning format); else whether the
+        output starts inside the thought (openai_reasoning.py). A forced call or a response
+        format is never split: its grammar writes the answer from the first token."""
+        if not has_reasoning_format(self.ctx.tokenizer.chat_template):
             return None
         return self._opens_thought(prompt)
 
@@ -211,19 +208,15 @@ class OpenAIApi:
 
     @staticmethod
     def _chat_stream(
-        rid: str,
-        model: str,
-        usage: bool,
-        prompt_tokens: int,
-        top: int | None,
-        n: int,
-        plan: ToolPlan,
+        head: tuple[str, str, bool, int, int | None, int], plan: ToolPlan, in_thought: bool | None
     ) -> ChatStream:
-        if plan.names is None:
-            return ChatStream(rid, model, usage, prompt_tokens, top, n)
-        return ToolChatStream(
-            rid, model, usage, prompt_tokens, top, n, names=plan.names, parser=plan.parser
-        )
+        """The stream for a request's tools and reasoning; `head`: ChatStream's arguments."""
+        if plan.names is not None:
+            names, parser = plan.names, plan.parser
+            return ToolChatStream(*head, names=names, parser=parser, in_thought=in_thought)
+        if in_thought is not None:
+            return ReasoningChatStream(*head, in_thought=in_thought)
+        return ChatStream(*head)
 
     async def _chat_once(
         self,

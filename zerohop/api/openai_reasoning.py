@@ -2,7 +2,9 @@
 each choice's thought is `message.reasoning_content` (and vLLM's `reasoning`, the same text)
 and the rest is `content`; streamed, each chunk's delta carries the thought's new text as
 `reasoning_content` / `reasoning` and the answer's as `content`. `reasoning_effort` is
-accepted and ignored. Not with tools: then the whole output is parsed for calls, as before.
+accepted and ignored. With tools, calls are read in the answer after the thought
+(openai_tools.ToolChatStream); a forced call or a response format is not split (its
+grammar writes the answer from the first token).
 
 vLLM's `thinking_token_budget` closes the thought by force after that many tokens
 (zerohop.engine.thought_budget); on a model without a reasoning format, or with a forced

@@ -23,8 +23,10 @@ import orjson
 
 from zerohop.api.errors import ApiError
 from zerohop.api.openai_output import LogprobFormatter
+from zerohop.api.openai_reasoning import reasoning_fields
 from zerohop.api.openai_schema import ChatRequest, Message, _message
 from zerohop.api.openai_stream import ChatStream, _index
+from zerohop.api.reasoning import ReasoningParser
 from zerohop.api.tools.forced import auto_call_grammar, forced_call_grammar
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser, Parsed
@@ -250,24 +252,35 @@ class ToolChatStream(ChatStream):
         *args: Any,
         names: Collection[str],
         parser: ParserFactory = HermesParser,
+        in_thought: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.parsers = [parser(names) for _ in range(self.choices.n)]
-        self.calls = [0] * self.choices.n  # whole calls per choice
-        self.open = [False] * self.choices.n  # a streamed call is under way (index: calls)
+        n = self.choices.n
+        self.parsers = [parser(names) for _ in range(n)]
+        # A reasoning model's thought streams as reasoning_content; calls are read after it.
+        self.thoughts = (
+            None if in_thought is None else [ReasoningParser(in_thought) for _ in range(n)]
+        )
+        self.calls = [0] * n  # whole calls per choice
+        self.open = [False] * n  # a streamed call is under way (index: calls)
 
     def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
         totals = self.choices.add(delta)
         i = delta.index
-        parsed = self.parsers[i].feed(delta.new_text)
+        text, thought = delta.new_text, b""
+        if self.thoughts is not None:
+            thinking, text = self.thoughts[i].feed(text, final=delta.finished)
+            thought = self._reasoning_delta(i, thinking) if thinking else b""
+        parsed = self.parsers[i].feed(text)
         if delta.finished:
             rest = self.parsers[i].finish()
             parsed.text, parsed.calls = parsed.text + rest.text, parsed.calls + rest.calls
         calls = self._streamed(i, parsed) + b"".join(self._call_chunks(i, c) for c in parsed.calls)
-        data = b""
-        if parsed.text or (delta.new_token_ids and (not calls or self._per_token(delta))):
-            data = self.content(formatter, replace(delta, new_text=parsed.text))
+        data = thought
+        quiet = calls or thought  # the token's output went out in another delta
+        if parsed.text or (delta.new_token_ids and (not quiet or self._per_token(delta))):
+            data += self.content(formatter, replace(delta, new_text=parsed.text))
         data += calls
         if delta.finished:
             reason = "tool_calls" if self.calls[i] else totals.finish_reason
@@ -305,7 +318,13 @@ class ToolChatStream(ChatStream):
         return self._tool_delta(index, opening) + self._tool_delta(index, arguments)
 
     def _tool_delta(self, index: int, call: dict[str, Any]) -> bytes:
-        delta = orjson.dumps({"tool_calls": [call]})
+        return self._delta(index, {"tool_calls": [call]})
+
+    def _reasoning_delta(self, index: int, thought: str) -> bytes:
+        return self._delta(index, reasoning_fields(thought))
+
+    def _delta(self, index: int, fields: dict[str, Any]) -> bytes:
+        delta = orjson.dumps(fields)
         return (
             self.head + _index(index) + b',"delta":' + delta
             + b',"logprobs":null,"finish_reason":null}]' + self.tail
