@@ -88,6 +88,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix (KV) caching")
     g.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        metavar="JSON",
+        help='speculative decoding by prompt lookup, as vLLM\'s: {"method": "ngram",'
+        ' "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}',
+    )
+    g.add_argument(
         "--num-threads",
         type=POSITIVE_INT,
         default=None,
@@ -104,6 +112,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--debug-step-delay", type=NONNEGATIVE_NUMBER, default=0.0, help=argparse.SUPPRESS
     )
+
+
+def _speculative_config(text: str) -> dict[str, int]:
+    from zerohop.engine.speculative import parse_config
+
+    try:
+        config = parse_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return {
+        "num_speculative_tokens": config.num_speculative_tokens,
+        "prompt_lookup_min": config.prompt_lookup_min,
+        "prompt_lookup_max": config.prompt_lookup_max,
+    }
 
 
 def _token_weights(text: str) -> tuple[float, float]:
@@ -133,6 +155,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "num_kv_blocks": args.num_kv_blocks,
         "step_delay": args.debug_step_delay,
+        **(args.speculative_config or {}),
     }
 
 

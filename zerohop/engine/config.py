@@ -6,12 +6,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zerohop.engine.errors import ModelLoadError
 from zerohop.engine.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
+
+if TYPE_CHECKING:
+    from zerohop.engine.speculative import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -187,6 +190,11 @@ class EngineConfig:
     fair_share_token_weights: tuple[float, float] = (1.0, 2.0)  # input, output token
     seed: int = 0
     step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
+    # Speculative decoding by prompt lookup (zerohop.engine.speculative; vLLM's ngram
+    # method): tokens proposed per step (0: off) and the n-gram sizes looked up.
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
         assert self.block_size > 0 and self.max_num_seqs > 0
@@ -212,8 +220,15 @@ class EngineConfig:
             raise ValueError(
                 "fair_share_token_weights must be two non-negative numbers, not both 0"
             )
+        self.speculative()  # its own checks
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}; got {self.dtype!r}")
+
+    def speculative(self) -> SpeculativeConfig:
+        from zerohop.engine.speculative import SpeculativeConfig
+
+        n, low, high = self.num_speculative_tokens, self.prompt_lookup_min, self.prompt_lookup_max
+        return SpeculativeConfig(n, low, high)
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

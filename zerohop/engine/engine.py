@@ -37,6 +37,7 @@ from zerohop.engine.sampler import Sampler, SampleResult
 from zerohop.engine.sampling_params import SamplingParams
 from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sequence import Sequence
+from zerohop.engine.speculative import Speculator, logits_rows, verify
 from zerohop.engine.structured.constraints import Constraints
 from zerohop.engine.thought_budget import ThoughtBudget, ThoughtTags
 from zerohop.engine.throughput import ThroughputMeter, quantiles
@@ -116,6 +117,8 @@ class LLMEngine:
         )
         self.requests: dict[str, Sequence] = {}
         self.forks = Forks(self.pool, self.runner, self.scheduler, self.requests)
+        speculative = self.config.speculative()
+        self.speculator = Speculator(speculative, self.pool) if speculative.enabled else None
         self._pending_aborts: list[str] = []
         self._failed_adds: list[RequestDelta] = []  # reported by the next step
         self._failed_steps = 0  # in a row
@@ -224,7 +227,17 @@ class LLMEngine:
             remaining_tokens=quantiles(
                 [s.max_tokens - s.num_output_tokens for s in self.scheduler.running]
             ),
+            **self._speculation_counts(),
         )
+
+    def _speculation_counts(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        stats = self.speculator.stats
+        return {
+            "spec_draft_tokens": stats.draft_tokens,
+            "spec_accepted_tokens": stats.accepted_tokens,
+        }
 
     # -- the step --------------------------------------------------------------------
 
@@ -242,8 +255,10 @@ class LLMEngine:
         deltas += [self._fail(seq, seq.error or POLICY_FAILED) for seq in plan.failed]
         if not plan.chunks:
             return deltas
+        if self.speculator is not None:
+            self.speculator.draft(plan.chunks)
         chunks = ModelRunner.order_chunks(plan.chunks)
-        completing = [c.seq for c in chunks if c.completes]
+        completing = [c.seq for c in chunks if c.completes and not c.num_draft]
         started = time.perf_counter()
         try:
             logits = self.runner.execute(chunks)
@@ -252,7 +267,7 @@ class LLMEngine:
             failing = [c.seq for c in chunks]
             return deltas + self._step_failed(failing, FORWARD_FAILED)
         self._failed_steps = 0
-        step_deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks}
+        step_deltas, logits = self._advance_all(chunks, logits)
         logits = self.forks.fork(logits, chunks, completing, step_deltas)
         self.constraints.apply(logits, completing)
         result = self._sample(logits, completing)
@@ -291,6 +306,47 @@ class LLMEngine:
         except Exception:
             log.exception("request %s failed after the forward pass", chunk.seq.request_id)
             return self._fail(chunk.seq, REQUEST_FAILED)
+
+    def _advance_all(
+        self, chunks: list[ScheduledChunk], logits: torch.Tensor
+    ) -> tuple[dict[str, RequestDelta], torch.Tensor]:
+        """Each chunk's delta after the forward pass (a speculated one's with its tokens),
+        and the logits rows of the plain completing chunks, to sample."""
+        speculated = [c for c in chunks if c.num_draft]
+        if not speculated:
+            return {c.seq.request_id: self._advance_or_fail(c) for c in chunks}, logits
+        plain_rows, blocks = logits_rows(chunks)  # before `completes` changes
+        deltas = {c.seq.request_id: self._advance_or_fail(c) for c in chunks if not c.num_draft}
+        for chunk, rows in zip(speculated, blocks, strict=True):
+            deltas[chunk.seq.request_id] = self._verify_or_fail(chunk, logits[rows])
+        return deltas, logits[plain_rows]
+
+    def _verify_or_fail(self, chunk: ScheduledChunk, logits: torch.Tensor) -> RequestDelta:
+        """A speculated decode: keep what the model agrees with (speculative.verify), then
+        append the kept tokens and the model's own as any sampled token is appended."""
+        assert self.speculator is not None
+        seq = chunk.seq
+        delta = RequestDelta(
+            seq.request_id,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=max(seq.num_cached_tokens, 0),
+        )
+        try:
+            draft = self.speculator.take_draft(chunk)
+            tokens = verify(logits, seq, draft)
+        except Exception:
+            log.exception("request %s failed verifying its proposal", seq.request_id)
+            return self._fail(seq, REQUEST_FAILED)
+        self.speculator.record(len(draft), len(tokens) - 1)
+        seq.num_computed_tokens += 1  # its last token; the kept proposal's K/V once appended
+        self.pool.commit(seq)
+        result = SampleResult(tokens, [None] * len(tokens), [None] * len(tokens))
+        for i in range(len(tokens)):
+            self._append_or_fail(seq, i, result, delta)
+            if seq.is_finished:
+                return delta
+        seq.num_computed_tokens += len(tokens) - 1
+        return delta
 
     def _append_or_fail(
         self, seq: Sequence, row: int, result: SampleResult, delta: RequestDelta
@@ -369,7 +425,7 @@ class LLMEngine:
             delta.new_logprobs = [{**lp[1], token: lp[0]}]
         grammar_done = self.constraints.advance(seq, token)
         text, stop_string = seq.detokenizer.push(token)
-        delta.new_text = text
+        delta.new_text += text  # a speculated step appends several tokens
         reason, stop_reason = self._stop_reason(seq, token, stop_string)
         if grammar_done and reason in (None, "length"):
             reason = "stop"  # the grammar allows nothing more: the answer is complete

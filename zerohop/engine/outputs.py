@@ -47,3 +47,6 @@ class EngineStats:
     # Output tokens the running requests may still produce (max_tokens left), ascending,
     # at most 17 evenly spaced of them (throughput.quantiles)
     remaining_tokens: list[int] = field(default_factory=list)
+    # Speculative decoding (zerohop.engine.speculative): tokens proposed, and kept
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0

@@ -38,7 +38,8 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Run the step; return logits [len(completing chunks), vocab] in `chunks` order.
 
-        `chunks` must list single-token chunks first (see `order_chunks`).
+        `chunks` must list decodes first (see `order_chunks`). A chunk with proposed tokens
+        gives a row of logits per token, each predicting the token after it.
         """
         input_ids, positions, slots, logits_rows = [], [], [], []
         for chunk in chunks:
@@ -49,7 +50,8 @@ class ModelRunner:
             table, bs = seq.block_table, self.block_size
             slots.extend(table[p // bs] * bs + p % bs for p in span)
             if chunk.completes:
-                logits_rows.append(len(input_ids) - 1)
+                end = len(input_ids)
+                logits_rows.extend(range(end - 1 - chunk.num_draft, end))
         attn = AttentionBatch(
             slot_mapping=self._tensor(slots),
             decode=self._decode_group(chunks),
@@ -75,31 +77,36 @@ class ModelRunner:
 
     @staticmethod
     def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
-        return sorted(chunks, key=lambda c: c.num_tokens != 1)
+        return sorted(chunks, key=lambda c: not _is_decode(c))
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _decode_group(self, chunks: list[ScheduledChunk]) -> DecodeGroup | None:
-        decodes = [c.seq for c in chunks if c.num_tokens == 1]
-        if not decodes:
+        """One row per decoded token: a proposed token's row sees the keys before it, its
+        request's cached ones and the rows before it in this step (written first)."""
+        rows = [
+            (c.seq.block_table, c.seq.num_computed_tokens + i + 1)
+            for c in chunks
+            if _is_decode(c)
+            for i in range(c.num_tokens)
+        ]
+        if not rows:
             return None
-        context_lens = self._tensor([s.num_computed_tokens + 1 for s in decodes])
-        max_len = max(s.num_computed_tokens + 1 for s in decodes)
-        key_slots = self._key_slots([s.block_table for s in decodes], max_len)
+        lengths = [length for _, length in rows]
+        context_lens, max_len = self._tensor(lengths), max(lengths)
+        key_slots = self._key_slots([table for table, _ in rows], max_len)
         key_mask = None  # the decode kernel reads context_lens; SDPA needs the mask
         if self.model.cache_kernels is None:
             key_pos = torch.arange(max_len, device=self.device)
-            key_mask = (key_pos.unsqueeze(0) < context_lens.unsqueeze(1)).view(
-                len(decodes), 1, 1, -1
-            )
-        return DecodeGroup(len(decodes), key_slots, key_mask, context_lens)
+            key_mask = (key_pos.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(rows), 1, 1, -1)
+        return DecodeGroup(len(rows), key_slots, key_mask, context_lens)
 
     def _prefill_chunks(self, chunks: list[ScheduledChunk]) -> list[PrefillChunk]:
         out, row = [], 0
         for chunk in chunks:
             n, start = chunk.num_tokens, chunk.seq.num_computed_tokens
-            if n > 1:
+            if not _is_decode(chunk):
                 out.append(self._prefill_chunk(chunk, row, n, start))
             row += n
         return out
@@ -120,3 +127,7 @@ class ModelRunner:
         blocks = self._tensor(padded)
         pos = torch.arange(length, device=self.device)
         return blocks[:, pos // self.block_size] * self.block_size + pos % self.block_size
+
+
+def _is_decode(chunk: ScheduledChunk) -> bool:
+    return chunk.num_tokens == 1 or chunk.num_draft > 0

@@ -64,16 +64,7 @@ class Sampler:
 
     @staticmethod
     def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-        scaled = row / p.temperature
-        if p.min_p > 0:
-            scaled = apply_min_p(scaled, p.min_p)
-        if p.top_k > 0 and p.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if p.top_p < 1.0:
-            probs = _top_p(probs, p.top_p)
-        return int(torch.multinomial(probs, 1, generator=gen).item())
+        return int(torch.multinomial(probabilities(row, p), 1, generator=gen).item())
 
     @staticmethod
     def _logprobs(
@@ -91,6 +82,18 @@ class Sampler:
             top = dict(zip(top_ids[j, :k].tolist(), top_values[j, :k].tolist(), strict=True))
             out[i] = (float(logp[j, token_ids[i]]), top)
         return out
+
+
+def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled row draws from: temperature, min_p, top-k, then top-p."""
+    scaled = row / p.temperature
+    if p.min_p > 0:
+        scaled = apply_min_p(scaled, p.min_p)
+    if p.top_k > 0 and p.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return _top_p(probs, p.top_p) if p.top_p < 1.0 else probs
 
 
 def _take_processed(

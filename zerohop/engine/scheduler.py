@@ -43,6 +43,9 @@ class RequestFault(Exception):
 class ScheduledChunk:
     seq: Sequence
     num_tokens: int  # tokens to compute this step, from seq.num_computed_tokens on
+    # Of those, proposed tokens (zerohop.engine.speculative): the chunk is a decode of
+    # 1 + num_draft rows, each with logits.
+    num_draft: int = 0
 
     @property
     def completes(self) -> bool:

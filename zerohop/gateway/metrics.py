@@ -333,6 +333,13 @@ class GatewayMetrics:
             "Prompt tokens found in the prefix cache.",
             value=s["prefix_hit_tokens"],
         )
+        for name, doc, key in (
+            ("zerohop_spec_decode_draft_tokens", "Tokens proposed by prompt lookup.",
+             "spec_draft_tokens"),
+            ("zerohop_spec_decode_accepted_tokens", "Proposed tokens the model agreed with.",
+             "spec_accepted_tokens"),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
         # vLLM's names and labels, for the Gateway API Inference Extension's endpoint picker.
         labels, values = ("model_name", "engine"), (self.model_name, "0")
         for name, doc, value in (

@@ -1,0 +1,193 @@
+"""Speculative decoding without a draft model: prompt lookup (vLLM's "ngram" method).
+
+A decoding request whose last few tokens (an n-gram, longest first) appeared earlier in its
+prompt or output is proposed the tokens that followed them there: text that quotes its
+context (RAG answers, edits of a given text, code) repeats such runs. The step computes the
+request's last token and the proposed ones together, each as a decode row of its own (its
+position, the keys before it), so the C++ decode step still runs; then the proposal is
+checked against the model:
+
+- greedy: a proposed token is kept while it is the argmax of the row before it; the first
+  row that disagrees gives its argmax (so the output is the one decoding without
+  speculation gives); when all are kept, the last row gives one more;
+- sampled: proposed token d is kept with probability p(d) (the draft is deterministic, so
+  min(1, p/q) = p(d)); a refused one is replaced by a draw from p without d, renormalised,
+  which leaves each token's distribution exactly p (the rejection sampling of Leviathan et
+  al. with a one-hot draft).
+
+Only requests that need nothing per token beyond the plain sampler are proposed to: no
+grammar, logprobs, penalties, biases, bans, min_tokens or thinking budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from zerohop.engine.block_pool import BlockPool
+from zerohop.engine.logits_processors import is_active
+from zerohop.engine.sampler import probabilities
+from zerohop.engine.scheduler import ScheduledChunk
+from zerohop.engine.sequence import Sequence
+
+METHODS = ("ngram",)
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """vLLM's --speculative-config for the ngram method."""
+
+    num_speculative_tokens: int = 0  # proposed per step; 0: off
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"speculative {name} must be an integer >= 0, got {value!r}")
+        if self.num_speculative_tokens > 16:
+            raise ValueError("speculative num_speculative_tokens must be at most 16")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("speculative prompt_lookup_min must be >= 1 and <= prompt_lookup_max")
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+
+def propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest n-gram
+    (max_n down to min_n) that ends `tokens`; [] when none occurs."""
+    length = len(tokens)
+    if k < 1 or length < min_n + 1:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        windows = sliding_window_view(arr[: length - 1], n)  # each followed by a token
+        hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return arr[start : start + k].tolist()
+    return []
+
+
+def eligible(seq: Sequence) -> bool:
+    p = seq.params
+    return (
+        seq.num_output_tokens > 0
+        and p.grammar is None
+        and p.logprobs is None
+        and p.thinking_budget is None
+        and not is_active(seq)
+    )
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    steps: int = 0  # request-steps that carried a proposal
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+def verify(logits: torch.Tensor, seq: Sequence, draft: list[int]) -> list[int]:
+    """The tokens to emit: the kept prefix of `draft`, then one from the model.
+    `logits`: [len(draft) + 1, vocab], row i predicting the token after draft[:i]."""
+    p = seq.params
+    if p.greedy:
+        best = logits.argmax(dim=-1).tolist()
+        kept = 0
+        while kept < len(draft) and best[kept] == draft[kept]:
+            kept += 1
+        return [*draft[:kept], best[kept]]
+    out: list[int] = []
+    for i, token in enumerate(draft):
+        probs = probabilities(logits[i], p)
+        if torch.rand((), generator=seq.generator).item() < probs[token].item():
+            out.append(token)
+            continue
+        probs[token] = 0.0
+        return [*out, _draw(probs, seq) if probs.sum().item() > 0 else token]
+    return [*out, _draw(probabilities(logits[len(draft)], p), seq)]
+
+
+def _draw(probs: torch.Tensor, seq: Sequence) -> int:
+    return int(torch.multinomial(probs, 1, generator=seq.generator).item())
+
+
+class Speculator:
+    """Proposes tokens to a step's eligible decodes (their blocks allocated for them) and
+    keeps the acceptance counts."""
+
+    def __init__(self, config: SpeculativeConfig, pool: BlockPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.stats = SpeculationStats()
+
+    def draft(self, chunks: list[ScheduledChunk]) -> None:
+        """Extend each eligible single-token decode by its proposal, in place (the proposed
+        tokens are appended to its token_ids until `take_draft`)."""
+        cfg = self.config
+        for chunk in chunks:
+            seq = chunk.seq
+            if chunk.num_tokens != 1 or not chunk.completes or not eligible(seq):
+                continue
+            room = min(cfg.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1)
+            draft = propose(seq.token_ids, room, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+            if draft and self.pool.allocate(seq, seq.num_computed_tokens + 1 + len(draft)):
+                seq.token_ids.extend(draft)
+                chunk.num_tokens, chunk.num_draft = 1 + len(draft), len(draft)
+
+    def take_draft(self, chunk: ScheduledChunk) -> list[int]:
+        """The chunk's proposal, removed from its sequence's tokens again."""
+        tokens = chunk.seq.token_ids
+        draft = tokens[len(tokens) - chunk.num_draft :]
+        del tokens[len(tokens) - chunk.num_draft :]
+        return draft
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.stats.steps += 1
+        self.stats.draft_tokens += drafted
+        self.stats.accepted_tokens += kept
+
+
+def logits_rows(chunks: list[ScheduledChunk]) -> tuple[list[int], list[slice]]:
+    """Where the step's logits rows are (in `chunks` order, as the runner returns them): the
+    rows of the plain completing chunks, and the block of rows of each speculated one."""
+    plain: list[int] = []
+    blocks: list[slice] = []
+    row = 0
+    for chunk in chunks:
+        if not chunk.completes:
+            continue
+        if chunk.num_draft:
+            blocks.append(slice(row, row + chunk.num_draft + 1))
+            row += chunk.num_draft + 1
+        else:
+            plain.append(row)
+            row += 1
+    return plain, blocks
+
+
+def parse_config(text: str) -> SpeculativeConfig:
+    """vLLM's --speculative-config JSON for the ngram method, e.g.
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise ValueError('a JSON object, e.g. {"method": "ngram", "num_speculative_tokens": 4}')
+    if given.get("method") not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)} (no draft models here)")
+    fields = {k: v for k, v in given.items() if k != "method"}
+    known = {"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+    if unknown := sorted(set(fields) - known):
+        raise ValueError(f"unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    if "num_speculative_tokens" not in fields:
+        raise ValueError("num_speculative_tokens is required")
+    return SpeculativeConfig(**fields)
