@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +112,17 @@ class LiveServer:
 
 
 @contextmanager
+def with_chat_template(model_dir: Path, folder: Path, template: str) -> Path:
+    """`folder`: a copy of the model folder whose chat template is `template`."""
+    shutil.copytree(model_dir, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return folder
+
+
 def started_together(
     model_dir: Path, specs: dict[str, list[str]], tmp_path_factory: Any
 ) -> Iterator[dict[str, LiveServer]]:

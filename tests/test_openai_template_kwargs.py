@@ -6,14 +6,10 @@ not a JSON object, or that would replace the render's own variables, are a 400."
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import openai
 import pytest
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, with_chat_template
 
 MODEL = "tiny-qwen3-kwargs"
 TEMPLATE = (
@@ -34,13 +30,8 @@ USER = [{"role": "user", "content": "Why is the sky blue?"}]
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("kwargs") / "qwen3-kwargs"
-    shutil.copytree(tiny_model("qwen3"), folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = TEMPLATE
-    config_path.write_text(json.dumps(config))
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    live = LiveServer(Path(folder), served_model_name=MODEL)
+    with_chat_template(tiny_model("qwen3"), folder, TEMPLATE)
+    live = LiveServer(folder, served_model_name=MODEL)
     live.start(tmp_path_factory.mktemp("kwargs-log") / "server.log")
     yield live
     live.stop()

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
+from tests.live_server import MODEL_NAME, LiveServer, with_chat_template
 from zerohop.api.anthropic_schema import MessagesRequest, decode_messages
 from zerohop.api.anthropic_thinking import ThinkingEvents, ThinkingOutput, thinking_mode
 from zerohop.api.anthropic_tools import ToolOutput
@@ -83,13 +81,8 @@ def test_signature_and_detection() -> None:
 @pytest.fixture(scope="module")
 def think_server(tiny_model, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("think") / "qwen3-think"
-    shutil.copytree(tiny_model("qwen3"), folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = THINK_TEMPLATE
-    config_path.write_text(json.dumps(config))
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    server = LiveServer(Path(folder), served_model_name=THINK_MODEL)
+    with_chat_template(tiny_model("qwen3"), folder, THINK_TEMPLATE)
+    server = LiveServer(folder, served_model_name=THINK_MODEL)
     server.start(tmp_path_factory.mktemp("think-log") / "server.log")
     yield server
     server.stop()

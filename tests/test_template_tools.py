@@ -8,14 +8,12 @@ it back as text)."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import anthropic
 import openai
 import pytest
 
-from tests.live_server import LiveServer
+from tests.live_server import LiveServer, with_chat_template
 from zerohop.api.tools.prompt import PREAMBLE
 from zerohop.engine.tokenizer import Tokenizer
 
@@ -56,13 +54,8 @@ USER = [{"role": "user", "content": "The weather in Oslo?"}]
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("tools-template") / "qwen3-tools"
-    shutil.copytree(tiny_model("qwen3"), folder)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = TEMPLATE
-    config_path.write_text(json.dumps(config))
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    live = LiveServer(Path(folder), served_model_name=MODEL)
+    with_chat_template(tiny_model("qwen3"), folder, TEMPLATE)
+    live = LiveServer(folder, served_model_name=MODEL)
     live.start(tmp_path_factory.mktemp("tools-template-log") / "server.log")
     yield live
     live.stop()
