@@ -16,8 +16,12 @@ The timer wrappers themselves cost ~0.3 us a call (~300 calls a step for SmolLM2
 in `other`. Prompts are token ids, 128 each; decode steps are measured after every request's
 prefill is done.
 
+With --activations int8,float the quantized products alternate between activations rounded
+to int8 (the default where AVX2 is there) and float32 ones, pass by pass, for a side-by-side
+comparison in one process.
+
     .venv/bin/python benchmarks/profile_step.py [--model-dir M] [--threads 1] [--batches 1,8,32]
-        [--enforce-eager]
+        [--enforce-eager] [--activations int8,float] [--passes 1]
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=10, help="decode steps measured")
+    p.add_argument(
+        "--activations", default="int8", help="int8, float or both (int8,float), alternated"
+    )
+    p.add_argument("--passes", type=int, default=1, help="measured passes per batch and setting")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "profile_step.json")
     return p.parse_args(argv)
 
@@ -156,16 +164,29 @@ def _timed_step(engine: Any, timers: StepTimers, batch: int, phase: str, tokens:
     return {"batch": batch, "phase": phase, "tokens": tokens, "seconds": total, "parts": parts}
 
 
+def set_activations(activations: str) -> None:
+    """int8: the quantized products round activations to int8 (where AVX2 is); float: not."""
+    from zerohop.engine import kernels
+
+    assert activations in ("int8", "float"), activations
+    if kernels.available():
+        kernels.load().set_integer_dots(activations == "int8")
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (batch, phase): the median step and its split, in ms and % of the step."""
+    """Per (batch, phase, activations): the median step and its split, in ms and % of it."""
     out = []
-    keys = sorted({(r["batch"], r["phase"]) for r in rows}, key=lambda k: (k[0], k[1] != "prefill"))
-    for batch, phase in keys:
-        group = sorted((r for r in rows if (r["batch"], r["phase"]) == (batch, phase)),
-                       key=lambda r: r["seconds"])  # fmt: skip
+    keys = sorted(
+        {(r["batch"], r["phase"], r.get("activations", "int8")) for r in rows},
+        key=lambda k: (k[0], k[1] != "prefill", k[2]),
+    )
+    for batch, phase, activations in keys:
+        group = sorted((r for r in rows if (r["batch"], r["phase"], r.get("activations", "int8"))
+                        == (batch, phase, activations)), key=lambda r: r["seconds"])  # fmt: skip
         median = group[len(group) // 2]
         step_ms = median["seconds"] * 1000
-        row = {"batch": batch, "phase": phase, "tokens": median["tokens"], "step ms": step_ms}
+        row = {"batch": batch, "phase": phase, "activations": activations}
+        row |= {"tokens": median["tokens"], "step ms": step_ms}
         for name, seconds in median["parts"].items():
             row[name] = f"{seconds * 1000:.1f} ({100 * seconds / median['seconds']:.0f}%)"
         out.append(row)
@@ -189,9 +210,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     timers = StepTimers()
     timers.install(llm.engine)
     rows = []
+    settings = args.activations.split(",")
     for batch in (int(b) for b in args.batches.split(",")):
         measure_batch(llm, timers, batch, args, seed=2 * batch)  # warm this shape up once
-        rows += measure_batch(llm, timers, batch, args, seed=2 * batch + 1)
+        for i in range(args.passes):
+            for activations in settings:
+                set_activations(activations)
+                seed = 1000 * i + 2 * batch + 1
+                for row in measure_batch(llm, timers, batch, args, seed=seed):
+                    rows.append({**row, "activations": activations})
+    set_activations("int8")
     table = summarize(rows)
     print(f"model {model}, {args.threads} threads; median step of each kind, ms (% of the step)")
     headers = list(table[0])

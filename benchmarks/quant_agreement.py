@@ -6,7 +6,11 @@ teacher-forced (the reference's prefix, one token out, all prefixes in one batch
 prefix cache). Reported: the share of positions where its greedy choice equals the reference's,
 and how many whole answers come out identical when it generates freely.
 
+Each mode runs with the quantized products on activations rounded to int8 (the default where
+AVX2 is there) and, with --activations int8,float, on float32 ones too.
+
     .venv/bin/python benchmarks/quant_agreement.py [--model-dir M] [--modes auto,q8_0]
+        [--activations int8,float]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model-dir", default=None, help="a .gguf, a folder, `standard` or `tiny`")
     p.add_argument("--modes", default="auto,q8_0", help="quantization modes to compare")
+    p.add_argument("--activations", default="int8", help="int8, float or int8,float")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "quant_agreement.json")
@@ -61,25 +66,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for mode in args.modes.split(","):
         llm = LLM(path, quantization=mode)
-        agree, total = teacher_forced_agreement(llm, prompts, answers)
-        free = [out.token_ids for out in llm.generate(prompts, greedy)]
-        identical = sum(a == b for a, b in zip(free, answers, strict=True))
-        rows.append(
-            {
-                "mode": mode,
-                "positions": total,
-                "agreement": agree / total,
-                "identical_answers": identical,
-                "answers": len(answers),
-                "sample": llm.tokenizer.decode(free[0]),
-            }
-        )
+        for activations in args.activations.split(","):
+            set_activations(activations)
+            agree, total = teacher_forced_agreement(llm, prompts, answers)
+            free = [out.token_ids for out in llm.generate(prompts, greedy)]
+            identical = sum(a == b for a, b in zip(free, answers, strict=True))
+            rows.append(
+                {
+                    "mode": mode,
+                    "activations": activations,
+                    "positions": total,
+                    "agreement": agree / total,
+                    "identical_answers": identical,
+                    "answers": len(answers),
+                    "sample": llm.tokenizer.decode(free[0]),
+                }
+            )
+        set_activations("int8")
         del llm
     print_table(
-        ["mode", "positions", "top-1 agreement", "identical answers", "answer to Q1"],
+        ["mode", "activations", "positions", "top-1 agreement", "identical", "answer to Q1"],
         [
             [
                 r["mode"],
+                r["activations"],
                 r["positions"],
                 f"{r['agreement']:.1%}",
                 f"{r['identical_answers']}/{r['answers']}",
@@ -90,6 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     write_json(args.out, {"model": path, "max_tokens": args.max_tokens, "rows": rows})
     return 0
+
+
+def set_activations(activations: str) -> None:
+    """int8: the quantized products round activations to int8 (where AVX2 is); float: not."""
+    from zerohop.engine import kernels
+
+    assert activations in ("int8", "float"), activations
+    if kernels.available():
+        kernels.load().set_integer_dots(activations == "int8")
 
 
 def teacher_forced_agreement(

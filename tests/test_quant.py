@@ -123,6 +123,23 @@ def test_integer_dots_round_blocks_of_very_different_scales() -> None:
             assert relative_error(got, want) < 2e-2
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_rows_with_outliers_keep_float_activations(qtype: str) -> None:
+    # One entry 100x the others (an outlier channel): rounding its block to int8 would zero
+    # the rest of the block, so the product runs on float32 activations, as with the switch off.
+    ops = kernels.load()
+    _, weight = gguf_weight(64, 576, qtype)
+    x = torch.randn(2, 576)
+    x[1, 7] = 100 * float(x.abs().max())
+    rounded = product(weight, x)
+    ops.set_integer_dots(False)
+    try:
+        exact = product(weight, x)
+    finally:
+        ops.set_integer_dots(True)
+    assert torch.equal(rounded, exact)
+
+
 @pytest.mark.parametrize("rows", [4, 17, 31, 130, 1000])
 @pytest.mark.usefixtures("float_activations")
 def test_products_cover_every_row_when_split_in_chunks(rows: int) -> None:
