@@ -1,14 +1,17 @@
-// Matrix products straight from block-quantized weights: each block of 32 weights is
-// expanded to float32 in registers and multiplied with float32 activations, for up to eight
-// activation rows at a time. Weights are never dequantized in memory, and the activations are
-// not rounded (unlike llama.cpp's 8-bit activations), so results equal a float32 product with
-// the dequantized weights up to summation order.
+// Matrix products straight from block-quantized weights, two ways. Weights are never
+// dequantized in memory.
+//   float activations: each block of 32 weights is expanded to float32 in registers and
+//     multiplied with float32 activations, for up to eight activation rows at a time; results
+//     equal a float32 product with the dequantized weights up to summation order.
+//   int8 activations (with AVX2, where faster, see use_integer_dots): the activations are
+//     rounded to int8 per block of 32 as llama.cpp does (q8_0, with block sums for q4_1) and
+//     multiplied in integers; within about 1% of the float product.
 //
 //   q8_0: w = d * q,      q int8, one d per block of 32
 //   q4_1: w = d * q + m,  q in 0..15 (two per byte: element j low nibble, j + 16 high), d, m
 //
 // x: [M, K] float32, output [M, N] float32. K is a multiple of 32. The rows of x go in tiles
-// of up to eight, each tile in L1 while this thread's share of weight rows streams past.
+// of up to eight, each tile in L1 while the weight rows of a chunk stream past.
 
 #include <torch/extension.h>
 
@@ -371,8 +374,6 @@ void check_args(const torch::Tensor& x, const torch::Tensor& qs, const torch::Te
               "scales must be float32 [N, K / 32]");
 }
 
-// Parallel over weight rows. For each tile of activation rows (kept in L1), every weight row
-// of this thread's share streams past once.
 // Each block of x in the order expand(Q4ShiftRow) produces weights: position 8k + l holds
 // element 4l + k for l < 4 and 16 + 4(l - 4) + k for l >= 4.
 std::vector<float> permute_for_shifts(const float* x, int64_t rows, int64_t cols) {
@@ -398,6 +399,8 @@ std::vector<float> block_sums(const float* x, int64_t rows, int64_t cols) {
   return sums;
 }
 
+// Parallel over weight rows. For each tile of activation rows (kept in L1), every weight row
+// of a chunk streams past once.
 template <typename RowAt>
 torch::Tensor blocked_product(const torch::Tensor& x, int64_t out_features, RowAt row_at) {
   const int64_t rows = x.size(0), cols = x.size(1), blocks = cols / kBlock;
