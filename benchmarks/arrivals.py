@@ -3,10 +3,10 @@
 The engine in this process (the default model, --threads 1 engine thread, the serve defaults
 otherwise), driven by a clock: requests are added when they arrive, every token is stamped
 as its step returns. Each round runs every --targets value side by side on the same warm
-engine and the same arrival times (the round's seed); 0 is the old scheduler (the whole
-max_num_batched_tokens in every step, so a new batch's prefill shares one step with the
-running decodes), the others cap the prompt tokens of a step that carries decodes
-(EngineConfig.inter_token_target, seconds).
+engine and the same arrival times (the round's seed; every run's prompts are new to the
+prefix cache); 0 is the old scheduler (the whole max_num_batched_tokens in every step, so a
+new batch's prefill shares one step with the running decodes), the others cap the prompt
+tokens of a step that carries decodes (EngineConfig.inter_token_target, seconds).
 
 Scenarios (prompts cut from an English passage in the model's tokens, greedy, eos ignored):
   staggered  --streams closed-loop streams, each sending --input-tokens -> --output-tokens
@@ -29,6 +29,7 @@ Run it alone: other work on the machine stretches steps in one variant and not t
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import time
@@ -40,6 +41,7 @@ from typing import Any
 from _common import ROOT, TextPrompts, model_path, print_table, write_json
 
 SCENARIOS = ("staggered", "burst")
+RUN_IDS = itertools.count()  # each run's prompts are its own: none is in the prefix cache
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -53,7 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--think", type=float, default=0.5, help="staggered: mean seconds between")
     p.add_argument("--burst-output", type=int, default=100_000, help="burst: long answers")
-    p.add_argument("--burst-every", type=float, default=4.0, help="burst: seconds between")
+    p.add_argument("--burst-every", type=float, default=6.0, help="burst: seconds between")
     p.add_argument("--seconds", type=float, default=30.0, help="arrivals per run")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny model, short runs")
@@ -86,9 +88,9 @@ class Run:
 class Driver:
     """One scenario on the engine: arrivals by the clock, a step whenever there is work."""
 
-    def __init__(self, engine: Any, prompts: TextPrompts, args: argparse.Namespace, seed: int):
+    def __init__(self, engine: Any, prompts: TextPrompts, args: argparse.Namespace):
         self.engine, self.prompts, self.args = engine, prompts, args
-        self.rng = random.Random(seed)
+        self.rng = random.Random(f"prompts-{next(RUN_IDS)}")
         self.live: dict[str, Request] = {}
         self.done: list[Request] = []
         self.steps: list[tuple[int, int, float]] = []
@@ -125,14 +127,14 @@ class Driver:
 
 
 def run_staggered(engine: Any, prompts: TextPrompts, args: argparse.Namespace, seed: int) -> Run:
-    driver = Driver(engine, prompts, args, seed)
+    driver = Driver(engine, prompts, args)
     rng = random.Random(seed + 1)
     next_send = {s: rng.uniform(0, args.think) for s in range(args.streams)}
     return _drive(driver, args, next_send, lambda s, now: now + rng.expovariate(1 / args.think))
 
 
 def run_burst(engine: Any, prompts: TextPrompts, args: argparse.Namespace, seed: int) -> Run:
-    driver = Driver(engine, prompts, args, seed)
+    driver = Driver(engine, prompts, args)
     n = args.streams
     # Streams 0..n-1 decode long answers; n..2n-1 arrive together every --burst-every s.
     next_send = {s: 0.0 for s in range(n)} | {n + s: args.burst_every / 2 for s in range(n)}
@@ -165,7 +167,7 @@ def _drive(driver: Driver, args, next_send, after, long_streams: int = 0) -> Run
                     driver.engine.abort(request_id)
         if not driver.engine.has_unfinished():
             upcoming = [d for d in pending.values() if d is not None and d < args.seconds]
-            if not upcoming:
+            if not upcoming or now >= args.seconds:
                 break
             time.sleep(max(0.0, min(upcoming) - now))
             continue

@@ -6,8 +6,8 @@ keeps the whole max_num_batched_tokens. No timing is asserted: the step-cost mod
 known figures (exact binary fractions, so every budget below is exact), and the scheduler's
 chunks and the engine's per-step prompt tokens are checked against them.
 
-Known figures: 8 decodes take 1/32 s; prefill costs 1/16 s at 64 tokens and 1/2 s at 512, so
-between them p tokens cost 1/16 + (p - 64) / 1024 s, and beyond 512 p / 1024 s.
+Known figures: 8 decodes take 1/32 s (more, linearly more); prefill costs 1/128 s at 8 tokens,
+1/16 s at 64 and 1/2 s at 512: p tokens cost p / 1024 s from 8 tokens on, 1/128 s below.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from zerohop import LLM, SamplingParams
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.prefill_budget import MIN_PREFILL_TOKENS, PrefillBudget
+from zerohop.engine.prefill_budget import PrefillBudget
 from zerohop.engine.scheduler import Scheduler, SchedulerOutput
 from zerohop.engine.sequence import Sequence
 from zerohop.engine.step_times import StepCurve, StepTimes
@@ -35,6 +35,7 @@ LIMIT = 2048
 def known_times() -> StepTimes:
     times = StepTimes()
     times.decode.add(8, 1 / 32)
+    times.prefill.add(8, 1 / 128)
     times.prefill.add(64, 1 / 16)
     times.prefill.add(512, 1 / 2)
     return times
@@ -51,21 +52,33 @@ def budget(target: float) -> PrefillBudget:
 def test_largest_size_within_a_time() -> None:
     curve = StepCurve.from_rows(known_times().prefill.rows())
     assert curve is not None
-    assert curve.largest_within(1 / 16, LIMIT) == 64  # the smallest seen's time covers 1..64
-    assert curve.largest_within(1 / 16 + 32 / 1024, LIMIT) == 96
+    assert curve.largest_within(1 / 128, LIMIT) == 8  # the smallest seen's time covers 1..8
+    assert curve.largest_within(96 / 1024, LIMIT) == 96
     assert curve.largest_within(1.0, LIMIT) == 1024  # linear past the largest seen
     assert curve.largest_within(1.0, 700) == 700
-    assert curve.largest_within(1 / 32, LIMIT) == 0  # even one token costs more
+    assert curve.largest_within(1 / 256, LIMIT) == 0  # even one token costs more
+    assert curve.through_origin().largest_within(1 / 256, LIMIT) == 4  # 1/1024 s a token
+
+
+def test_a_budget_below_the_smallest_prefill_measured() -> None:
+    # Only the start-up calibration's 512-token prefill is known: a flat curve below it would
+    # say no token fits beside 8 decodes, and 1-token chunks (timed as decodes) would never
+    # teach it otherwise. Per token, 512 tokens' time says 96 fit.
+    times = StepTimes()
+    times.decode.add(8, 1 / 32)
+    times.prefill.add(512, 1 / 2)
+    assert PrefillBudget(1 / 8, lambda: times).tokens(8, LIMIT - 8) == 96
 
 
 @pytest.mark.parametrize(
     ("target", "tokens"),
     [
-        (1 / 8, 96),  # 1/8 - 1/32 = 3/32 s for prompt tokens: 64 + 32
-        (1 / 2, 480),  # 15/32 s: 64 + 416
+        (1 / 8, 96),  # 1/8 - 1/32 = 3/32 s for prompt tokens
+        (1 / 2, 480),  # 15/32 s
         (4.0, LIMIT - 8),  # all the step has left beside the decodes
-        (1 / 16, MIN_PREFILL_TOKENS),  # the decodes alone take half: prompts still advance
-        (1 / 32, MIN_PREFILL_TOKENS),  # the decodes take it all
+        (1 / 16, 32),  # the decodes take half of it: the other half
+        (1 / 32, 16),  # the decodes take it all: prompts still get half their time, 1/64 s
+        (1 / 64, 16),  # the decodes take more than it
         (0.0, LIMIT - 8),  # no target: the full budget
     ],
 )
@@ -81,6 +94,13 @@ def test_nothing_decoding_or_nothing_measured_keeps_the_full_budget() -> None:
 def test_more_decodes_leave_fewer_prompt_tokens() -> None:
     # 16 decodes: past the largest decode batch seen, linear: 1/16 s; 1/16 s left: 64 tokens.
     assert budget(1 / 8).tokens(16, LIMIT) == 64
+    # 64 decodes take 1/4 s, past the target: prompts get half of that, 1/8 s.
+    assert budget(1 / 8).tokens(64, LIMIT) == 128
+
+
+def test_at_least_one_prompt_token() -> None:
+    times = known_times()
+    assert PrefillBudget(1 / 32, lambda: times, share=0.0).tokens(8, LIMIT) == 1
 
 
 def test_a_config_target_is_a_finite_number_of_seconds() -> None:
@@ -193,9 +213,9 @@ def test_with_nothing_decoding_a_step_keeps_the_whole_budget() -> None:
     for seq in prompts:
         scheduler.add(seq)
     assert run_step(scheduler).num_tokens == LIMIT  # 32 whole prompts
-    # The next step carries 32 decodes (1/8 s: the target, linear past 8), so the minimum.
+    # The next step carries 32 decodes (1/8 s: the whole target), so prompts get half that.
     out = run_step(scheduler)
-    assert out.num_tokens == 32 + MIN_PREFILL_TOKENS
+    assert out.num_tokens == 32 + 64
 
 
 def test_a_prompt_chunk_ahead_of_decodes_leaves_them_their_tokens() -> None:

@@ -8,13 +8,16 @@ the whole prefill takes: measured on the default model at 1 thread, 8 prompts of
 beside 8 streams made one ~2 s step against a ~4 ms median between tokens. So a step that
 carries decodes takes prompt tokens only up to what `StepTimes` says fits in
 `inter_token_target` after the decodes' own time, and the rest of each prompt follows in the
-next steps (chunked prefill); at least `MIN_PREFILL_TOKENS`, so prompts always advance even
-when the decodes alone take the target. A step with nothing decoding delays no token, so it
+next steps (chunked prefill). When the decodes alone take (nearly) the target, as on a CPU
+where a decode costs about what a prompt token costs, prompts still get `PREFILL_SHARE` of
+the decodes' time (a step then takes 1.5 times a decode step), and at least one token: new
+requests are slowed, never starved. A step with nothing decoding delays no token, so it
 keeps the full budget: prefill throughput is not lost when nobody waits for a token.
 
 The model is measured online (zerohop.engine.step_times, first figures from the start-up
-calibration): a chunk that took longer than predicted is recorded at its size, and the next
-step's budget is read from the corrected curve.
+calibration, a prefill of 512 tokens): below the smallest chunk measured, a chunk is taken to
+cost that chunk's time per token (`StepCurve.through_origin`), so a first smaller chunk is
+tried, recorded at its size, and the next step's budget is read from the corrected curve.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from dataclasses import dataclass
 from zerohop.engine.step_times import StepCurve, StepTimes
 
 DEFAULT_INTER_TOKEN_TARGET = 0.1  # seconds a step with running decodes aims to stay within
-MIN_PREFILL_TOKENS = 16  # prompt tokens a step with decodes may always carry
+# Prompt time a step with decodes may always carry, per second of its decodes' own time:
+# measured on the default model at 1 thread (8 decodes ~75 ms, a prompt token ~7.5 ms), a
+# floor of 16 tokens made such steps 2.7x a decode step; half the decodes' time, 1.5x.
+PREFILL_SHARE = 0.5
+MIN_PREFILL_TOKENS = 1
 
 
 @dataclass(slots=True)
@@ -35,6 +42,7 @@ class PrefillBudget:
 
     target: float
     step_times: Callable[[], StepTimes]
+    share: float = PREFILL_SHARE
     minimum: int = MIN_PREFILL_TOKENS
 
     def tokens(self, decodes: int, limit: int) -> int:
@@ -43,9 +51,11 @@ class PrefillBudget:
         if decodes <= 0 or self.target <= 0 or limit <= 0:
             return limit
         times = self.step_times()
-        prefill = StepCurve.from_rows(times.prefill.rows())
-        if prefill is None:
+        measured = StepCurve.from_rows(times.prefill.rows())
+        if measured is None:
             return limit
+        prefill = measured.through_origin()
         decode = StepCurve.from_rows(times.decode.rows())
-        spare = self.target - (decode(decodes) if decode is not None else 0.0)
+        decoding = decode(decodes) if decode is not None else 0.0
+        spare = max(self.target - decoding, self.share * decoding)
         return max(min(self.minimum, limit), prefill.largest_within(spare, limit))

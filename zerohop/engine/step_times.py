@@ -96,6 +96,13 @@ class StepCurve:
         share = (size - ns[lo]) / (ns[hi] - ns[lo])
         return ss[lo] + share * (ss[hi] - ss[lo])
 
+    def through_origin(self) -> StepCurve:
+        """The same curve, but linear from (0, 0) up to the smallest size seen instead of flat
+        below it: what sizes no step has had yet are taken to cost, per token, what the
+        smallest measured did. A budget read from the flat curve would never try a smaller
+        step than it has seen, and so never learn what one costs."""
+        return StepCurve((0.0, *self.sizes), (0.0, *self.seconds))
+
     def largest_within(self, seconds: float, limit: int) -> int:
         """The largest whole size, at most `limit`, taken to cost at most `seconds` (0 when
         even the smallest seen costs more). The curve never falls, so a bisection finds it."""
