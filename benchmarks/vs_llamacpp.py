@@ -28,6 +28,12 @@ trust only rows whose other CPU is near 0, or compare at --threads 1.
 
     .venv/bin/python benchmarks/vs_llamacpp.py [--threads 2] [--weights f32,q4_1]
         [--only llamacpp|zerohop] [--skip-32] [--num-requests 32] [--zerohop-args "..."]
+        [--llamacpp-args "--poll 0"] [--llama-bench]
+
+--llama-bench adds llama.cpp's own measure of its raw decode rate (no server, no client) to
+check the served TPOT against; --llamacpp-args tries llama-server's own settings (its
+threads poll for work at every barrier by default, `--poll 50`, which a client on the same
+cores interrupts).
 
 Prints the table and writes bench-results/vs_llamacpp.json; server logs go to
 bench-results/vs_llamacpp-*.log.
@@ -36,6 +42,7 @@ bench-results/vs_llamacpp-*.log.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -89,6 +96,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "seconds for the machine to be idle (0: do not wait)",
     )  # fmt: skip
     p.add_argument("--zerohop-args", default="", help="appended to every `zerohop serve`")
+    p.add_argument(
+        "--llamacpp-args", default="", help="appended to every `llama-server` (e.g. --poll 0)"
+    )
+    p.add_argument(
+        "--llama-bench", action="store_true",
+        help="also run llama.cpp's own llama-bench on each file (its raw prefill and decode"
+        " rate, no server or client), built on first use",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "vs_llamacpp.json")
     args = p.parse_args(argv)
     args.weights = [w.strip() for w in args.weights.split(",") if w.strip()]
@@ -151,7 +166,26 @@ def llamacpp_cmd(bin_dir: Path, model: Path, args: argparse.Namespace, parallel:
     return [
         str(bin_dir / "llama-server"), "-m", str(model), "-t", str(args.threads),
         "-tb", str(args.threads), "-np", str(parallel), "-c", str(ctx), "--no-webui",
+        *shlex.split(args.llamacpp_args),
     ]  # fmt: skip
+
+
+def llama_bench(bin_dir: Path, model: Path, args: argparse.Namespace) -> dict:
+    """llama-bench's prompt and decode rates at --threads, as it reports them (JSON)."""
+    exe = bin_dir / "llama-bench"
+    if not exe.is_file():
+        build = ["cmake", "--build", str(bin_dir.parent), "--config", "Release"]
+        subprocess.run([*build, "--target", "llama-bench"], check=True, capture_output=True)
+    cmd = [str(exe), "-m", str(model), "-t", str(args.threads), "-o", "json"]
+    cmd += ["-p", str(args.input_tokens), "-n", str(args.output_tokens), "-r", "3"]
+    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    out = {}
+    for row in rows:
+        kind = "prefill" if row["n_prompt"] else "decode"
+        out[f"{kind}_tok_s"] = row["avg_ts"]
+    out["decode_ms_per_token"] = 1e3 / out["decode_tok_s"] if out.get("decode_tok_s") else None
+    print(f"  llama-bench: {out}", flush=True)
+    return out
 
 
 def zerohop_cmd(model: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -355,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for weights in args.weights:
         if args.only != "zerohop":
             runs.append(run_llamacpp(args, bin_dir, weights, models[weights]))
+            if args.llama_bench:
+                runs[-1]["llama_bench"] = llama_bench(bin_dir, models[weights], args)
         if args.only != "llamacpp":
             for label, w, extra in ZEROHOP_VARIANTS:
                 if w == weights:
@@ -370,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "workload": {k: getattr(args, k) for k in (
             "input_tokens", "output_tokens", "one_stream_requests", "num_requests", "streams")},
         "zerohop_args": args.zerohop_args,
+        "llamacpp_args": args.llamacpp_args,
         "runs": runs,
         "ratios_zerohop_over_llamacpp": ratio_rows,
     }  # fmt: skip
