@@ -104,7 +104,7 @@ def test_at_least_one_prompt_token() -> None:
 
 
 def test_a_config_target_is_a_finite_number_of_seconds() -> None:
-    assert EngineConfig().inter_token_target == 0.1
+    assert EngineConfig().inter_token_target == 0.15
     assert EngineConfig(inter_token_target=0).inter_token_target == 0
     for bad in (-0.1, float("nan"), float("inf"), "0.1", True, None):
         with pytest.raises(ValueError, match="inter_token_target"):

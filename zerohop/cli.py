@@ -40,7 +40,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--inter-token-target",
         type=NONNEGATIVE_NUMBER,
-        default=0.1,  # EngineConfig's (zerohop.engine.prefill_budget), without importing torch
+        default=0.15,  # EngineConfig's (zerohop.engine.prefill_budget), without importing torch
         metavar="SECONDS",
         help="a step with running streams carries only the prompt tokens its measured cost"
         " fits within this, so their next tokens keep flowing while new prompts prefill (a step"

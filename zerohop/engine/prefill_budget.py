@@ -4,8 +4,8 @@ within the inter-token target, by the engine's own measured step costs.
 A step is one forward pass: every request decoding in it gets its next token only when the
 whole step ends. With the full token budget (max_num_batched_tokens, 2,048) a step that
 starts a new batch's prompts beside running streams holds their next tokens for as long as
-the whole prefill takes: measured on the default model at 1 thread, 8 prompts of 64 tokens
-beside 8 streams made one ~2 s step against a ~4 ms median between tokens. So a step that
+the whole prefill takes: on the default model at 1 thread, 8 prompts of 64 tokens beside 8
+streams made one 2.3-4 s step, where a decode step of 8 takes 50-90 ms. So a step that
 carries decodes takes prompt tokens only up to what `StepTimes` says fits in
 `inter_token_target` after the decodes' own time, and the rest of each prompt follows in the
 next steps (chunked prefill). When the decodes alone take (nearly) the target, as on a CPU
@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 from zerohop.engine.step_times import StepCurve, StepTimes
 
-DEFAULT_INTER_TOKEN_TARGET = 0.1  # seconds a step with running decodes aims to stay within
+# Seconds a step with running decodes aims to stay within. benchmarks/arrivals.py, default
+# model at 1 thread (a decode step of 8 streams 50-80 ms), against the whole budget beside
+# decodes: 0.1 kept inter-token p99 at 1.3x its median but cost 21% of the saturated
+# throughput (more steps, each with its fixed cost, and smaller decode batches); 0.2, p99 2.6-
+# 3.2x and 3-11%; 0.15, p99 1.3-2.1x and throughput 0.83-1.08x.
+DEFAULT_INTER_TOKEN_TARGET = 0.15
 # Prompt time a step with decodes may always carry, per second of its decodes' own time:
 # measured on the default model at 1 thread (8 decodes ~75 ms, a prompt token ~7.5 ms), a
 # floor of 16 tokens made such steps 2.7x a decode step; half the decodes' time, 1.5x.
