@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model-dir", default=None, help="default: the default model; or `tiny`")
     p.add_argument("--threads", type=int, default=1, help="engine threads")
-    p.add_argument("--targets", default="0,0.1", help="inter_token_target values, seconds")
+    p.add_argument("--targets", default="0,0.15", help="inter_token_target values, seconds")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--input-tokens", type=int, default=64)

@@ -31,7 +31,7 @@ from zerohop.engine.step_times import StepCurve, StepTimes
 # model at 1 thread (a decode step of 8 streams 50-80 ms), against the whole budget beside
 # decodes: 0.1 kept inter-token p99 at 1.3x its median but cost 21% of the saturated
 # throughput (more steps, each with its fixed cost, and smaller decode batches); 0.2, p99 2.6-
-# 3.2x and 3-11%; 0.15, p99 1.3-2.1x and throughput 0.83-1.08x.
+# 3.2x and 3-11%; 0.15, p99 1.2-2.1x and throughput 0.78-1.08x (three runs).
 DEFAULT_INTER_TOKEN_TARGET = 0.15
 # Prompt time a step with decodes may always carry, per second of its decodes' own time:
 # measured on the default model at 1 thread (8 decodes ~75 ms, a prompt token ~7.5 ms), a
