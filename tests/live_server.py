@@ -111,7 +111,6 @@ class LiveServer:
             return self.process.wait()
 
 
-@contextmanager
 def with_chat_template(model_dir: Path, folder: Path, template: str) -> Path:
     """`folder`: a copy of the model folder whose chat template is `template`."""
     shutil.copytree(model_dir, folder)
@@ -123,6 +122,7 @@ def with_chat_template(model_dir: Path, folder: Path, template: str) -> Path:
     return folder
 
 
+@contextmanager
 def started_together(
     model_dir: Path, specs: dict[str, list[str]], tmp_path_factory: Any
 ) -> Iterator[dict[str, LiveServer]]:
