@@ -10,39 +10,20 @@ decided. An object that is not a valid call of a known tool is given back as tex
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from zerohop.api.tools.hermes import Parsed, call_from
 from zerohop.api.tools.jsonscan import INCOMPLETE, loads, partial_tag, value_end
+from zerohop.api.tools.stepped import SteppedParser
 
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3JsonParser:
-    def __init__(self, tool_names: Collection[str]) -> None:
-        self.tool_names = tool_names
-        self._buffer = ""
+class Llama3JsonParser(SteppedParser):
+    def _reset(self) -> None:
         self._boundary = True  # only blank text since a place a call may begin
         self._between = True  # blanks here are dropped when a call follows
         self._after_call = False  # a call came last: one `;` may join the next
 
-    def feed(self, text: str) -> Parsed:
-        self._buffer += text
-        out = Parsed()
-        while self._buffer and self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> Parsed:
-        out = Parsed()
-        while self._buffer and self._step(out, final=True):
-            pass
-        out.text += self._buffer
-        self._buffer, self._boundary, self._between, self._after_call = "", True, True, False
-        return out
-
     def _step(self, out: Parsed, final: bool) -> bool:
-        """Decide the buffer's start if it can be; False when more text is needed."""
         if not self._boundary:
             return self._text(out, final)
         rest = self._buffer.lstrip()

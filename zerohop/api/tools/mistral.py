@@ -8,36 +8,22 @@ as text (with its tag). The v11+ tokenizers' `[TOOL_CALLS]name[ARGS]{...}` is no
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 from zerohop.api.tools.hermes import Parsed, call_from
 from zerohop.api.tools.jsonscan import INCOMPLETE, loads, partial_tag, value_end
 from zerohop.api.tools.spec import ToolCall
+from zerohop.api.tools.stepped import SteppedParser
 
 TOOL_CALLS = "[TOOL_CALLS]"
 
 
-class MistralParser:
-    def __init__(self, tool_names: Collection[str]) -> None:
-        self.tool_names = tool_names
-        self._buffer = ""
+class MistralParser(SteppedParser):
+    def _reset(self) -> None:
         self._in_calls = False  # the tag was read: its list comes next
 
-    def feed(self, text: str) -> Parsed:
-        self._buffer += text
-        out = Parsed()
-        while self._buffer and self._step(out, final=False):
-            pass
-        return out
-
-    def finish(self) -> Parsed:
-        out = Parsed()
-        while self._buffer and self._step(out, final=True):
-            pass
-        out.text += (TOOL_CALLS if self._in_calls else "") + self._buffer
-        self._buffer, self._in_calls = "", False
-        return out
+    def _held(self) -> str:
+        return TOOL_CALLS if self._in_calls else ""
 
     def _step(self, out: Parsed, final: bool) -> bool:
         if self._in_calls:
