@@ -47,6 +47,7 @@ from zerohop.api.anthropic_tools import (
     ToolEvents,
     ToolOutput,
     auto_grammar,
+    check_content,
     forced_grammar,
     neutral_turns,
     request_tools,
@@ -305,12 +306,7 @@ def chat_turns(request: CountTokensRequest) -> tuple[list[dict[str, str]], str |
     last = len(request.messages) - 1
     for i, message in enumerate(request.messages):
         text = _text(message.content)
-        if not text and not (i == last and message.role == "assistant"):
-            raise ApiError(
-                400,
-                f"messages.{i}: all messages must have non-empty content except for the"
-                " optional final assistant message",
-            )
+        check_content(i, message.role, bool(text), last)
         if turns and turns[-1]["role"] == message.role:
             turns[-1]["content"] += "\n\n" + text
         else:

@@ -143,12 +143,7 @@ def neutral_turns(
     last = len(request.messages) - 1
     for i, message in enumerate(request.messages):
         blocks = _blocks(message.content)
-        if not blocks and not (i == last and message.role == "assistant"):
-            raise ApiError(
-                400,
-                f"messages.{i}: all messages must have non-empty content except for the"
-                " optional final assistant message",
-            )
+        check_content(i, message.role, bool(blocks), last)
         if message.role == "assistant":
             _assistant_turn(turns, blocks, calls)
         else:
@@ -172,6 +167,16 @@ def with_system_and_prefill(
     if system:
         turns.insert(0, {"role": "system", "content": system})
     return turns, prefill
+
+
+def check_content(index: int, role: str, has_content: bool, last: int) -> None:
+    """The API's rule: every message has content, but a final assistant one (a prefill)."""
+    if not has_content and not (index == last and role == "assistant"):
+        raise ApiError(
+            400,
+            f"messages.{index}: all messages must have non-empty content except for the"
+            " optional final assistant message",
+        )
 
 
 def _blocks(content: str | list[Any]) -> list[Any]:
