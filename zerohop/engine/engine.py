@@ -275,7 +275,7 @@ class LLMEngine:
             if not seq.is_finished:  # it may have failed in `_advance`
                 self._append_or_fail(seq, row, result, step_deltas[seq.request_id])
         self._charge(chunks, step_deltas)
-        decodes = sum(1 for c in chunks if c.num_tokens == 1)
+        decodes = sum(c.num_tokens for c in chunks if c.is_decode)  # rows, proposals too
         self.throughput.record(plan.num_tokens, time.perf_counter() - started, decodes)
         return deltas + list(step_deltas.values())
 

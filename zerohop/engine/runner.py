@@ -77,7 +77,7 @@ class ModelRunner:
 
     @staticmethod
     def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
-        return sorted(chunks, key=lambda c: not _is_decode(c))
+        return sorted(chunks, key=lambda c: not c.is_decode)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -88,7 +88,7 @@ class ModelRunner:
         rows = [
             (c.seq.block_table, c.seq.num_computed_tokens + i + 1)
             for c in chunks
-            if _is_decode(c)
+            if c.is_decode
             for i in range(c.num_tokens)
         ]
         if not rows:
@@ -106,7 +106,7 @@ class ModelRunner:
         out, row = [], 0
         for chunk in chunks:
             n, start = chunk.num_tokens, chunk.seq.num_computed_tokens
-            if not _is_decode(chunk):
+            if not chunk.is_decode:
                 out.append(self._prefill_chunk(chunk, row, n, start))
             row += n
         return out
@@ -127,7 +127,3 @@ class ModelRunner:
         blocks = self._tensor(padded)
         pos = torch.arange(length, device=self.device)
         return blocks[:, pos // self.block_size] * self.block_size + pos % self.block_size
-
-
-def _is_decode(chunk: ScheduledChunk) -> bool:
-    return chunk.num_tokens == 1 or chunk.num_draft > 0

@@ -48,6 +48,11 @@ class ScheduledChunk:
     num_draft: int = 0
 
     @property
+    def is_decode(self) -> bool:
+        """Its tokens run as decode rows (one token each, its last and any proposed)."""
+        return self.num_tokens == 1 or self.num_draft > 0
+
+    @property
     def completes(self) -> bool:
         """True when this chunk reaches the last token, so the step samples a new one."""
         return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
