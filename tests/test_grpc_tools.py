@@ -13,25 +13,11 @@ import grpc
 import jsonschema
 import pytest
 
+from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.live_server import MODEL_NAME
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Oslo", "Rome"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 3},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["a"],
-    "additionalProperties": False,
-}
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 TOOLS = [
     pb.Tool(name="get_weather", description="Weather.", parameters_json=json.dumps(WEATHER)),

@@ -18,6 +18,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 from tokenizers import Tokenizer
 
+from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.openai_output import LogprobFormatter
 from zerohop.api.openai_schema import ChatRequest
@@ -28,21 +29,6 @@ from zerohop.api.tools.mistral import MistralParser
 from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.outputs import RequestDelta
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Oslo", "Rome"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 3},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["a"],
-    "additionalProperties": False,
-}
 TOOLS = [
     {
         "type": "function",
