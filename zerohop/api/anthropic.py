@@ -135,7 +135,7 @@ class AnthropicSurface:
             state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)
         if thinks:
             check_thinking(request, params.grammar)
-            opened = self._opens_thought(prompt)
+            opened = opens_thought(self.ctx.tokenizer, prompt)
             params = with_budget(params, request, opened)
             state.thinking = ThinkingOutput(ReasoningParser(in_thought=opened), state.tools)
         generation = self.ctx.generate(call, prompt, params, receive, continues)
@@ -152,10 +152,6 @@ class AnthropicSurface:
         """Whether to think (None: the model has no reasoning format); anthropic_thinking.py."""
         template = self.ctx.tokenizer.chat_template
         return thinking_mode(request, template, self.ctx.model_name)
-
-    def _opens_thought(self, prompt: list[int]) -> bool:
-        tail = self.ctx.tokenizer.decode(prompt[-8:], skip_special_tokens=False)
-        return opens_thought(tail)
 
     def prompt(self, request: CountTokensRequest, thinks: bool | None = None) -> list[int]:
         extra: dict[str, Any] = {}

@@ -185,16 +185,13 @@ class OpenAIApi:
         format is never split: its grammar writes the answer from the first token."""
         if not has_reasoning_format(self.ctx.tokenizer.chat_template):
             return None
-        return self._opens_thought(prompt)
-
-    def _opens_thought(self, prompt: list[int]) -> bool:
-        return opens_thought(self.ctx.tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+        return opens_thought(self.ctx.tokenizer, prompt)
 
     def _with_budget(
         self, params: SamplingParams, budget: int, prompt: list[int]
     ) -> SamplingParams:
         reasoning = has_reasoning_format(self.ctx.tokenizer.chat_template)
-        opened = reasoning and self._opens_thought(prompt)
+        opened = reasoning and opens_thought(self.ctx.tokenizer, prompt)
         return with_thinking_budget(params, budget, reasoning, opened)
 
     def _chat_prompt(

@@ -18,11 +18,13 @@ import hashlib
 import hmac
 import os
 import secrets
+from typing import Protocol
 
 from zerohop.api.tools.jsonscan import partial_tag
 from zerohop.engine.thought_budget import THOUGHT_CLOSE, THOUGHT_OPEN
 
 OPEN, CLOSE = THOUGHT_OPEN, THOUGHT_CLOSE
+TAIL_TOKENS = 8
 SECRET_ENV = "ZEROHOP_REASONING_SECRET"
 _SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
 
@@ -31,10 +33,15 @@ def has_reasoning_format(chat_template: str | None) -> bool:
     return bool(chat_template) and OPEN in chat_template
 
 
-def opens_thought(prompt_text: str) -> bool:
-    """Whether a rendered prompt ends inside an opened `<think>` (the output is the thought)."""
-    tail = prompt_text.rstrip()
-    return tail.endswith(OPEN)
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+def opens_thought(tokenizer: Decoder, prompt: list[int]) -> bool:
+    """Whether a prompt ends inside an opened `<think>` (the output is the thought); its
+    last few tokens hold the tag and the whitespace after it."""
+    tail = tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(OPEN)
 
 
 def sign(thinking: str) -> str:
