@@ -11,24 +11,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerohop.engine.attention import AttentionBatch
-from zerohop.engine.linear import SMALL_BATCH, Linear, kernel_weight
+from zerohop.engine.linear import Linear, kernel_weight
 
 if TYPE_CHECKING:
     from zerohop.engine.model import CausalLM
 
 
 class DecodeStep:
-    def __init__(self, model: CausalLM, step, float_products: bool) -> None:
+    def __init__(self, model: CausalLM, step) -> None:
         self.model = model
         self.run = step  # the C++ DecodeStep
-        # zerohop's float32 kernel beats oneDNN only up to SMALL_BATCH rows.
-        self.max_batch = SMALL_BATCH if float_products else None
 
     def supports(self, num_tokens: int, attn: AttentionBatch) -> bool:
         decode = attn.decode
-        if attn.prefills or decode is None or decode.num_seqs != num_tokens:
-            return False
-        return self.max_batch is None or num_tokens <= self.max_batch
+        return not attn.prefills and decode is not None and decode.num_seqs == num_tokens
 
     @torch.inference_mode()
     def __call__(
@@ -60,7 +56,7 @@ def build_decode_step(
         weight = kernel_weight(linear)
         if weight is None:
             raise LookupError
-        return ops.Product(weight.kind, list(weight.tensors), weight.bias)
+        return ops.Product(weight.kind, list(weight.tensors), weight.bias, weight.out_features)
 
     cfg = model.config
     try:
@@ -86,4 +82,4 @@ def build_decode_step(
             )
     except LookupError:  # a product the kernels do not hold (oneDNN only, mixed types)
         return None
-    return DecodeStep(model, step, step.has_float_products())
+    return DecodeStep(model, step)

@@ -1,8 +1,9 @@
 """GGUF files (llama.cpp's format): metadata, model config and dequantized weights.
 
 Read with the `gguf` package, llama.cpp's own reader, mapped copy-on-write. Q8_0, Q4_0 and
-Q4_1 matrices can stay in their blocks (`zerohop.engine.quant`); other quantized tensors are
-dequantized on load (`gguf.quants.dequantize`) to float32 and then to the engine's dtype.
+Q4_1 matrices can stay in their blocks (`zerohop.engine.quant`) and F16/BF16 matrices at 16
+bits; other quantized tensors are dequantized on load (`gguf.quants.dequantize`) to float32
+and then to the engine's dtype.
 Tensor names become the Hugging Face names the model code uses, and the converter's Q/K row
 permutation of `llama`-architecture files is undone as transformers does.
 """
@@ -32,6 +33,7 @@ SUPPORTED_TYPES = (
 )  # fmt: skip
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
+SIXTEEN_BIT = {"F16": torch.float16, "BF16": torch.bfloat16}
 
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -150,7 +152,8 @@ class GGUFFile:
 
     def tensors(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
         """Every weight under its Hugging Face name: dequantized, or with `keep_quantized`,
-        Q8_0/Q4_0/Q4_1 matrices kept in their blocks (`QuantizedWeight`)."""
+        Q8_0/Q4_0/Q4_1 matrices kept in their blocks (`QuantizedWeight`) and F16/BF16 ones
+        at 16 bits."""
         heads = self.arch_int("attention.head_count")
         kv_heads = self.arch_int("attention.head_count_kv", heads)
         out = {}
@@ -168,6 +171,8 @@ class GGUFFile:
         kind = tensor.tensor_type.name
         if keep_quantized and kind in GGUF_KINDS:
             return self._blocks(tensor)
+        if keep_quantized and kind in SIXTEEN_BIT and len(tensor.shape) == 2:
+            return _sixteen_bit(tensor.data, kind)
         weight = torch.from_numpy(self._dequantize(tensor))
         if (
             keep_quantized
@@ -215,6 +220,13 @@ class GGUFFile:
             return np.asarray(values, dtype=np.float32).reshape(shape)
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.path}: tensor '{tensor.name}' is damaged ({exc})") from exc
+
+
+def _sixteen_bit(data: np.ndarray, kind: str) -> torch.Tensor:
+    """An F16 or BF16 matrix as a torch view of the file's bytes (no copy, no widening):
+    the reader gives F16 as float16 and BF16 as raw bytes."""
+    raw = np.ascontiguousarray(data).view(np.uint16)
+    return torch.from_numpy(raw).view(SIXTEEN_BIT[kind])
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:

@@ -1,10 +1,11 @@
-"""Linear layers: oneDNN's prepacked float32 GEMM on CPU, plain `F.linear` elsewhere, and
-zerohop's own kernels over block-quantized weights (`zerohop.engine.quant`).
+"""Linear layers. On CPU with zerohop's kernels built: their dense GEMM for float32, float16
+and bfloat16 weights (packed once into its panels) and their block-quantized products
+(`zerohop.engine.quant`). Without the kernels: oneDNN's prepacked float32 GEMM, or plain
+`F.linear` elsewhere.
 
 `F.linear` on CPU re-packs the weight matrix on every call; for the small row counts of a
-decode step that packing costs more than the multiply. Packing once at load time into
-oneDNN's blocked layout measured 2-2.8x faster for 1-32 rows and 1.4x for 128 rows here.
-The packed copy replaces the memory-mapped view, so weights stay in memory once.
+decode step that packing costs more than the multiply. The packed copy replaces the
+memory-mapped view, so weights stay in memory once.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 class KernelWeight:
     """A linear layer as zerohop's C++ kernels hold it, for the C++ decode step to run."""
 
-    kind: str  # "f32" (w), "q8_0" (qs, scales) or "q4_1" (qs, scales, mins)
+    kind: str  # "dense" (panels of W), "q8_0" (qs, scales) or "q4_1" (qs, scales, mins)
     tensors: tuple[torch.Tensor, ...]
     bias: torch.Tensor | None
+    out_features: int = 0  # dense: N (the panels pad it to a multiple of 16)
 
 
 def kernel_weight(linear: Linear) -> KernelWeight | None:
@@ -85,24 +87,18 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
     return _with_kernel_weight(linear, KernelWeight(weight.kind, tensors, bias))
 
 
-SMALL_BATCH = 8  # rows up to which zerohop's float32 kernel beats oneDNN's (decode steps)
+def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """x @ W.T + bias on zerohop's dense kernel (kernels/dense_gemm.h), for a float32,
+    float16 or bfloat16 W at any row count: W is packed once into the kernel's panels, and a
+    16-bit W stays at 16 bits (widened in registers, exactly)."""
+    from zerohop.engine import kernels
 
-
-def make_split_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None, small: Callable[..., torch.Tensor]
-) -> Linear:
-    """oneDNN's packed GEMM for prefill-sized inputs; for decode-sized ones, zerohop's kernel
-    on the plain matrix (measured 1.1-1.7x faster at 1-4 rows, and on zerohop's own threads,
-    see kernels/spin_pool.h). Keeps both copies: for a memory-mapped file, the plain one is
-    the file's pages."""
-    packed = make_onednn_linear(weight, bias)
-    if weight.shape[1] % 32 or not weight.is_contiguous():
-        return packed
+    ops = kernels.load()
+    out_features = weight.shape[0]
+    packed = ops.dense_pack(weight.contiguous())
 
     def linear(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > SMALL_BATCH:
-            return packed(x)
-        out = small(x.contiguous(), weight)
+        out = ops.dense_linear(x.contiguous(), packed, out_features)
         return out if bias is None else out.add_(bias)
 
-    return _with_kernel_weight(linear, KernelWeight("f32", (weight,), bias))
+    return _with_kernel_weight(linear, KernelWeight("dense", (packed,), bias, out_features))

@@ -36,6 +36,7 @@ HEADERS = tuple(
         "pointwise.h",
         "vec_math.h",
         "decode_step.h",
+        "dense_gemm.h",
         "token_mask.h",
     )
 )

@@ -1,6 +1,7 @@
 // The paged KV cache's two CPU operations: writing new tokens' keys and values into their
 // slots, and decode attention (one query token per sequence) reading keys and values in place
-// from the slots, with no gathered copy. Parallel over (sequence, query head) pairs, so even
+// from the slots, with no gathered copy. Parallel over (sequence, KV head) pairs (with AVX2:
+// the query heads sharing a KV head go together, reading its keys and values once), so even
 // one sequence uses every thread.
 #pragma once
 
@@ -81,6 +82,82 @@ inline void attend(const float* q, const float* keys, const float* values, const
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The `group` query heads that share one KV head (q: group x dim, contiguous), over `len`
+// cached keys: each key and value row is read once for all of them, not once per head.
+// `scores` has room for group x len floats; out: group x dim, contiguous. dim % 8 == 0.
+inline void attend_group(const float* q, const float* keys, const float* values,
+                         const int64_t* slots, int64_t len, int64_t slot_stride, int64_t dim,
+                         int64_t group, float scale, float* scores, float* out) {
+  int64_t t = 0;
+  for (; t + 4 <= len; t += 4) {  // four keys at a time: one horizontal sum for four scores
+    const float* k0 = keys + slots[t] * slot_stride;
+    const float* k1 = keys + slots[t + 1] * slot_stride;
+    const float* k2 = keys + slots[t + 2] * slot_stride;
+    const float* k3 = keys + slots[t + 3] * slot_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * dim;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t i = 0; i < dim; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + i);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+      }
+      const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      const __m128 four = _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+      _mm_storeu_ps(scores + g * len + t, _mm_mul_ps(four, _mm_set1_ps(scale)));
+    }
+  }
+  for (; t < len; ++t) {
+    const float* key = keys + slots[t] * slot_stride;
+    for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(q + g * dim, key, dim) * scale;
+  }
+  std::vector<float> weight(group);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * len;
+    const float top = *std::max_element(sg, sg + len);
+    const float total = exp_shifted(sg, len, top);
+    weight[g] = total > 0.0f ? 1.0f / total : 0.0f;
+  }
+  if (dim % 64 == 0) {  // each head's output 64 lanes at a time, summed in registers
+    for (int64_t g = 0; g < group; ++g) {
+      const float* pg = scores + g * len;
+      const __m256 norm = _mm256_set1_ps(weight[g]);
+      for (int64_t i0 = 0; i0 < dim; i0 += 64) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+        for (t = 0; t < len; ++t) {
+          const float* value = values + slots[t] * slot_stride + i0;
+          const __m256 p = _mm256_set1_ps(pg[t]);
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j)
+            acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * j), acc[j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+          _mm256_storeu_ps(out + g * dim + i0 + 8 * j, _mm256_mul_ps(acc[j], norm));
+      }
+    }
+    return;
+  }
+  std::fill(out, out + group * dim, 0.0f);
+  for (t = 0; t < len; ++t) {
+    const float* value = values + slots[t] * slot_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const __m256 p = _mm256_set1_ps(scores[g * len + t] * weight[g]);
+      float* og = out + g * dim;
+      for (int64_t i = 0; i < dim; i += 8) {
+        _mm256_storeu_ps(og + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + i),
+                                                 _mm256_loadu_ps(og + i)));
+      }
+    }
+  }
+}
+#endif
+
 // q: [B, H, D] (tokens may be strided); k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L]
 // int64 (padded); context_lens: [B] int64 (<= L); out: contiguous [B, H, D], written.
 inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -108,6 +185,21 @@ inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
   float* od = out.data_ptr<float>();
   const int64_t q_stride = q.stride(0), slot_stride = kv_heads * dim;
   const float fscale = static_cast<float>(scale);
+#if defined(__AVX2__) && defined(__FMA__)
+  if (dim % 8 == 0) {
+    SpinPool::instance().run(batch * kv_heads, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> scores;
+      scores.resize(group * width);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t b = pair / kv_heads, kv = pair % kv_heads, h = kv * group;
+        attend_group(qd + b * q_stride + h * dim, kd + kv * dim, vd + kv * dim, slots + b * width,
+                     std::min(lens[b], width), slot_stride, dim, group, fscale, scores.data(),
+                     od + (b * heads + h) * dim);
+      }
+    });
+    return;
+  }
+#endif
   SpinPool::instance().run(batch * heads, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     scores.resize(width);

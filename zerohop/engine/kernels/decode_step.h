@@ -11,31 +11,33 @@
 #include <vector>
 
 #include "attention.h"
+#include "dense_gemm.h"
 #include "pointwise.h"
 
 namespace zerohop {
 
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m);
-torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w);
 
-// One weight matrix as zerohop's kernels hold it: "f32" (w), "q8_0" (qs, d), "q4_1" (qs, d, m).
+// One weight matrix as zerohop's kernels hold it: "dense" (dense_pack's panels of a float32,
+// float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m).
 class Product {
  public:
   // Each kind's value is the number of tensors it holds.
-  enum class Kind : size_t { kF32 = 1, kQ8_0 = 2, kQ4_1 = 3 };
+  enum class Kind { kDense, kQ8_0, kQ4_1 };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
-          c10::optional<torch::Tensor> bias)
-      : kind_(parse(kind)), tensors_(std::move(tensors)), bias_(std::move(bias)) {
-    const auto expected = static_cast<size_t>(kind_);
+          c10::optional<torch::Tensor> bias, int64_t out_features = 0)
+      : kind_(parse(kind)), tensors_(std::move(tensors)), bias_(std::move(bias)),
+        out_features_(out_features) {
+    const size_t expected = kind_ == Kind::kQ4_1 ? 3 : kind_ == Kind::kQ8_0 ? 2 : 1;
     TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
   }
 
   torch::Tensor operator()(const torch::Tensor& x) const {
     torch::Tensor out;
     switch (kind_) {
-      case Kind::kF32: out = f32_linear(x, tensors_[0]); break;
+      case Kind::kDense: out = dense_linear(x, tensors_[0], out_features_); break;
       case Kind::kQ8_0: out = q8_0_linear(x, tensors_[0], tensors_[1]); break;
       case Kind::kQ4_1: out = q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]); break;
     }
@@ -43,11 +45,10 @@ class Product {
     return out;
   }
 
-  bool is_float() const { return kind_ == Kind::kF32; }
 
  private:
   static Kind parse(const std::string& kind) {
-    if (kind == "f32") return Kind::kF32;
+    if (kind == "dense") return Kind::kDense;
     if (kind == "q8_0") return Kind::kQ8_0;
     TORCH_CHECK(kind == "q4_1", "unknown product kind ", kind);
     return Kind::kQ4_1;
@@ -56,6 +57,7 @@ class Product {
   Kind kind_;
   std::vector<torch::Tensor> tensors_;
   c10::optional<torch::Tensor> bias_;
+  int64_t out_features_;  // dense kinds: N (their panels pad it to a multiple of 16)
 };
 
 struct DecodeLayer {
@@ -77,15 +79,6 @@ class DecodeStep {
     layers_.push_back({std::move(input_norm), std::move(post_norm), std::move(qkv),
                        std::move(o), std::move(gate_up), std::move(down), std::move(k_cache),
                        std::move(v_cache)});
-  }
-
-  // Whether any product is float32 (their kernel beats oneDNN only at decode-sized batches).
-  bool has_float_products() const {
-    for (const auto& l : layers_) {
-      if (l.qkv.is_float() || l.o.is_float() || l.gate_up.is_float() || l.down.is_float())
-        return true;
-    }
-    return lm_head_.is_float();
   }
 
   // hidden: [B, H] embedded tokens (updated in place); cos/sin: [B, D]; one new token per

@@ -24,6 +24,7 @@
 
 #include "attention.h"
 #include "decode_step.h"
+#include "dense_gemm.h"
 #include "pointwise.h"
 #include "spin_pool.h"
 #include "token_mask.h"
@@ -56,10 +57,6 @@ struct Q4Row {
 // activations are permuted to match): 15-20% faster than byte shuffles at one to three
 // activation rows, slower from four on, where the unpacking is shared by more rows.
 struct Q4ShiftRow : Q4Row {};
-
-struct F32Row {
-  const float* w;
-};
 
 #ifdef ZH_AVX2
 using Block = __m256[4];
@@ -95,10 +92,6 @@ inline void expand(const Q4ShiftRow& row, int64_t b, Block& w) {
   }
 }
 
-inline void expand(const F32Row& row, int64_t b, Block& w) {
-  for (int k = 0; k < 4; ++k) w[k] = _mm256_loadu_ps(row.w + b * kBlock + 8 * k);
-}
-
 inline float horizontal_sum(__m256 v) {
   __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -130,8 +123,6 @@ inline void scale_block(const Q4Row& row, int64_t b, Block& w) {
   for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d, m);
 }
 
-inline void scale_block(const F32Row&, int64_t, Block&) {}
-
 // ROWS activation rows against one weight row. ACC independent sums per row keep the FMA
 // pipes busy: one row alone needs 4 chains, four rows 2 each, eight rows one. Up to three
 // rows, each row's block sum is scaled by d once (q4_1's min term then comes from `sums`);
@@ -139,7 +130,7 @@ inline void scale_block(const F32Row&, int64_t, Block&) {}
 template <int ROWS, int ACC, typename Row>
 void dot_rows(const Row& row, int64_t blocks, const float* x, const float* sums, int64_t cols,
               float* out) {
-  constexpr bool per_row_scale = ROWS <= 3 && !std::is_same_v<Row, F32Row>;
+  constexpr bool per_row_scale = ROWS <= 3;
   __m256 acc[ROWS][ACC];
   for (int r = 0; r < ROWS; ++r)
     for (int a = 0; a < ACC; ++a) acc[r][a] = _mm256_setzero_ps();
@@ -344,8 +335,6 @@ inline float weight_at(const Q4Row& row, int64_t i) {
   return row.d[b] * q + row.m[b];
 }
 
-inline float weight_at(const F32Row& row, int64_t i) { return row.w[i]; }
-
 template <typename Row>
 void dot_tile(const Row& row, int64_t blocks, const float* x, const float* /*sums*/, int64_t cols,
               int64_t rows, float* out) {
@@ -538,16 +527,6 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
   });
 }
 
-// The same loop over float32 weights: for decode-sized batches, where torch's GEMM would wake
-// its OpenMP pool for every product.
-torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(w.scalar_type() == torch::kFloat32, "weights must be float32");
-  check_weight_rows(x, w, x.size(1));
-  const int64_t cols = x.size(1);
-  const float* data = w.data_ptr<float>();
-  return blocked_product(x, w.size(0), [&](int64_t n) { return F32Row{data + n * cols}; });
-}
-
 }  // namespace zerohop
 
 namespace {
@@ -565,7 +544,10 @@ bool simd() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q8_0_linear", &zerohop::q8_0_linear, "x @ W.T for q8_0 blocks");
   module.def("q4_1_linear", &zerohop::q4_1_linear, "x @ W.T for q4_1 blocks");
-  module.def("f32_linear", &zerohop::f32_linear, "x @ W.T for float32 W (K a multiple of 32)");
+  module.def("dense_pack", &zerohop::dense_pack,
+             "a float32/float16/bfloat16 W [N, K] in the dense kernel's panels [N / 16, K, 16]");
+  module.def("dense_linear", &zerohop::dense_linear,
+             "x @ W.T with W packed by dense_pack (float32, float16 or bfloat16)");
   module.def("decode_attention", &zerohop::decode_attention,
              "one query token per sequence over the paged KV cache, into out");
   module.def("write_kv", &zerohop::write_kv, "new tokens' keys and values into cache slots");
@@ -574,13 +556,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("silu_mul", &zerohop::silu_mul, "silu(gate) * up of a [T, 2I] gate|up matrix");
   pybind11::class_<zerohop::Product>(module, "Product")
       .def(pybind11::init<const std::string&, std::vector<torch::Tensor>,
-                          c10::optional<torch::Tensor>>(),
-           "a weight matrix: kind f32 (w), q8_0 (qs, d) or q4_1 (qs, d, m), and a bias");
+                          c10::optional<torch::Tensor>, int64_t>(),
+           pybind11::arg("kind"), pybind11::arg("tensors"), pybind11::arg("bias"),
+           pybind11::arg("out_features") = 0,
+           "a weight matrix: kind dense (dense_pack's panels, with out_features), q8_0 (qs, d)"
+           " or q4_1 (qs, d, m), and a bias");
   pybind11::class_<zerohop::DecodeStep>(module, "DecodeStep")
       .def(pybind11::init<int64_t, int64_t, int64_t, double, double, torch::Tensor,
                           zerohop::Product>())
       .def("add_layer", &zerohop::DecodeStep::add_layer)
-      .def("has_float_products", &zerohop::DecodeStep::has_float_products)
       .def("__call__", &zerohop::DecodeStep::run, "one decode step over every layer");
   module.def("apply_token_bitmask", &zerohop::apply_token_bitmask,
              "set to -inf the logits of tokens a grammar's bitmask does not allow");
