@@ -3,7 +3,7 @@
 //   float activations: each block of 32 weights is expanded to float32 in registers and
 //     multiplied with float32 activations, for up to eight activation rows at a time; results
 //     equal a float32 product with the dequantized weights up to summation order.
-//   int8 activations (with AVX2, where faster, see use_integer_dots): the activations are
+//   int8 activations (with AVX2, row by row, see by_rows): the activations are
 //     rounded to int8 per block of 32 as llama.cpp does (q8_0, with block sums for q4_1) and
 //     multiplied in integers; within about 1% of the float product.
 //
@@ -455,32 +455,44 @@ std::atomic<bool> integer_dots{true};
 // with float32, teacher-forced): 98.4% rounding every row, 99.4% keeping these.
 constexpr float kOutlierRatio = 50.0f;
 
-bool has_outliers(const torch::Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const float* data = x.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = data + r * cols;
-    float top = 0.0f, total = 0.0f;
-    for (int64_t i = 0; i < cols; ++i) {
-      top = std::max(top, std::fabs(row[i]));
-      total += std::fabs(row[i]);
-    }
-    if (top * static_cast<float>(cols) > kOutlierRatio * total) return true;
+bool has_outliers(const float* row, int64_t cols) {
+  float top = 0.0f, total = 0.0f;
+  for (int64_t i = 0; i < cols; ++i) {
+    top = std::max(top, std::fabs(row[i]));
+    total += std::fabs(row[i]);
   }
-  return false;
+  return top * static_cast<float>(cols) > kOutlierRatio * total;
 }
 
-// Where they are faster (measured on SmolLM2's shapes, AVX2 without VNNI): up to four rows
-// 1.1-1.6x; from eight rows on, where the float path expands each weight block once for
-// eight rows (K <= 768), the two are level (0.9-1.0x) and the float path stays; with its
-// four-row tiles (K > 768) int8 is 1.3x faster at any row count.
-bool use_integer_dots(const torch::Tensor& x) {
+torch::Tensor row_index(const std::vector<int64_t>& rows) {
+  return torch::tensor(c10::ArrayRef<int64_t>(rows), torch::kLong);
+}
+
+// int8 activations where AVX2 is there (measured on SmolLM2's shapes, AVX2 without VNNI:
+// 1.0-1.3x the float path at 1-512 rows), decided row by row: a row with outliers takes the
+// float path. So a row's numerics do not depend on how many rows share its product (a
+// speculative step's proposals, other requests), only on the row itself.
+template <typename IntegerProduct, typename FloatProduct>
+torch::Tensor by_rows(const torch::Tensor& x, IntegerProduct integer, FloatProduct floating) {
 #ifdef ZH_AVX2
-  return integer_dots.load(std::memory_order_relaxed) && (x.size(0) <= 4 || x.size(1) > 768) &&
-         !has_outliers(x);
+  if (!integer_dots.load(std::memory_order_relaxed)) return floating(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const float* data = x.data_ptr<float>();
+  std::vector<int64_t> plain, outliers;
+  for (int64_t r = 0; r < rows; ++r) {
+    (has_outliers(data + r * cols, cols) ? outliers : plain).push_back(r);
+  }
+  if (outliers.empty()) return integer(x);
+  if (plain.empty()) return floating(x);
+  const torch::Tensor plain_rows = row_index(plain), outlier_rows = row_index(outliers);
+  const torch::Tensor part = integer(x.index_select(0, plain_rows));
+  auto out = torch::empty({rows, part.size(1)}, x.options());
+  out.index_copy_(0, plain_rows, part);
+  out.index_copy_(0, outlier_rows, floating(x.index_select(0, outlier_rows)));
+  return out;
 #else
-  (void)x;
-  return false;
+  (void)integer;
+  return floating(x);
 #endif
 }
 
@@ -491,14 +503,20 @@ namespace zerohop {
 torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
   check_args(x, qs, d, x.size(1));
   TORCH_CHECK(qs.scalar_type() == torch::kInt8, "q8_0 weights must be int8");
-  const int64_t blocks = x.size(1) / kBlock, cols = x.size(1);
+  const int64_t blocks = x.size(1) / kBlock, cols = x.size(1), n = qs.size(0);
   const int8_t* q = qs.data_ptr<int8_t>();
   const float* scales = d.data_ptr<float>();
-  const auto row_at = [&](int64_t n) { return Q8Row{q + n * cols, scales + n * blocks}; };
+  const auto row_at = [&](int64_t i) { return Q8Row{q + i * cols, scales + i * blocks}; };
+  return by_rows(
+      x,
+      [&](const torch::Tensor& part) {
 #ifdef ZH_AVX2
-  if (use_integer_dots(x)) return integer_product(x, qs.size(0), row_at);
+        return integer_product(part, n, row_at);
+#else
+        return blocked_product(part, n, row_at);
 #endif
-  return blocked_product(x, qs.size(0), row_at);
+      },
+      [&](const torch::Tensor& part) { return blocked_product(part, n, row_at); });
 }
 
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
@@ -506,25 +524,28 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
   TORCH_CHECK(qs.scalar_type() == torch::kUInt8, "q4_1 weights must be uint8");
   TORCH_CHECK(m.sizes() == d.sizes() && m.scalar_type() == torch::kFloat32 && m.is_contiguous(),
               "q4_1 mins must match the scales");
-  const int64_t blocks = x.size(1) / kBlock, half = x.size(1) / 2;
+  const int64_t blocks = x.size(1) / kBlock, half = x.size(1) / 2, n = qs.size(0);
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const float* scales = d.data_ptr<float>();
   const float* mins = m.data_ptr<float>();
+  const auto row_at = [&](int64_t i) {
+    return Q4Row{q + i * half, scales + i * blocks, mins + i * blocks};
+  };
+  return by_rows(
+      x,
+      [&](const torch::Tensor& part) {
 #ifdef ZH_AVX2
-  if (use_integer_dots(x)) {
-    return integer_product(x, qs.size(0), [&](int64_t n) {
-      return Q4Row{q + n * half, scales + n * blocks, mins + n * blocks};
-    });
-  }
+        return integer_product(part, n, row_at);
+#else
+        return blocked_product(part, n, row_at);
 #endif
-  if (x.size(0) <= 3) {
-    return blocked_product(x, qs.size(0), [&](int64_t n) {
-      return Q4ShiftRow{{q + n * half, scales + n * blocks, mins + n * blocks}};
-    });
-  }
-  return blocked_product(x, qs.size(0), [&](int64_t n) {
-    return Q4Row{q + n * half, scales + n * blocks, mins + n * blocks};
-  });
+      },
+      [&](const torch::Tensor& part) {
+        if (part.size(0) <= 3) {
+          return blocked_product(part, n, [&](int64_t i) { return Q4ShiftRow{row_at(i)}; });
+        }
+        return blocked_product(part, n, row_at);
+      });
 }
 
 }  // namespace zerohop
