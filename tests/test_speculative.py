@@ -12,11 +12,12 @@ import openai
 import pytest
 import torch
 
+from tests.fixtures.tiny_gguf import write_gguf
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.sequence import Sequence
-from zerohop.engine.speculative import propose, verify
+from zerohop.engine.speculative import MAX_BACKOFF, SpeculativeConfig, Speculator, propose, verify
 
 
 def test_propose_takes_what_followed_the_latest_longest_ngram() -> None:
@@ -105,6 +106,33 @@ def test_greedy_output_is_the_same(pair: tuple[LLM, LLM], fields: dict) -> None:
     assert _run(speculating, params) == _run(plain, params)
     assert _run(speculating, params) == _run(plain, params)  # now from the prefix cache
     assert speculating.engine.speculator.stats.accepted_tokens > before
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_greedy_output_is_the_same_on_quantized_weights(
+    llama_dir: Path, tmp_path: Path, qtype: str
+) -> None:
+    # int8 activations: a checking step's 1 + N rows must each compute as a row alone does.
+    path = str(write_gguf(llama_dir, tmp_path / f"tiny-{qtype}.gguf", qtype))
+    kw = dict(num_kv_blocks=64, max_num_seqs=8)
+    plain, speculating = LLM(path, **kw), LLM(path, **kw, num_speculative_tokens=4)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    assert _run(speculating, params) == _run(plain, params)
+    assert speculating.engine.speculator.stats.steps > 0  # checking steps of 1 + N rows ran
+
+
+def test_refused_proposals_back_off_and_a_kept_one_resets() -> None:
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=3), pool=None)
+    seq = _sequence(SamplingParams(temperature=0.0), seed=0)
+    waits = []
+    for _ in range(8):
+        speculator.record(seq, drafted=3, kept=0)
+        waits.append(seq.spec_resume_at - seq.num_output_tokens)
+    assert waits == [1, 2, 4, 8, 16, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF]
+    speculator.record(seq, drafted=3, kept=1)
+    assert seq.spec_misses == 0
+    speculator.record(seq, drafted=3, kept=0)
+    assert seq.spec_resume_at - seq.num_output_tokens == 1
 
 
 def test_stop_strings_and_text_are_the_same(pair: tuple[LLM, LLM]) -> None:

@@ -337,7 +337,7 @@ class LLMEngine:
         except Exception:
             log.exception("request %s failed verifying its proposal", seq.request_id)
             return self._fail(seq, REQUEST_FAILED)
-        self.speculator.record(len(draft), len(tokens) - 1)
+        self.speculator.record(seq, len(draft), len(tokens) - 1)
         seq.num_computed_tokens += 1  # its last token; the kept proposal's K/V once appended
         self.pool.commit(seq)
         result = SampleResult(tokens, [None] * len(tokens), [None] * len(tokens))

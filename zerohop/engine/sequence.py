@@ -51,6 +51,10 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     matcher: llguidance.LLMatcher | None = None  # the request's grammar state, if constrained
     thought: ThoughtBudget | None = None  # its thinking budget's state, if it has one
+    # Speculation backoff (zerohop.engine.speculative): proposals refused in a row, and the
+    # output length before which the next proposal waits.
+    spec_misses: int = 0
+    spec_resume_at: int = 0
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a prompt needs at least one token"

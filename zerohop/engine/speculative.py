@@ -17,6 +17,12 @@ checked against the model:
 
 Only requests that need nothing per token beyond the plain sampler are proposed to: no
 grammar, logprobs, penalties, biases, bans, min_tokens or thinking budget.
+
+A proposal the model refuses whole still cost its rows (a step of 1 + N rows costs up to
+1.5x a step of one on a quantized model at one stream), so a request whose proposals keep
+failing is proposed to less often: after m refusals in a row it waits 2^(m-1) tokens (at
+most MAX_BACKOFF) before the next proposal, and any kept token resets it. Text that does not
+repeat its context then pays for a proposal now and then, not at every step.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from zerohop.engine.scheduler import ScheduledChunk
 from zerohop.engine.sequence import Sequence
 
 METHODS = ("ngram",)
+MAX_BACKOFF = 32  # tokens a request waits at most between proposals after refusals
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,6 +143,8 @@ class Speculator:
             seq = chunk.seq
             if chunk.num_tokens != 1 or not chunk.completes or not eligible(seq):
                 continue
+            if seq.num_output_tokens < seq.spec_resume_at:
+                continue
             room = min(cfg.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1)
             draft = propose(seq.token_ids, room, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
             if draft and self.pool.allocate(seq, seq.num_computed_tokens + 1 + len(draft)):
@@ -149,10 +158,17 @@ class Speculator:
         del tokens[len(tokens) - chunk.num_draft :]
         return draft
 
-    def record(self, drafted: int, kept: int) -> None:
+    def record(self, seq: Sequence, drafted: int, kept: int) -> None:
+        """Count a checked proposal, and back `seq` off after refusals (see the module)."""
         self.stats.steps += 1
         self.stats.draft_tokens += drafted
         self.stats.accepted_tokens += kept
+        if kept:
+            seq.spec_misses = 0
+            return
+        seq.spec_misses += 1
+        wait = min(2 ** (seq.spec_misses - 1), MAX_BACKOFF)
+        seq.spec_resume_at = seq.num_output_tokens + wait
 
 
 def logits_rows(chunks: list[ScheduledChunk]) -> tuple[list[int], list[slice]]:

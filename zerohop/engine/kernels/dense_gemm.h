@@ -69,55 +69,35 @@ constexpr int64_t kPanel = 16;
 
 #ifdef ZH_DENSE_SIMD
 // R activation rows x one panel (16 outputs), over all K: per k, two weight vectors and R
-// broadcasts feed 2R multiply-adds. One row alone keeps two sets of sums (even and odd k) so
-// that four chains hide the FMA latency.
+// broadcasts feed 2R multiply-adds. Every R sums k in the same order, so a row's result does
+// not depend on the rows beside it (one row alone is memory-bound: two chains suffice).
 template <int R, typename W>
 void panel_tile(const typename W::T* panel, const float* x, int64_t k_len, float* out,
                 int64_t out_stride, int64_t width) {
-  // Plain loops over local arrays (no lambda capturing them): the compiler then keeps every
+  // Plain loops over a local array (no lambda capturing it): the compiler then keeps every
   // sum in a register; through a capture it stored all twelve each step.
-  constexpr int kSets = R == 1 ? 2 : 1;
-  __m256 acc[kSets][R][2];
-  for (int s = 0; s < kSets; ++s)
-    for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + kSets <= k_len; k += kSets) {
-#pragma GCC unroll 2
-    for (int s = 0; s < kSets; ++s) {
-      const typename W::T* wk = panel + (k + s) * kPanel;
-      const __m256 w0 = W::load(wk), w1 = W::load(wk + 8);
+  __m256 acc[R][2];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m256 xv = _mm256_broadcast_ss(x + r * k_len + k + s);
-        acc[s][r][0] = _mm256_fmadd_ps(w0, xv, acc[s][r][0]);
-        acc[s][r][1] = _mm256_fmadd_ps(w1, xv, acc[s][r][1]);
-      }
-    }
-  }
-  for (; k < k_len; ++k) {
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < k_len; ++k) {
     const __m256 w0 = W::load(panel + k * kPanel), w1 = W::load(panel + k * kPanel + 8);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * k_len + k);
-      acc[0][r][0] = _mm256_fmadd_ps(w0, xv, acc[0][r][0]);
-      acc[0][r][1] = _mm256_fmadd_ps(w1, xv, acc[0][r][1]);
+      acc[r][0] = _mm256_fmadd_ps(w0, xv, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, xv, acc[r][1]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    __m256 lo = acc[0][r][0], hi = acc[0][r][1];
-    if constexpr (kSets == 2) {
-      lo = _mm256_add_ps(lo, acc[1][r][0]);
-      hi = _mm256_add_ps(hi, acc[1][r][1]);
-    }
     float* row = out + r * out_stride;
     if (width == kPanel) {
-      _mm256_storeu_ps(row, lo);
-      _mm256_storeu_ps(row + 8, hi);
+      _mm256_storeu_ps(row, acc[r][0]);
+      _mm256_storeu_ps(row + 8, acc[r][1]);
     } else {  // the last panel of a matrix whose N is not a multiple of 16
       alignas(32) float tail[kPanel];
-      _mm256_store_ps(tail, lo);
-      _mm256_store_ps(tail + 8, hi);
+      _mm256_store_ps(tail, acc[r][0]);
+      _mm256_store_ps(tail + 8, acc[r][1]);
       std::copy(tail, tail + width, row);
     }
   }
