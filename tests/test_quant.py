@@ -143,6 +143,27 @@ def test_rows_with_outliers_keep_float_activations(qtype: str) -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_prompt_rows_keep_float_activations(qtype: str) -> None:
+    # A step with prefill chunks marks where its decode rows end: the rows after are prompt
+    # rows and multiply float32 activations; the decode rows before are still rounded.
+    ops = kernels.load()
+    _, weight = gguf_weight(64, 576, qtype)
+    x = torch.randn(3, 576)
+    ops.set_integer_dots(False)
+    try:
+        exact = product(weight, x)
+    finally:
+        ops.set_integer_dots(True)
+    ops.set_decode_rows(1)
+    try:
+        mixed = product(weight, x)
+    finally:
+        ops.set_decode_rows(-1)
+    assert relative_error(mixed[1:], exact[1:]) < 1e-6
+    assert 1e-5 < relative_error(mixed[0], exact[0]) < 2e-2
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
 def test_a_rows_product_does_not_depend_on_its_batch(qtype: str) -> None:
     # int8 or float is decided per row, not per batch size: a row alone and the same row among
     # nine others (one with an outlier) agree to float32 summation order.

@@ -115,7 +115,9 @@ def test_greedy_output_is_the_same_on_quantized_weights(
     # int8 activations: a checking step's 1 + N rows must each compute as a row alone does.
     path = str(write_gguf(llama_dir, tmp_path / f"tiny-{qtype}.gguf", qtype))
     kw = dict(num_kv_blocks=64, max_num_seqs=8)
-    plain, speculating = LLM(path, **kw), LLM(path, **kw, num_speculative_tokens=4)
+    # 1-grams: proposals on the random model's output too, not only on the prompts' repeats.
+    speculating = LLM(path, **kw, num_speculative_tokens=4, prompt_lookup_min=1)
+    plain = LLM(path, **kw)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     assert _run(speculating, params) == _run(plain, params)
     assert speculating.engine.speculator.stats.steps > 0  # checking steps of 1 + N rows ran

@@ -16,7 +16,10 @@ class FusedOps:
     rms_norm: Callable[..., torch.Tensor]  # (x, weight, eps, residual | None)
     rotate: Callable[..., None]  # (x [T, H, D], cos [T, D], sin [T, D]), in place
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    # (rows): the quantized products' rows from this index on are prompt rows, which keep
+    # float32 activations (decode rows round to int8); -1: every row decodes.
+    set_decode_rows: Callable[[int], None]
 
     @classmethod
     def from_kernels(cls, module) -> FusedOps:
-        return cls(module.rms_norm, module.rotate, module.silu_mul)
+        return cls(module.rms_norm, module.rotate, module.silu_mul, module.set_decode_rows)

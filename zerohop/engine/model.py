@@ -159,9 +159,14 @@ class CausalLM:
     ) -> torch.Tensor:
         """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
         if self.fused_ops is not None:
-            return self._fused_forward(
-                self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
-            )
+            # Decode rows come first (ModelRunner.order_chunks); the rest are prompt rows.
+            self.fused_ops.set_decode_rows(attn.decode.num_seqs if attn.decode else 0)
+            try:
+                return self._fused_forward(
+                    self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
+                )
+            finally:
+                self.fused_ops.set_decode_rows(-1)
         eps = self.config.rms_norm_eps
         hidden = self.embed(input_ids)
         rotary = self.rotary.lookup(positions)

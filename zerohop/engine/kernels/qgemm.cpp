@@ -467,29 +467,41 @@ torch::Tensor row_index(const std::vector<int64_t>& rows) {
   return torch::tensor(c10::ArrayRef<int64_t>(rows), torch::kLong);
 }
 
-// int8 activations where AVX2 is there (measured on SmolLM2's shapes, AVX2 without VNNI:
-// 1.0-1.3x the float path at 1-512 rows), decided row by row: a row with outliers takes the
-// float path. So a row's numerics do not depend on how many rows share its product (a
-// speculative step's proposals, other requests), only on the row itself.
+// Rows from this index on are prompt rows (the Python pass sets it around a step with
+// prefill chunks, decode rows first; -1: every row decodes). Prompt rows keep float32
+// activations: rounded to int8, what the model reads of the prompt changes (the README's
+// question to the default model got another answer than "Paris").
+std::atomic<int64_t> decode_rows{-1};
+
+// int8 activations for decode rows where AVX2 is there (measured on SmolLM2's shapes, AVX2
+// without VNNI: 1.0-1.3x the float path at 1-512 rows), decided row by row: a decode row with
+// outliers takes the float path, alone. So a decode row's numerics do not depend on how many
+// rows share its product (a speculative step's proposals, other requests).
 template <typename IntegerProduct, typename FloatProduct>
 torch::Tensor by_rows(const torch::Tensor& x, IntegerProduct integer, FloatProduct floating) {
 #ifdef ZH_AVX2
-  if (!integer_dots.load(std::memory_order_relaxed)) return floating(x);
-  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t rows = x.size(0), cols = x.size(1), limit = decode_rows.load();
+  const int64_t decoding = limit < 0 ? rows : std::min(limit, rows);
+  if (!integer_dots.load(std::memory_order_relaxed) || decoding == 0) return floating(x);
   const float* data = x.data_ptr<float>();
   std::vector<int64_t> plain, outliers;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < decoding; ++r) {
     (has_outliers(data + r * cols, cols) ? outliers : plain).push_back(r);
   }
-  if (outliers.empty()) return integer(x);
-  // Outlier rows one at a time: the float path's tiles sum in an order of their own size.
+  if (outliers.empty() && decoding == rows) return integer(x);
   torch::Tensor out;
   const auto put = [&](const std::vector<int64_t>& where, const torch::Tensor& part) {
     if (!out.defined()) out = torch::empty({rows, part.size(1)}, x.options());
     out.index_copy_(0, row_index(where), part);
   };
   if (!plain.empty()) put(plain, integer(x.index_select(0, row_index(plain))));
+  // Outlier rows one at a time: the float path's tiles sum in an order of their own size.
   for (const int64_t r : outliers) put({r}, floating(x.narrow(0, r, 1).contiguous()));
+  if (decoding < rows) {
+    std::vector<int64_t> prompt(rows - decoding);
+    for (int64_t i = 0; i < rows - decoding; ++i) prompt[i] = decoding + i;
+    put(prompt, floating(x.narrow(0, decoding, rows - decoding).contiguous()));
+  }
   return out;
 #else
   (void)integer;
@@ -594,6 +606,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def(
       "set_integer_dots", [](bool on) { integer_dots.store(on); },
       "q8_0/q4_1 products on int8-rounded activations (default) or on float32 ones");
+  module.def(
+      "set_decode_rows", [](int64_t rows) { decode_rows.store(rows); },
+      "rows from this index on are prompt rows (float activations); -1: every row decodes");
   module.def(
       "integer_dots", [] { return simd() && integer_dots.load(); },
       "whether q8_0/q4_1 products round activations to int8");
