@@ -77,11 +77,12 @@ class CausalLM:
             CacheKernels(kernels.write_kv, kernels.decode_attention) if kernels else None
         )
         self.fused_ops = FusedOps.from_kernels(kernels) if kernels else None
-        self.float_linear = (
-            make_onednn_linear if onednn_available(dtype, self.device) else make_plain_linear
-        )
         if self.fused_ops is not None:
             self.float_linear = make_dense_linear  # faster than oneDNN at 1-2,048 rows here
+        elif onednn_available(dtype, self.device):
+            self.float_linear = make_onednn_linear
+        else:
+            self.float_linear = make_plain_linear
         vocab, hidden = config.vocab_size, config.hidden_size
         self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]

@@ -85,10 +85,11 @@ inline void attend(const float* q, const float* keys, const float* values, const
 #if defined(__AVX2__) && defined(__FMA__)
 // The `group` query heads that share one KV head (q: group x dim, contiguous), over `len`
 // cached keys: each key and value row is read once for all of them, not once per head.
-// `scores` has room for group x len floats; out: group x dim, contiguous. dim % 8 == 0.
+// `scores` has room for group x len floats, `weight` for group; out: group x dim, contiguous.
+// dim % 8 == 0.
 inline void attend_group(const float* q, const float* keys, const float* values,
                          const int64_t* slots, int64_t len, int64_t slot_stride, int64_t dim,
-                         int64_t group, float scale, float* scores, float* out) {
+                         int64_t group, float scale, float* scores, float* weight, float* out) {
   int64_t t = 0;
   for (; t + 4 <= len; t += 4) {  // four keys at a time: one horizontal sum for four scores
     const float* k0 = keys + slots[t] * slot_stride;
@@ -114,7 +115,6 @@ inline void attend_group(const float* q, const float* keys, const float* values,
     const float* key = keys + slots[t] * slot_stride;
     for (int64_t g = 0; g < group; ++g) scores[g * len + t] = dot(q + g * dim, key, dim) * scale;
   }
-  std::vector<float> weight(group);
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores + g * len;
     const float top = *std::max_element(sg, sg + len);
@@ -188,13 +188,14 @@ inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
 #if defined(__AVX2__) && defined(__FMA__)
   if (dim % 8 == 0) {
     SpinPool::instance().run(batch * kv_heads, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> scores;
+      thread_local std::vector<float> scores, weight;
       scores.resize(group * width);
+      weight.resize(group);
       for (int64_t pair = begin; pair < end; ++pair) {
         const int64_t b = pair / kv_heads, kv = pair % kv_heads, h = kv * group;
         attend_group(qd + b * q_stride + h * dim, kd + kv * dim, vd + kv * dim, slots + b * width,
                      std::min(lens[b], width), slot_stride, dim, group, fscale, scores.data(),
-                     od + (b * heads + h) * dim);
+                     weight.data(), od + (b * heads + h) * dim);
       }
     });
     return;

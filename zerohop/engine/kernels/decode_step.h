@@ -23,7 +23,6 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 // float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m).
 class Product {
  public:
-  // Each kind's value is the number of tensors it holds.
   enum class Kind { kDense, kQ8_0, kQ4_1 };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
@@ -44,7 +43,6 @@ class Product {
     if (bias_) out.add_(*bias_);
     return out;
   }
-
 
  private:
   static Kind parse(const std::string& kind) {
