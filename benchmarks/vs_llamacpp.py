@@ -14,7 +14,8 @@ passage in the model's own tokens, `_common.TextPrompts`), greedy, `ignore_eos`,
 request first. Workloads, 128 prompt tokens -> 64 output tokens, one per --concurrency value
 (default 1,8,32; --skip-32 is an alias for --concurrency 1):
   c=1   --one-stream-requests (8) requests one at a time: TTFT p50 and TPOT p50;
-  c=N   N streams, --num-requests (default: N) requests: output tokens/s.
+  c=N   N streams, --num-requests (default: 3 N) requests: output tokens/s of a steady state,
+        requests starting as others end (N requests at once would time one burst).
 llama-server is restarted for each workload with `-np` = its concurrency (`-c` = parallel x
 (input + output + 16)); zerohop serves them all from one start. --threads is a list (default:
 all cores): every server runs at each thread count (`-t`/`-tb` for llama-server,
@@ -85,6 +86,9 @@ LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.c
 WEIGHTS = ("f32", "f16", "bf16", "q4_1")
 DEFAULT_WEIGHTS = ("f32", "q4_1")
 FLOAT_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}  # made from Q4_1 by llama-quantize
+# Requests per stream of a many-stream workload: enough that most of the run is a steady
+# state, as vLLM's `bench serve` with --num-prompts well above --max-concurrency.
+STEADY_REQUESTS_PER_STREAM = 3
 # (label, weights, extra `zerohop serve` args): each is compared with llama.cpp on its weights.
 ZEROHOP_VARIANTS: list[tuple[str, str, list[str]]] = [
     ("zerohop", "f32", []),
@@ -124,7 +128,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--one-stream-requests", type=int, default=8)
     p.add_argument(
         "--num-requests", type=int, default=None,
-        help="requests of each many-stream workload (default: its concurrency)",
+        help="requests of each many-stream workload (default: 3 x its concurrency)",
     )  # fmt: skip
     p.add_argument(
         "--noisy", action="store_true",
@@ -357,8 +361,9 @@ def workload(
     args: argparse.Namespace, server: CommandServer, concurrency: int, noisy: bool = False
 ) -> dict:
     """One workload at `concurrency` (1: --one-stream-requests; else --num-requests, default
-    the concurrency), with the busy loop beside it when `noisy`; the load client's summary."""
-    requests = args.one_stream_requests if concurrency == 1 else args.num_requests or concurrency
+    3 x the concurrency), with the busy loop beside it when `noisy`; the load client's summary."""
+    many = args.num_requests or STEADY_REQUESTS_PER_STREAM * concurrency
+    requests = args.one_stream_requests if concurrency == 1 else many
     cfg = BenchConfig(
         url=server.url, concurrency=concurrency, input_tokens=args.input_tokens,
         output_tokens=args.output_tokens, num_requests=requests, seed=concurrency,

@@ -24,7 +24,7 @@ from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from zerohop import LLM, SamplingParams
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.prefill_budget import PrefillBudget
+from zerohop.engine.prefill_budget import MAX_SHARE, PrefillBudget, PromptDemand
 from zerohop.engine.scheduler import Scheduler, SchedulerOutput
 from zerohop.engine.sequence import Sequence
 from zerohop.engine.step_times import StepCurve, StepTimes
@@ -41,9 +41,9 @@ def known_times() -> StepTimes:
     return times
 
 
-def budget(target: float) -> PrefillBudget:
+def budget(target: float, max_share: float = MAX_SHARE) -> PrefillBudget:
     times = known_times()
-    return PrefillBudget(target, lambda: times)
+    return PrefillBudget(target, lambda: times, max_share=max_share)
 
 
 # --- the budget from the step-cost model --------------------------------------------------
@@ -101,6 +101,34 @@ def test_more_decodes_leave_fewer_prompt_tokens() -> None:
 def test_at_least_one_prompt_token() -> None:
     times = known_times()
     assert PrefillBudget(1 / 32, lambda: times, share=0.0).tokens(8, LIMIT) == 1
+
+
+def test_prompt_demand_is_prompt_tokens_arriving_per_output_token() -> None:
+    demand = PromptDemand(half_life=64.0)
+    demand.arrived(128)
+    assert demand.per_output_token() == 0.0  # nothing produced yet: no pace asked
+    demand.produced(64)
+    assert demand.per_output_token() == 2.0
+    demand.produced(64)  # no prompt arrived for 64 outputs: the first ones count half
+    assert demand.per_output_token() == 64 / 96
+    for _ in range(20):  # a steady mix again
+        demand.arrived(128)
+        demand.produced(64)
+    assert demand.per_output_token() == pytest.approx(2.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("per_output_token", "tokens"),
+    [
+        (1.0, 128),  # 64 a step keep pace: the share's 1/8 s (128 tokens) is more
+        (3.0, 192),  # 192 keep pace, within 1.5 times the decodes' 1/4 s
+        (10.0, 384),  # 640 would: capped at 1.5 * 1/4 s = 384 tokens
+    ],
+)
+def test_prompts_keep_pace_with_what_arrives(per_output_token: float, tokens: int) -> None:
+    paced = budget(1 / 8)  # 64 decodes take 1/4 s, past the target
+    paced.demand = PromptDemand(prompt=per_output_token, output=1.0)
+    assert paced.tokens(64, LIMIT) == tokens
 
 
 def test_a_config_target_is_a_finite_number_of_seconds() -> None:
@@ -176,7 +204,7 @@ def prompt_left(prompts: list[Sequence]) -> int:
 
 
 def test_a_new_batch_beside_running_streams_is_prefilled_in_chunks() -> None:
-    prefill_budget = budget(1 / 8)
+    prefill_budget = budget(1 / 8, max_share=0.0)  # the target alone
     scheduler = make_scheduler(prefill_budget)
     streams = decoding_streams(scheduler)
     prompts = seqs("new", 8, 64)
@@ -213,9 +241,10 @@ def test_with_nothing_decoding_a_step_keeps_the_whole_budget() -> None:
     for seq in prompts:
         scheduler.add(seq)
     assert run_step(scheduler).num_tokens == LIMIT  # 32 whole prompts
-    # The next step carries 32 decodes (1/8 s: the whole target), so prompts get half that.
+    # The next step carries 32 decodes (1/8 s: the whole target), and 2,560 prompt tokens
+    # have arrived for 32 output tokens: prompts get 1.5 times the decodes' time to catch up.
     out = run_step(scheduler)
-    assert out.num_tokens == 32 + 64
+    assert out.num_tokens == 32 + 192
 
 
 def test_a_prompt_chunk_ahead_of_decodes_leaves_them_their_tokens() -> None:

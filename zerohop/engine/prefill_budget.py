@@ -14,6 +14,15 @@ the decodes' time (a step then takes 1.5 times a decode step), and at least one 
 requests are slowed, never starved. A step with nothing decoding delays no token, so it
 keeps the full budget: prefill throughput is not lost when nobody waits for a token.
 
+Prompts must also keep pace with the work arriving. A fixed share caps the server: with
+128-token prompts and 64-token answers, each decode row brings two prompt tokens to compute,
+and half a decode step's time covers far fewer, so under load the queue grew and the batch
+drained (F32 at 2 threads, 32 streams: TTFT p50 17 s, 74 tok/s, against 4.9 s and 105 tok/s
+with no target). `PromptDemand` measures the prompt tokens arriving per output token (decayed
+over the last few thousand output tokens), and a step with decodes may carry that many prompt
+tokens per decode, up to `MAX_SHARE` of the decodes' time: the prompt work is spread evenly
+over the steps instead of starving or arriving as one long step.
+
 The model is measured online (zerohop.engine.step_times, first figures from the start-up
 calibration, a prefill of 512 tokens): below the smallest chunk measured, a chunk is taken to
 cost that chunk's time per token (`StepCurve.through_origin`), so a first smaller chunk is
@@ -22,8 +31,9 @@ tried, recorded at its size, and the next step's budget is read from the correct
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zerohop.engine.step_times import StepCurve, StepTimes
 
@@ -37,7 +47,40 @@ DEFAULT_INTER_TOKEN_TARGET = 0.15
 # measured on the default model at 1 thread (8 decodes ~75 ms, a prompt token ~7.5 ms), a
 # floor of 16 tokens made such steps 2.7x a decode step; half the decodes' time, 1.5x.
 PREFILL_SHARE = 0.5
+# Prompt time a step with decodes may take to keep pace with arriving prompts, per second of
+# its decodes' time: a step then takes at most 2.5 times a decode step, within the 3x
+# inter-token p99 the arrivals benchmark aims at.
+MAX_SHARE = 1.5
 MIN_PREFILL_TOKENS = 1
+# Output tokens after which an arrival counts half in `PromptDemand`.
+DEMAND_HALF_LIFE = 2048.0
+
+
+@dataclass(slots=True)
+class PromptDemand:
+    """Prompt tokens arriving per output token produced, both decayed by output produced.
+    Arrivals wait in `pending` until the next step's output, so both enter the sums at once
+    (a steady mix of P-token prompts and O-token answers reads exactly P / O)."""
+
+    half_life: float = DEMAND_HALF_LIFE
+    prompt: float = 0.0
+    output: float = 0.0
+    pending: int = 0
+
+    def arrived(self, prompt_tokens: int) -> None:
+        self.pending += prompt_tokens
+
+    def produced(self, output_tokens: int) -> None:
+        if output_tokens <= 0:
+            return
+        decay = 0.5 ** (output_tokens / self.half_life)
+        self.prompt = self.prompt * decay + self.pending
+        self.output = self.output * decay + output_tokens
+        self.pending = 0
+
+    def per_output_token(self) -> float:
+        """0 before anything is produced: no pace is asked of the first steps."""
+        return (self.prompt + self.pending) / self.output if self.output > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -48,7 +91,9 @@ class PrefillBudget:
     target: float
     step_times: Callable[[], StepTimes]
     share: float = PREFILL_SHARE
+    max_share: float = MAX_SHARE
     minimum: int = MIN_PREFILL_TOKENS
+    demand: PromptDemand = field(default_factory=PromptDemand)
 
     def tokens(self, decodes: int, limit: int) -> int:
         """Prompt tokens, at most `limit`, that a step with `decodes` decoding requests may
@@ -63,4 +108,9 @@ class PrefillBudget:
         decode = StepCurve.from_rows(times.decode.rows())
         decoding = decode(decodes) if decode is not None else 0.0
         spare = max(self.target - decoding, self.share * decoding)
-        return max(min(self.minimum, limit), prefill.largest_within(spare, limit))
+        within = prefill.largest_within(spare, limit)
+        pace = math.ceil(self.demand.per_output_token() * decodes)
+        if pace > within:
+            cap = prefill.largest_within(self.max_share * decoding, limit)
+            within = max(within, min(pace, cap))
+        return max(min(self.minimum, limit), within)

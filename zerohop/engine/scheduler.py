@@ -88,6 +88,8 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING
         self.policy.add(seq)
+        if self.prefill_budget is not None:
+            self.prefill_budget.demand.arrived(seq.num_tokens)
 
     def has_work(self) -> bool:
         return bool(self.running) or len(self.policy) > 0
@@ -109,9 +111,12 @@ class Scheduler:
 
     def step_budget(self) -> int:
         """Tokens this step may compute: every decode, and the prompt tokens the prefill
-        budget allows beside them; max_num_batched_tokens when nothing decodes."""
+        budget allows beside them; max_num_batched_tokens when nothing decodes. The decodes
+        count as output produced in the budget's measure of prompt demand."""
         limit = self.max_num_batched_tokens
         decodes = sum(1 for seq in self.running if _is_decode(seq))
+        if self.prefill_budget is not None:
+            self.prefill_budget.demand.produced(decodes)
         if self.prefill_budget is None or decodes == 0 or decodes >= limit:
             return limit
         return decodes + self.prefill_budget.tokens(decodes, limit - decodes)
