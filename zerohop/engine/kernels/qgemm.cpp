@@ -34,6 +34,13 @@
 #define ZH_AVX2 1
 #endif
 
+// The quantized products sum in the order written: with -ffast-math's reassociation and
+// contraction GCC summed a row's blocks differently by tile size (a row alone and the same
+// row among 2-4 differed in the last bits, and a speculative step's greedy output on the
+// default model drifted from the plain decode's after ~40 tokens).
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math", "fp-contract=off")
+
 namespace {
 
 constexpr int64_t kBlock = 32;
@@ -513,6 +520,8 @@ torch::Tensor by_rows(const torch::Tensor& x, IntegerProduct integer, FloatProdu
 }
 
 }  // namespace
+
+#pragma GCC pop_options
 
 namespace zerohop {
 
