@@ -133,6 +133,9 @@ def test_refused_proposals_back_off_and_a_kept_one_resets() -> None:
     assert waits == [1, 2, 4, 8, 16, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF]
     speculator.record(seq, drafted=3, kept=1)
     assert seq.spec_misses == 0
+    assert seq.spec_length == 2  # the next proposal: one token more than this one kept
+    speculator.record(seq, drafted=2, kept=2)
+    assert seq.spec_length == 3
     speculator.record(seq, drafted=3, kept=0)
     assert seq.spec_resume_at - seq.num_output_tokens == 1
 

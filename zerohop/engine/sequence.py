@@ -55,6 +55,7 @@ class Sequence:
     # output length before which the next proposal waits.
     spec_misses: int = 0
     spec_resume_at: int = 0
+    spec_length: int = 1  # tokens its next proposal may have (see speculative.Speculator)
 
     def __post_init__(self) -> None:
         assert self.prompt_token_ids, "a prompt needs at least one token"

@@ -22,7 +22,9 @@ A proposal the model refuses whole still cost its rows (a step of 1 + N rows cos
 1.5x a step of one on a quantized model at one stream), so a request whose proposals keep
 failing is proposed to less often: after m refusals in a row it waits 2^(m-1) tokens (at
 most MAX_BACKOFF) before the next proposal, and any kept token resets it. Text that does not
-repeat its context then pays for a proposal now and then, not at every step.
+repeat its context then pays for a proposal now and then, not at every step. A proposal is
+also at most one token longer than the previous one kept (the first has one), so a request
+pays for long proposals only while long ones are kept.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.logits_processors import is_active
@@ -73,14 +74,21 @@ def propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     length = len(tokens)
     if k < 1 or length < min_n + 1:
         return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        windows = sliding_window_view(arr[: length - 1], n)  # each followed by a token
-        hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return arr[start : start + k].tolist()
-    return []
+    # Every n-gram that matches ends on an earlier copy of the last token: find those at
+    # once, then extend each match backwards (a step took 0.5 ms comparing every window).
+    ends = np.flatnonzero(np.asarray(tokens[:-1], dtype=np.int64) == tokens[-1])
+    best_n, best_end = 0, -1
+    for end in ends[::-1].tolist():  # latest first: it wins ties
+        n, most = 1, min(max_n, end + 1)
+        while n < most and tokens[end - n] == tokens[length - 1 - n]:
+            n += 1
+        if n > best_n:
+            best_n, best_end = n, end
+            if n == max_n:
+                break
+    if best_n < min_n:
+        return []
+    return tokens[best_end + 1 : best_end + 1 + k]
 
 
 def eligible(seq: Sequence) -> bool:
@@ -145,7 +153,8 @@ class Speculator:
                 continue
             if seq.num_output_tokens < seq.spec_resume_at:
                 continue
-            room = min(cfg.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1)
+            length = min(cfg.num_speculative_tokens, seq.spec_length)
+            room = min(length, seq.max_tokens - seq.num_output_tokens - 1)
             draft = propose(seq.token_ids, room, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
             if draft and self.pool.allocate(seq, seq.num_computed_tokens + 1 + len(draft)):
                 seq.token_ids.extend(draft)
@@ -163,6 +172,8 @@ class Speculator:
         self.stats.steps += 1
         self.stats.draft_tokens += drafted
         self.stats.accepted_tokens += kept
+        # Each row of a proposal costs: the next one has one token more than this one kept.
+        seq.spec_length = kept + 1
         if kept:
             seq.spec_misses = 0
             return
