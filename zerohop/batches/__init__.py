@@ -1,0 +1,7 @@
+"""Batches: the Anthropic Message Batches API and OpenAI's Files + Batches API.
+
+A batch and its lines live in an embedded store (`store.py`, SQLite beside the key store,
+file contents beside it on disk), so a restart resumes a batch where it was. Each line runs
+as an ordinary request (same keys, limits, budget and audit) in the scheduler's background
+class, on capacity interactive work leaves.
+"""

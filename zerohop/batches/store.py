@@ -1,0 +1,97 @@
+"""The batch store: batches, their lines and their files, in SQLite; file contents on disk.
+
+One SQLite file in WAL mode (`batches.db` beside the key store by default) and a folder
+beside it for file contents (`batches-files/`), one file per file id. The store is what makes
+a batch survive a restart, SIGTERM or kill -9 alike:
+
+- A batch and all its lines are written in one transaction: a batch exists whole or not at all.
+- A line is `waiting`, then `running` while a runner serves it, then finished (`succeeded`,
+  `errored`, `canceled` or `expired`) with its result. A finished line is recorded once: a
+  second record is refused (`record_result` returns False), so no line is answered twice.
+- Opening the store puts every line a crash left `running` back to `waiting`: it is run
+  again (its first run never reached the store). Finished lines keep their one result.
+- A file's content is written (and fsynced) under a temporary name and renamed before its
+  row is committed; contents without a row (a crash in between) are swept at open.
+
+`synchronous=NORMAL` (the default) loses nothing committed when the process is killed; only
+an OS crash or power loss can lose the last commits, and then a line at most runs again.
+
+Every read and change of a batch or file takes the tenant, so a key sees only its own
+tenant's; `None` (the runner, the finalizer) sees them all. One connection, guarded by a lock:
+callers on an event loop run these (short) calls with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from zerohop.batches.batch_table import BatchTable
+from zerohop.batches.records import (
+    APIS,
+    CANCELED,
+    CANCELING,
+    DAY,
+    ENDED,
+    ERRORED,
+    EXPIRED,
+    FAILED,
+    FINISHED,
+    IN_PROGRESS,
+    LINE_STATES,
+    OPEN,
+    RUNNING,
+    SUCCEEDED,
+    WAITING,
+    Api,
+    BatchNotEnded,
+    BatchRecord,
+    DuplicateCustomId,
+    FileRecord,
+    LineRecord,
+    NewBatch,
+    NewFile,
+    NewLine,
+    Page,
+    RequestCounts,
+    StoreError,
+    UnknownCursor,
+    WaitingLine,
+)
+from zerohop.batches.schema import SCHEMA, connect, new_batch_id, new_file_id
+
+__all__ = [
+    "APIS", "CANCELED", "CANCELING", "DAY", "ENDED", "ERRORED", "EXPIRED", "FAILED",
+    "FINISHED", "IN_PROGRESS", "LINE_STATES", "OPEN", "RUNNING", "SCHEMA", "SUCCEEDED",
+    "WAITING", "Api", "BatchNotEnded", "BatchRecord", "BatchStore", "DuplicateCustomId",
+    "FileRecord", "LineRecord", "NewBatch", "NewFile", "NewLine", "Page", "RequestCounts",
+    "StoreError", "UnknownCursor", "WaitingLine", "connect", "new_batch_id", "new_file_id",
+]  # fmt: skip
+
+
+class BatchStore(BatchTable):
+    def __init__(
+        self, path: Path, files_dir: Path | None = None, synchronous: str = "NORMAL"
+    ) -> None:
+        self.path = path
+        self.files_dir = files_dir or path.with_name(path.stem + "-files")
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self.conn = connect(path, synchronous)
+        self.recovered = self._recover()  # lines a crash left running, waiting again
+        self._sweep_orphans()
+
+    def _recover(self) -> int:
+        with self._transaction() as conn:
+            done = conn.execute(
+                "UPDATE lines SET state = 'waiting', started_at = NULL WHERE state = 'running'"
+            )
+        return done.rowcount
+
+    def _sweep_orphans(self) -> None:
+        """Contents without a row: a crash between writing a file and committing its row."""
+        with self._lock:
+            known = {r[0] for r in self.conn.execute("SELECT id FROM files")}
+        for entry in self.files_dir.iterdir():
+            if entry.name not in known:
+                entry.unlink(missing_ok=True)
