@@ -182,6 +182,8 @@ SERVE_REFUSALS = [
     ("--http2-max-streams", "129"),
     ("--grpc-max-concurrent-streams", "0"),
     ("--audit-max-bytes", "0"),
+    ("--batch-max-share", "0"),
+    ("--batch-max-share", "1.5"),
 ]
 
 

@@ -25,6 +25,7 @@ from zerohop.cli_types import (
     PORT,
     POSITIVE_INT,
     POSITIVE_NUMBER,
+    SHARE,
     TOOL_CALL_PARSERS,
     OneLineParser,
     integer,
@@ -213,7 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from zerohop.api.asgi import BodyDeadline
     from zerohop.api.guard import GuardLimits
     from zerohop.engine.supervisor import RestartPolicy
-    from zerohop.server import GatewayOptions, ServeOptions, serve
+    from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = engine_options(args)
@@ -244,6 +245,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine_restarts=RestartPolicy(args.engine_max_restarts, args.engine_restart_window),
         max_header_bytes=args.max_header_bytes,
         tool_call_parser=args.tool_call_parser,
+        batches=BatchOptions(
+            enabled=not args.no_batches, db=args.batches_db, max_share=args.batch_max_share
+        ),
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
@@ -484,6 +488,20 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         " are lost and counted)",
     )
     g.add_argument("--no-metrics", action="store_true", help="no GET /metrics")
+    g.add_argument(
+        "--batches-db",
+        type=Path,
+        help="the Message Batches store (SQLite; result files beside it); default:"
+        " batches.db beside the keys database",
+    )
+    g.add_argument(
+        "--batch-max-share",
+        type=SHARE,
+        default=0.5,
+        help="the share of --max-num-seqs that batch lines may hold at once (0 < share <= 1;"
+        " they start only when no interactive request waits)",
+    )
+    g.add_argument("--no-batches", action="store_true", help="no /v1/messages/batches routes")
     g.add_argument(
         "--no-gateway",
         action="store_true",

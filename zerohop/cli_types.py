@@ -57,9 +57,21 @@ def number(minimum: float, *, above: bool = False) -> Callable[[str], float]:
     return parse
 
 
+def share(text: str) -> float:
+    """A fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most 1, not {text!r}")
+    return value
+
+
 POSITIVE_INT = integer(1)
 NONNEGATIVE_INT = integer(0)
 PORT = integer(0, 65535)
 NONNEGATIVE_NUMBER = number(0.0)  # >= 0
 POSITIVE_NUMBER = number(0.0, above=True)
+SHARE = share
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # tools/parsers.py

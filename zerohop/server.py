@@ -65,6 +65,14 @@ class ServeOptions:
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
     engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
     tool_call_parser: str = "auto"  # hermes, llama3_json, mistral; auto: by chat template
+    batches: BatchOptions = field(default_factory=lambda: BatchOptions())
+
+
+@dataclass(slots=True)
+class BatchOptions:
+    enabled: bool = True
+    db: Path | None = None  # None: batches.db beside the keys database
+    max_share: float = 0.5  # of max_num_seqs that batch lines may hold at once
 
 
 @dataclass(slots=True)
@@ -177,7 +185,15 @@ async def serve(options: ServeOptions) -> int:
             fair_share=(options.engine_options or {}).get("scheduling_policy", "vtc") == "vtc",
         ),
     )
-    config = _uvicorn_config(options, ctx)
+    try:
+        ctx.batches = open_batches(options, engine, gateway)
+    except Exception:
+        await engine.shutdown()
+        raise
+    app = create_app(ctx)
+    if ctx.batches is not None:
+        ctx.batches.run_line = app.run_line  # type: ignore[attr-defined]
+    config = _uvicorn_config(options, app)
     config.load()
     guard = ConnectionGuard(options.guard)
     config.http_protocol_class = guarded_protocol(guard)  # caps and head deadline
@@ -190,6 +206,10 @@ async def serve(options: ServeOptions) -> int:
             from zerohop.gateway.audit_metrics import AuditMetrics
 
             gateway.metrics.register(AuditMetrics(gateway.audit))
+        if ctx.batches is not None:
+            from zerohop.batches.metrics import BatchMetrics
+
+            gateway.metrics.register(BatchMetrics(ctx.batches))
     grpc_server = grpc_port = None
 
     def listening(http_port: int) -> None:
@@ -211,9 +231,14 @@ async def serve(options: ServeOptions) -> int:
             server.on_drain.append(grpc_server.begin)  # beside HTTP's drain, as long
         if gateway is not None:
             gateway.start_watching()
+        if ctx.batches is not None:
+            ctx.batches.start()
         await server.serve()
     finally:
         ctx.draining = True
+        if ctx.batches is not None:  # its running lines go back to waiting
+            await ctx.batches.stop()
+            ctx.batches.store.close()
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
@@ -223,6 +248,26 @@ async def serve(options: ServeOptions) -> int:
         print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):
+    """The batch store (recovering what a crash left running) and its runner, or None."""
+    b = options.batches
+    if not b.enabled:
+        return None
+    from zerohop.batches.runner import BatchRunner
+    from zerohop.batches.store import BatchStore
+    from zerohop.gateway.identity import ANONYMOUS
+
+    keys_db = options.gateway.keys_db or default_db_path()
+    store = BatchStore(b.db or keys_db.parent / "batches.db")
+    if store.recovered:
+        log.info("batches: %d lines left running by the last process run again", store.recovered)
+    identity_for = gateway.auth.identity_for if gateway is not None else lambda _: ANONYMOUS
+    from zerohop.engine.config import EngineConfig
+
+    max_num_seqs = (options.engine_options or {}).get("max_num_seqs") or EngineConfig.max_num_seqs
+    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs))
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
@@ -302,9 +347,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _uvicorn_config(options: ServeOptions, ctx: ServingContext) -> uvicorn.Config:
+def _uvicorn_config(options: ServeOptions, app: Any) -> uvicorn.Config:
     return uvicorn.Config(
-        recording_app(create_app(ctx)),  # as it is, unless ZEROHOP_ERROR_RECORD is set
+        recording_app(app),  # as it is, unless ZEROHOP_ERROR_RECORD is set
         host=options.host,
         port=options.port,
         http="zttp",

@@ -31,7 +31,12 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx).items()},
         **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
     }
+    if ctx.batches is not None:  # mounted only where a batch store runs
+        from zerohop.batches import routes as batch_routes
+
+        routes.update({k: (h, anthropic_body) for k, h in batch_routes.anthropic(ctx).items()})
     paths = {path for _, path in routes}
+    templates = [(method, path.split("/")) for method, path in routes if "{" in path]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -67,16 +72,36 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             error = ApiError(431, f"request headers are larger than {ctx.max_header_bytes} bytes")
             _, shape = _route_miss(scope["method"], path, True)
             return await _send_error(send, error, shape, request_id)
-        route = routes.get((scope["method"], path))
+        key = (scope["method"], path)
+        if key not in routes and templates:
+            key = _match(templates, scope, key)
+        route = routes.get(key)
         if route is None:
-            error, shape = _route_miss(scope["method"], path, path in paths)
+            known = key[1] in paths or _match(templates, scope, ("", path)) != ("", path)
+            error, shape = _route_miss(scope["method"], path, known)
             return await _send_error(send, error, shape, request_id)
         handler, shape = route
         call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
         await _handle(scope, receive, send, handler, shape, call)
 
+    async def run_line(scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        """A batch line through the route an HTTP request to its path takes, as the identity
+        the runner set on `call` (no key to check): the same admission, charging and audit."""
+        route = routes.get((scope["method"], scope["path"]))
+        if route is None:
+            error = ApiError(404, f"no such endpoint: {scope['path']}")
+            return await _send_error(send, error, anthropic_body, call.request_id)
+        handler, shape = route
+        await _handle(scope, receive, send, handler, shape, call, authenticate=False)
+
     async def _handle(
-        scope: Scope, receive: Receive, send: Send, handler: Handler, shape: ErrorShape, call: Call
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        handler: Handler,
+        shape: ErrorShape,
+        call: Call,
+        authenticate: bool = True,
     ) -> None:
         gateway = ctx.gateway
         rate_headers = anthropic_rate_headers if shape is anthropic_body else openai_rate_headers
@@ -93,7 +118,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             await send(message)
 
         try:
-            if gateway is not None:
+            if gateway is not None and authenticate:
                 gateway.authenticate(call, _api_key(scope))
             await handler(scope, receive, tracking_send, call)
         except ClientDisconnected:
@@ -134,7 +159,32 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         await send({"type": "http.response.body", "body": body})
 
     app.routes = routes  # type: ignore[attr-defined]  # what tests enumerate (auth on each)
+    app.run_line = run_line  # type: ignore[attr-defined]  # the batch runner's way in
     return app
+
+
+def _match(
+    templates: list[tuple[str, list[str]]], scope: Scope, key: tuple[str, str]
+) -> tuple[str, str]:
+    """The route template (`/v1/messages/batches/{id}`) a path fills, its parameters put in
+    `scope["path_params"]`; `key` itself when none does. An empty method matches any."""
+    method, path = key
+    parts = path.split("/")
+    for template_method, template in templates:
+        if (method and method != template_method) or len(template) != len(parts):
+            continue
+        params = {}
+        for want, got in zip(template, parts, strict=True):
+            if want.startswith("{"):
+                if not got:
+                    break
+                params[want.strip("{}")] = got
+            elif want != got:
+                break
+        else:
+            scope["path_params"] = params
+            return (template_method if method else "", "/".join(template))
+    return key
 
 
 def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, ErrorShape]:

@@ -25,7 +25,7 @@ from zerohop.api.queue_timing import QueueTiming
 from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.async_engine import EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.fair_share import BATCH, INTERACTIVE
+from zerohop.engine.fair_share import BACKGROUND, BATCH, INTERACTIVE
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.request_options import check_weight
 from zerohop.engine.sampling_params import SamplingParams
@@ -70,11 +70,8 @@ def engine_options(call: Call) -> dict[str, Any]:
     """The scheduler's view of the caller: tenant, fair-share weight, priority class."""
     identity = call.identity
     batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
-    return {
-        "tenant": identity.tenant.name,
-        "weight": identity.tenant.weight,
-        "priority": BATCH if batch else INTERACTIVE,
-    }
+    priority = BACKGROUND if call.background else BATCH if batch else INTERACTIVE
+    return {"tenant": identity.tenant.name, "weight": identity.tenant.weight, "priority": priority}
 
 
 def sampling_params(
@@ -111,6 +108,8 @@ class ServingContext:
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
     admission: AdmissionControl | None = None  # overload refusals and load headers
     tool_call_parser: str | None = None  # --tool-call-parser; None or auto: by template
+    batches: Any = None  # zerohop.batches.runtime.BatchRuntime, or None: no batch routes
+    max_batch_bytes: int = 256 * 2**20  # a Message Batches create body (the API's limit)
 
     @property
     def tool_parser(self) -> ParserFactory:
@@ -210,7 +209,9 @@ class ServingContext:
             check_weight(options["weight"])
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), code="invalid_tenant_weight") from exc
-        if self.admission is not None:  # before the gateway: a refusal costs no quota
+        # Before the gateway: a refusal costs no quota. Batch lines skip it: the batch runner
+        # bounds them itself, and an overload refusal would only put the line back.
+        if self.admission is not None and not call.background:
             request = Queued(len(prompt), options["tenant"], options["weight"], options["priority"])
             try:
                 load = self.admission.check(call.surface, request)

@@ -11,10 +11,11 @@ time. A tenant that becomes backlogged again has its counter lifted to the small
 among the backlogged tenants (or to the last admitted tenant's, when none is waiting), so it
 cannot bank the service it did not use while idle.
 
-Priority classes come first: class 0 (interactive) is admitted before class 1 (batch), and
-preemption takes batch work first; within a class, fair share decides, ties going to the
-tenant whose next request arrived first. A preempted request is charged again when it is
-re-admitted: its recomputation is service too.
+Priority classes come first: class 0 (interactive) is admitted before class 1 (batch), which
+is admitted before class 2 (background: the lines of Message Batches / OpenAI batches, on the
+capacity the others leave), and preemption takes the highest class number first; within a
+class, fair share decides, ties going to the tenant whose next request arrived first. A
+preempted request is charged again when it is re-admitted: its recomputation is service too.
 
 Order alone does not help a tenant when every sequence slot is taken (`max_num_seqs`) by
 requests of equal length that end together: it would wait for the next batch of endings.
@@ -34,7 +35,7 @@ from zerohop.engine.policy import SchedulingPolicy, TokenUsage
 from zerohop.engine.request_options import check_weight
 from zerohop.engine.sequence import Sequence
 
-INTERACTIVE, BATCH = 0, 1
+INTERACTIVE, BATCH, BACKGROUND = 0, 1, 2
 PRIORITY_CLASSES = {"interactive": INTERACTIVE, "batch": BATCH}
 
 

@@ -98,6 +98,19 @@ class Authenticator:
             except Exception:  # a locked or damaged store: keep serving the last good index
                 log.exception("keys: reloading %s failed", self.store_path)
 
+    def identity_for(self, key_id: str) -> Identity | None:
+        """The identity of a stored key by its public id, as the current snapshot has it:
+        None once it is revoked, expired or invalid (a batch's later lines run as it is now)."""
+        if key_id == ANONYMOUS.key_id and not self.keys_configured:
+            return ANONYMOUS
+        for entry in self._index.values():
+            if entry.key_id == key_id:
+                if isinstance(entry, InvalidKey):
+                    return None
+                expires = entry.expires_at
+                return entry if expires is None or time.time() < expires else None
+        return None
+
     def authenticate(self, token: str | None) -> Identity:
         if not self.keys_configured:
             return ANONYMOUS

@@ -70,6 +70,8 @@ class Call:
     rate_subjects: list[SubjectLimits] = field(default_factory=list)  # charged at admission
     admitted: bool = False
     wants_batch: bool = False  # the request lowered itself to the batch class
+    background: bool = False  # a batch line: the scheduler's background class
+    batch: tuple[str, str] | None = None  # (batch id, custom_id) of a batch line
     decision: str = "none"  # "admitted" | "clamped" | the refusal reason
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -313,6 +315,8 @@ def audit_entry(call: Call, now: float, include_content: bool) -> dict[str, Any]
         "duration_s": now - call.started,
         "decision": call.decision,
     }
+    if call.batch is not None:
+        entry["batch_id"], entry["custom_id"] = call.batch
     if call.reservation is not None:
         entry["budget_reserved"] = call.reservation.reserved
     if include_content:

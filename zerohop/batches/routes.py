@@ -1,0 +1,156 @@
+"""The Message Batches routes (`/v1/messages/batches`...): create, list, retrieve, cancel,
+delete and results, each scoped to the caller's tenant (another tenant's batch is a 404).
+
+Store calls run in a thread (`asyncio.to_thread`): the event loop never waits on SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from zerohop.api.asgi import Receive, Scope, Send, header, read_json_body, send_json
+from zerohop.api.errors import ApiError
+from zerohop.api.service import ServingContext
+from zerohop.batches import wire
+from zerohop.batches.anthropic_input import parse_create
+from zerohop.batches.records import BatchNotEnded, BatchRecord, NewBatch, UnknownCursor
+from zerohop.batches.runner import BatchRunner
+from zerohop.gateway.gateway import Call
+
+Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
+BASE = "/v1/messages/batches"
+RESULTS_PAGE = 1000  # lines read from the store per chunk of a results body
+
+
+def anthropic(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
+    routes = MessageBatches(ctx)
+    return {
+        ("POST", BASE): routes.create,
+        ("GET", BASE): routes.list,
+        ("GET", BASE + "/{id}"): routes.retrieve,
+        ("POST", BASE + "/{id}/cancel"): routes.cancel,
+        ("DELETE", BASE + "/{id}"): routes.delete,
+        ("GET", BASE + "/{id}/results"): routes.results,
+    }
+
+
+class MessageBatches:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.runner: BatchRunner = ctx.batches
+        self.store = self.runner.store
+
+    async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        body = await read_json_body(
+            scope, receive, self.ctx.max_batch_bytes, self.ctx.body_deadline
+        )
+        lines = parse_create(body, self.ctx.model_name)
+        identity = call.identity
+        if identity.source == "jwt":
+            message = "batches need a stored API key (`zerohop keys create`), not a signed token"
+            raise ApiError(400, message)
+        new = NewBatch(identity.tenant.name, identity.key_id, "anthropic", "/v1/messages")
+        batch = await asyncio.to_thread(self.store.create_batch, new, lines)
+        self.runner.wake()
+        await self._send_batch(scope, send, batch)
+
+    async def list(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        query = _query(scope)
+        limit = _limit(query.get("limit"))
+        after_id, before_id = query.get("after_id"), query.get("before_id")
+        if after_id and before_id:
+            raise ApiError(400, "after_id and before_id: give one of them, not both")
+        try:
+            page = await asyncio.to_thread(
+                self.store.list_batches,
+                _tenant(call), "anthropic", limit=limit, after_id=after_id, before_id=before_id,
+            )  # fmt: skip
+        except UnknownCursor as exc:
+            raise ApiError(400, str(exc)) from None
+        rendered = [await self._rendered(scope, batch) for batch in page.data]
+        await send_json(send, 200, wire.page(page, rendered))
+
+    async def retrieve(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        await self._send_batch(scope, send, await self._batch(scope, call))
+
+    async def cancel(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        batch_id = (await self._batch(scope, call)).id
+        batch = await asyncio.to_thread(self.store.cancel_batch, _tenant(call), batch_id)
+        if batch is None:
+            raise _not_found(batch_id)
+        self.runner.cancel(batch_id)
+        await self._send_batch(scope, send, batch)
+
+    async def delete(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        batch_id = (await self._batch(scope, call)).id
+        try:
+            deleted = await asyncio.to_thread(self.store.delete_batch, _tenant(call), batch_id)
+        except BatchNotEnded as exc:
+            raise ApiError(400, str(exc)) from None
+        if not deleted:
+            raise _not_found(batch_id)
+        self.runner.wake()
+        await send_json(send, 200, {"id": batch_id, "type": "message_batch_deleted"})
+
+    async def results(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        batch = await self._batch(scope, call)
+        if batch.status != "ended":
+            raise ApiError(400, f"batch {batch.id} has not ended yet: its results are not ready")
+        headers = [(b"content-type", b"application/x-jsonl")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        after = -1
+        while lines := await asyncio.to_thread(
+            self.store.lines, batch.id, after=after, limit=RESULTS_PAGE
+        ):
+            chunk = b"".join(orjson.dumps(wire.result_line(line)) + b"\n" for line in lines)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            after = lines[-1].index
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _batch(self, scope: Scope, call: Call) -> BatchRecord:
+        batch_id = scope["path_params"]["id"]
+        batch = await asyncio.to_thread(self.store.batch, _tenant(call), batch_id)
+        if batch is None or batch.api != "anthropic":
+            raise _not_found(batch_id)
+        return batch
+
+    async def _rendered(self, scope: Scope, batch: BatchRecord) -> dict[str, Any]:
+        counts = await asyncio.to_thread(self.store.counts, batch.id)
+        return wire.message_batch(batch, counts, _results_url(scope, batch.id))
+
+    async def _send_batch(self, scope: Scope, send: Send, batch: BatchRecord) -> None:
+        await send_json(send, 200, await self._rendered(scope, batch))
+
+
+def _tenant(call: Call) -> str:
+    return call.identity.tenant.name
+
+
+def _not_found(batch_id: str) -> ApiError:
+    return ApiError(404, f"no message batch with id {batch_id!r}")
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    parsed = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return {name: values[-1] for name, values in parsed.items()}
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 1000:
+        raise ApiError(400, f"limit: an integer from 1 to 1000, not {value!r}")
+    return int(value)
+
+
+def _results_url(scope: Scope, batch_id: str) -> str:
+    path = f"{BASE}/{batch_id}/results"
+    host = header(scope, b"host")
+    if host is None:
+        return path
+    return f"{scope.get('scheme', 'http')}://{host.decode('latin-1')}{path}"
