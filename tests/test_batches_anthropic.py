@@ -184,10 +184,10 @@ def test_another_tenant_sees_nothing(server, keys):
     assert owner.messages.batches.retrieve(batch.id).processing_status == "ended"
 
 
-def test_kill_9_mid_batch_resumes_with_one_result_each(server, keys):
-    sdk = client(server, keys["acme"])
+def start_long_batch(server: LiveServer, key: str) -> tuple[str, list[str]]:
+    """A batch of 4 lines of 25 tokens (0.5 s each here), once one of them runs."""
     ids = [f"line-{i}" for i in range(4)]
-    batch = sdk.messages.batches.create(
+    batch = client(server, key).messages.batches.create(
         requests=[{"custom_id": c, "params": params(25, temperature=0)} for c in ids]
     )
     running = 'zerohop_batch_lines{state="running",tenant="acme"} '
@@ -199,10 +199,31 @@ def test_kill_9_mid_batch_resumes_with_one_result_each(server, keys):
         return False
 
     wait_for(lines_running)
+    return batch.id, ids
+
+
+def batches_db(server: LiveServer) -> Path:
+    return Path(server.extra_args[server.extra_args.index("--batches-db") + 1])
+
+
+def test_sigterm_mid_batch_puts_running_lines_back(server, keys):
+    batch_id, ids = start_long_batch(server, keys["acme"])
+    assert server.stop() == 0
+    states = _states(batches_db(server), batch_id)
+    # Each line finished during the drain or was given back to waiting: none is lost.
+    assert "running" not in states and set(states) <= {"succeeded", "waiting"}
+    server.start(server.log_path)
+    sdk = client(server, keys["acme"])
+    assert ended(sdk, batch_id).request_counts.succeeded == 4
+    assert sorted(r.custom_id for r in sdk.messages.batches.results(batch_id)) == ids
+
+
+def test_kill_9_mid_batch_resumes_with_one_result_each(server, keys):
+    batch_id, ids = start_long_batch(server, keys["acme"])
+    batch = client(server, keys["acme"]).messages.batches.retrieve(batch_id)
     os.kill(server.process.pid, signal.SIGKILL)
     server.process.wait()
-    batches_db = Path(server.extra_args[server.extra_args.index("--batches-db") + 1])
-    left_running = _states(batches_db, batch.id).count("running")
+    left_running = _states(batches_db(server), batch.id).count("running")
     assert left_running >= 1
     server.start(server.log_path)  # the same key store and batch store
     done = ended(client(server, keys["acme"]), batch.id)
@@ -210,7 +231,7 @@ def test_kill_9_mid_batch_resumes_with_one_result_each(server, keys):
     answers = list(client(server, keys["acme"]).messages.batches.results(batch.id))
     assert sorted(r.custom_id for r in answers) == ids  # each exactly once
     assert {r.result.type for r in answers} == {"succeeded"}
-    with sqlite3.connect(batches_db) as conn:
+    with sqlite3.connect(batches_db(server)) as conn:
         attempts = [r[0] for r in conn.execute("SELECT attempts FROM lines WHERE batch_id = ?",
                                                (batch.id,))]  # fmt: skip
     assert attempts.count(2) >= left_running  # the lines running at the kill ran again
