@@ -226,9 +226,9 @@ def test_kill_9_mid_batch_resumes_with_one_result_each(server, keys):
     left_running = _states(batches_db(server), batch.id).count("running")
     assert left_running >= 1
     server.start(server.log_path)  # the same key store and batch store
-    done = ended(client(server, keys["acme"]), batch.id)
-    assert done.request_counts.succeeded == 4
-    answers = list(client(server, keys["acme"]).messages.batches.results(batch.id))
+    sdk = client(server, keys["acme"])  # kept: a collected client closes its open stream
+    assert ended(sdk, batch.id).request_counts.succeeded == 4
+    answers = list(sdk.messages.batches.results(batch.id))
     assert sorted(r.custom_id for r in answers) == ids  # each exactly once
     assert {r.result.type for r in answers} == {"succeeded"}
     with sqlite3.connect(batches_db(server)) as conn:
