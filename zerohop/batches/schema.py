@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.batches.records import Api, BatchRecord, LineRecord, UnknownCursor
+from zerohop.gateway.store import open_wal
 
 _BASE62 = string.digits + string.ascii_letters
 
@@ -70,15 +71,7 @@ def new_file_id() -> str:
 
 
 def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
-    assert synchronous in ("NORMAL", "FULL"), synchronous
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.executescript(SCHEMA)
-    return conn
+    return open_wal(path, SCHEMA, synchronous)
 
 
 class Connection:

@@ -91,6 +91,12 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
     committed when the process is killed, only on an OS crash or power loss (the budget
     ledger's `--durability normal`)."""
+    return open_wal(path, SCHEMA, synchronous)
+
+
+def open_wal(path: Path, schema: str, synchronous: str) -> sqlite3.Connection:
+    """A SQLite file in WAL mode with foreign keys on and `schema` applied; transactions are
+    explicit (`BEGIN IMMEDIATE`), and the connection may be shared by threads under a lock."""
     assert synchronous in ("NORMAL", "FULL"), synchronous
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -98,7 +104,7 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.executescript(SCHEMA)
+    conn.executescript(schema)
     return conn
 
 
