@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.batches.records import Api, BatchRecord, LineRecord, UnknownCursor
-from zerohop.gateway.store import open_wal
+from zerohop.gateway.store import immediate_transaction, open_wal
 
 _BASE62 = string.digits + string.ascii_letters
 
@@ -86,14 +86,8 @@ class Connection:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
+        with self._lock, immediate_transaction(self.conn) as conn:
+            yield conn
 
     def _cursor(self, table: str, tenant: str, object_id: str) -> int:
         with self._lock:

@@ -94,6 +94,19 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     return open_wal(path, SCHEMA, synchronous)
 
 
+@contextmanager
+def immediate_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT on a connection opened by `open_wal`; ROLLBACK on any
+    exception, which is raised on."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def open_wal(path: Path, schema: str, synchronous: str) -> sqlite3.Connection:
     """A SQLite file in WAL mode with foreign keys on and `schema` applied; transactions are
     explicit (`BEGIN IMMEDIATE`), and the connection may be shared by threads under a lock."""
@@ -126,13 +139,8 @@ class KeyStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+        with immediate_transaction(self.conn) as conn:
+            yield conn
 
     # -- tenants ------------------------------------------------------------------------------
 
