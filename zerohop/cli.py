@@ -246,7 +246,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_header_bytes=args.max_header_bytes,
         tool_call_parser=args.tool_call_parser,
         batches=BatchOptions(
-            enabled=not args.no_batches, db=args.batches_db, max_share=args.batch_max_share
+            enabled=not args.no_batches,
+            db=args.batches_db,
+            max_share=args.batch_max_share,
+            max_bytes=args.max_batch_bytes,
         ),
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
@@ -501,7 +504,17 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         help="the share of --max-num-seqs that batch lines may hold at once (0 < share <= 1;"
         " they start only when no interactive request waits)",
     )
-    g.add_argument("--no-batches", action="store_true", help="no /v1/messages/batches routes")
+    g.add_argument(
+        "--max-batch-bytes",
+        type=POSITIVE_INT,
+        help="largest Message Batches create body and batch file upload (larger get 413);"
+        " default: the APIs' own limits, 256 MiB and 200 MiB",
+    )
+    g.add_argument(
+        "--no-batches",
+        action="store_true",
+        help="no batch routes (/v1/messages/batches, /v1/files, /v1/batches)",
+    )
     g.add_argument(
         "--no-gateway",
         action="store_true",

@@ -73,6 +73,7 @@ class BatchOptions:
     enabled: bool = True
     db: Path | None = None  # None: batches.db beside the keys database
     max_share: float = 0.5  # of max_num_seqs that batch lines may hold at once
+    max_bytes: int | None = None  # a batch create body or upload; None: each API's limit
 
 
 @dataclass(slots=True)
@@ -185,6 +186,8 @@ async def serve(options: ServeOptions) -> int:
             fair_share=(options.engine_options or {}).get("scheduling_policy", "vtc") == "vtc",
         ),
     )
+    if options.batches.max_bytes is not None:
+        ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
         ctx.batches = open_batches(options, engine, gateway)
     except Exception:

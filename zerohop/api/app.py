@@ -20,6 +20,7 @@ Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 ErrorShape = Callable[[ApiError, str], dict]
 Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
 SURFACES = {anthropic_body: "anthropic", openai_body: "openai"}
+OPENAI_PATHS = ("/v1/chat", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
 
 _HEALTHY = b'{"status":"ok"}'
 _NOT_READY = b'{"status":"unavailable"}'
@@ -32,9 +33,11 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
     }
     if ctx.batches is not None:  # mounted only where a batch store runs
+        from zerohop.batches import openai_routes
         from zerohop.batches import routes as batch_routes
 
         routes.update({k: (h, anthropic_body) for k, h in batch_routes.anthropic(ctx).items()})
+        routes.update({k: (h, openai_body) for k, h in openai_routes.openai(ctx).items()})
     paths = {path for _, path in routes}
     templates = [(method, path.split("/")) for method, path in routes if "{" in path]
 
@@ -188,7 +191,7 @@ def _match(
 
 
 def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, ErrorShape]:
-    openai_path = path.startswith(("/v1/chat", "/v1/completions", "/v1/models"))
+    openai_path = path.startswith(OPENAI_PATHS)
     shape = openai_body if openai_path else anthropic_body
     if known_path:
         return ApiError(405, f"{method} {path} is not supported"), shape

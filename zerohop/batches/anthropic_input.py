@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from zerohop.api.errors import ApiError, anthropic_body
-from zerohop.api.service import new_request_id
+from zerohop.api.errors import ApiError
 from zerohop.batches.records import ERRORED, NewLine
+from zerohop.batches.results import refused
 
 MAX_REQUESTS = 100_000  # the API reference's maxItems
 CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -60,10 +60,3 @@ def _line(custom_id: str, params: dict[str, Any], model_name: str) -> NewLine:
     else:
         return NewLine(custom_id, orjson.dumps(params).decode())
     return NewLine(custom_id, orjson.dumps(params).decode(), ERRORED, refused(error))
-
-
-def refused(error: ApiError, request_id: str | None = None) -> dict[str, Any]:
-    """A line's stored result for an error: the status and the API's own error body."""
-    request_id = request_id or new_request_id()
-    body = anthropic_body(error, request_id)
-    return {"status_code": error.status, "request_id": request_id, "body": body}

@@ -60,7 +60,7 @@ class MessageBatches:
         await self._send_batch(scope, send, batch)
 
     async def list(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
-        query = _query(scope)
+        query = query_params(scope)
         limit = _limit(query.get("limit"))
         after_id, before_id = query.get("after_id"), query.get("before_id")
         if after_id and before_id:
@@ -68,7 +68,7 @@ class MessageBatches:
         try:
             page = await asyncio.to_thread(
                 self.store.list_batches,
-                _tenant(call), "anthropic", limit=limit, after_id=after_id, before_id=before_id,
+                tenant_of(call), "anthropic", limit=limit, after_id=after_id, before_id=before_id,
             )  # fmt: skip
         except UnknownCursor as exc:
             raise ApiError(400, str(exc)) from None
@@ -80,7 +80,7 @@ class MessageBatches:
 
     async def cancel(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         batch_id = (await self._batch(scope, call)).id
-        batch = await asyncio.to_thread(self.store.cancel_batch, _tenant(call), batch_id)
+        batch = await asyncio.to_thread(self.store.cancel_batch, tenant_of(call), batch_id)
         if batch is None:
             raise _not_found(batch_id)
         self.runner.cancel(batch_id)
@@ -89,7 +89,7 @@ class MessageBatches:
     async def delete(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         batch_id = (await self._batch(scope, call)).id
         try:
-            deleted = await asyncio.to_thread(self.store.delete_batch, _tenant(call), batch_id)
+            deleted = await asyncio.to_thread(self.store.delete_batch, tenant_of(call), batch_id)
         except BatchNotEnded as exc:
             raise ApiError(400, str(exc)) from None
         if not deleted:
@@ -114,7 +114,7 @@ class MessageBatches:
 
     async def _batch(self, scope: Scope, call: Call) -> BatchRecord:
         batch_id = scope["path_params"]["id"]
-        batch = await asyncio.to_thread(self.store.batch, _tenant(call), batch_id)
+        batch = await asyncio.to_thread(self.store.batch, tenant_of(call), batch_id)
         if batch is None or batch.api != "anthropic":
             raise _not_found(batch_id)
         return batch
@@ -127,7 +127,7 @@ class MessageBatches:
         await send_json(send, 200, await self._rendered(scope, batch))
 
 
-def _tenant(call: Call) -> str:
+def tenant_of(call: Call) -> str:
     return call.identity.tenant.name
 
 
@@ -135,7 +135,7 @@ def _not_found(batch_id: str) -> ApiError:
     return ApiError(404, f"no message batch with id {batch_id!r}")
 
 
-def _query(scope: Scope) -> dict[str, str]:
+def query_params(scope: Scope) -> dict[str, str]:
     parsed = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return {name: values[-1] for name, values in parsed.items()}
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from zerohop.api.errors import ApiError
-from zerohop.batches.anthropic_input import refused
 from zerohop.batches.line_call import Answer, RunLine, call_line, line_call
 from zerohop.batches.records import CANCELED, ERRORED, SUCCEEDED, RequestCounts, WaitingLine
+from zerohop.batches.results import api_of, end_batch, refused
 from zerohop.batches.store import BatchStore
 from zerohop.engine.fair_share import BACKGROUND
 from zerohop.gateway.gateway import Call
@@ -109,7 +109,7 @@ class BatchRunner:
         changed, self._dirty = self._dirty, False
         changed |= bool(await asyncio.to_thread(store.expire_due))
         for batch in await asyncio.to_thread(store.open_batches):
-            changed |= await asyncio.to_thread(store.finish_batch, batch.id) is not None
+            changed |= await asyncio.to_thread(end_batch, store, batch)
         if changed:
             self.counts = await asyncio.to_thread(store.tenant_line_counts)
 
@@ -150,7 +150,8 @@ class BatchRunner:
         except Exception:
             log.exception("batches: line %s of %s failed", line.custom_id, line.batch_id)
             error = ApiError(500, "internal server error while running this batch line")
-            await asyncio.to_thread(self.store.record_result, *key, ERRORED, refused(error))
+            result = refused(error, api_of(waiting.endpoint))
+            await asyncio.to_thread(self.store.record_result, *key, ERRORED, result)
         finally:
             self._running.pop(key, None)
             self._calls.pop(key, None)
@@ -158,15 +159,15 @@ class BatchRunner:
             self.wake()
 
     async def _answer(self, waiting: WaitingLine, stop: asyncio.Event) -> None:
-        line, store = waiting.line, self.store
+        line, store, api = waiting.line, self.store, api_of(waiting.endpoint)
         key = (line.batch_id, line.index)
         identity = self.identity_for(waiting.key_id)
         if identity is None:
             error = ApiError(401, f"API key {waiting.key_id} is revoked, expired or invalid")
-            await asyncio.to_thread(store.record_result, *key, ERRORED, refused(error))
+            await asyncio.to_thread(store.record_result, *key, ERRORED, refused(error, api))
             return
         assert self.run_line is not None
-        call = self._calls[key] = line_call(identity, (line.batch_id, line.custom_id))
+        call = self._calls[key] = line_call(identity, (line.batch_id, line.custom_id), api)
         answer = await call_line(self.run_line, call, waiting.endpoint, line.params, stop)
         if self._stopping:
             await asyncio.to_thread(store.requeue, *key)
