@@ -207,9 +207,7 @@ def test_cancel_writes_cancelled_lines_to_the_error_file(server, keys):
     assert done.status == "cancelled" and done.cancelled_at is not None
     errors = file_lines(sdk, done.error_file_id)
     assert sorted(errors) == [f"long-{i}" for i in range(4)]
-    assert {row["error"]["code"] for row in errors.values() if row["error"]} <= {
-        "batch_cancelled"
-    }
+    assert {row["error"]["code"] for row in errors.values() if row["error"]} <= {"batch_cancelled"}
 
 
 def test_another_tenant_sees_nothing(server, keys):

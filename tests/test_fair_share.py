@@ -11,9 +11,11 @@ import pytest
 
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from zerohop import LLM, SamplingParams
-from zerohop.engine.fair_share import BATCH, INTERACTIVE, VTCPolicy
+from zerohop.engine.block_pool import BlockPool
+from zerohop.engine.fair_share import BACKGROUND, BATCH, INTERACTIVE, VTCPolicy
 from zerohop.engine.policy import TokenUsage
-from zerohop.engine.sequence import Sequence
+from zerohop.engine.scheduler import Scheduler
+from zerohop.engine.sequence import Sequence, Status
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -228,3 +230,48 @@ def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> No
     policy.add(other)
     assert policy.displace(other, [hogs[0], light]) is None, "nobody holds over its share"
     assert policy.displace(seq("hog", priority=BATCH), hogs) is None, "batch never displaces"
+
+
+# --- background requests (batch lines) in the scheduler --------------------------------------
+
+
+def scheduled_step(scheduler: Scheduler) -> list[Sequence]:
+    """A step as the engine runs it (chunks advanced, completing ones given a token)."""
+    out = scheduler.schedule()
+    for chunk in out.chunks:
+        completes = chunk.completes
+        chunk.seq.num_computed_tokens += chunk.num_tokens
+        scheduler.pool.commit(chunk.seq)
+        if completes:
+            chunk.seq.token_ids.append(7)
+    return [c.seq for c in out.chunks]
+
+
+def background_scheduler(num_blocks: int, lines: int) -> tuple[Scheduler, list[Sequence]]:
+    scheduler = Scheduler(BlockPool(num_blocks, 4, enable_caching=False), 16, 256, VTCPolicy())
+    background = [seq("bulk", priority=BACKGROUND, n=4) for _ in range(lines)]
+    for line in background:
+        scheduler.add(line)
+    scheduled_step(scheduler)  # their prompts
+    return scheduler, background
+
+
+def test_background_lines_sit_out_the_step_of_an_interactive_prompt() -> None:
+    scheduler, background = background_scheduler(64, 3)
+    assert set(scheduled_step(scheduler)) == set(background)  # decoding on an idle engine
+    user = seq("user", n=8)
+    scheduler.add(user)
+    assert scheduled_step(scheduler) == [user]  # its prompt alone: as fast as on idle
+    assert set(scheduled_step(scheduler)) == {user, *background}  # then they decode beside it
+    assert all(line.status is Status.RUNNING for line in background)  # kept their blocks
+
+
+def test_background_lines_give_way_when_blocks_run_out() -> None:
+    # 3 lines of 4 + 1 tokens hold 6 of 7 blocks: the prompt's 2 blocks need one of theirs.
+    scheduler, background = background_scheduler(7, 3)
+    user = seq("user", n=8)
+    scheduler.add(user)
+    steps = [scheduled_step(scheduler) for _ in range(3)]
+    assert user in steps[0] or user in steps[1], "the prompt starts at once, not after them"
+    assert any(line.num_preemptions for line in background)
+    assert user.status is Status.RUNNING

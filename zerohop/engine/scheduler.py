@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zerohop.engine.block_pool import BlockPool
+from zerohop.engine.fair_share import BACKGROUND
 from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy
 from zerohop.engine.prefill_budget import PrefillBudget
 from zerohop.engine.sequence import Sequence, Status
@@ -105,9 +106,31 @@ class Scheduler:
 
     def _plan(self, out: SchedulerOutput) -> None:
         displaced = self._displace_for_waiting(out)
+        if self._foreground_prompt_pending():
+            return self._plan_foreground_first(out, displaced)
         budget = self._schedule_running(out, self.step_budget())
         if len(out.preempted) == displaced:  # no request was preempted for KV blocks
             self._schedule_waiting(out, budget)
+
+    def _plan_foreground_first(self, out: SchedulerOutput, displaced: int) -> None:
+        """Background requests (batch lines) sit out a step that computes a foreground
+        prompt, so its first token comes as soon as on an engine without them; they keep
+        their blocks (or are the first preempted for it). If the prompt cannot start (no
+        slot or blocks yet), they run as usual."""
+        budget = self._schedule_running(out, self.step_budget(), _foreground)
+        if len(out.preempted) == displaced:
+            budget = self._schedule_waiting(out, budget)
+        if not any(_foreground(c.seq) and not c.is_decode for c in out.chunks):
+            self._schedule_running(out, budget, _background)
+
+    def _foreground_prompt_pending(self) -> bool:
+        """A foreground prompt waits or is being computed while background requests run."""
+        if not any(seq.priority >= BACKGROUND for seq in self.running):
+            return False
+        waiting = self.policy.peek()
+        if waiting is not None and waiting.priority < BACKGROUND:
+            return True
+        return any(_foreground(seq) and not _is_decode(seq) for seq in self.running)
 
     def step_budget(self) -> int:
         """Tokens this step may compute: every decode, and the prompt tokens the prefill
@@ -153,17 +176,20 @@ class Scheduler:
         self._preempt(victim, out)
         return 1
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        scheduled: set[int] = set()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, include: Callable[[Sequence], bool] = bool
+    ) -> int:
+        scheduled = {id(c.seq) for c in out.chunks}
+        for seq in list(self.running):  # a copy: preemption removes from it
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING or id(seq) in scheduled or not include(seq):
+                continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
             if not _is_decode(seq):  # a prompt's chunk: the decodes after it go first
-                num_new = min(num_new, budget - self._decodes_after(i))
+                num_new = min(num_new, budget - self._decodes_after(seq, include))
                 if num_new <= 0:
-                    i += 1
                     continue
             while not self.pool.allocate(seq, seq.num_computed_tokens + num_new):
                 candidates = [s for s in self.running if id(s) not in scheduled]
@@ -175,27 +201,27 @@ class Scheduler:
                 scheduled.add(id(seq))
                 out.chunks.append(ScheduledChunk(seq, num_new))
                 budget -= num_new
-                i += 1
                 continue
             if seq.status is Status.WAITING:  # it preempted itself: nothing else fits
                 break
         return budget
 
-    def _decodes_after(self, index: int) -> int:
-        return sum(1 for seq in self.running[index + 1 :] if _is_decode(seq))
+    def _decodes_after(self, seq: Sequence, include: Callable[[Sequence], bool]) -> int:
+        later = self.running[self.running.index(seq) + 1 :]
+        return sum(1 for other in later if _is_decode(other) and include(other))
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         while budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.policy.peek()
             if seq is None:
-                return
+                return budget
             if seq.status is not Status.WAITING:  # its removal failed when it ended
                 self.policy.remove(seq)  # once more; raising now fails the step
                 continue
             hits = self.pool.match_prefix(seq)
             num_new = min(seq.num_tokens - len(hits) * self.pool.block_size, budget)
             if not self.pool.can_admit(seq, hits, num_new):
-                return
+                return budget
             self._hook(seq, True, self.policy.remove)
             self._hook(seq, False, self.policy.admitted)
             self.pool.admit(seq, hits, seq.num_tokens)
@@ -207,6 +233,7 @@ class Scheduler:
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, num_new))
             budget -= num_new
+        return budget
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
@@ -228,6 +255,14 @@ class Scheduler:
                 log.exception("scheduling policy failed to remove request %s", seq.request_id)
         self.pool.release(seq)
         seq.finish(reason, stop_reason)
+
+
+def _foreground(seq: Sequence) -> bool:
+    return seq.priority < BACKGROUND
+
+
+def _background(seq: Sequence) -> bool:
+    return seq.priority >= BACKGROUND
 
 
 def _is_decode(seq: Sequence) -> bool:
