@@ -275,3 +275,18 @@ def test_background_lines_give_way_when_blocks_run_out() -> None:
     assert user in steps[0] or user in steps[1], "the prompt starts at once, not after them"
     assert any(line.num_preemptions for line in background)
     assert user.status is Status.RUNNING
+
+
+def test_background_lines_linger_after_foreground_work() -> None:
+    scheduler, background = background_scheduler(64, 2)
+    assert scheduler.background_hold(0.05) == 0.0  # no foreground work yet: no wait
+    user = seq("user", n=4)
+    scheduler.add(user)
+    assert scheduler.background_hold(0.05) == 0.0  # it waits: step now
+    scheduled_step(scheduler)
+    scheduler.finish(user, "stop")
+    assert 0.0 < scheduler.background_hold(0.05) <= 0.05  # the client's next request may come
+    assert scheduler.background_hold(0.0) == 0.0
+    scheduler.foreground_at -= 0.05
+    assert scheduler.background_hold(0.05) == 0.0
+    assert set(scheduled_step(scheduler)) == set(background)

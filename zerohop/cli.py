@@ -47,6 +47,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         " fits within this, so their next tokens keep flowing while new prompts prefill (a step"
         " with nothing decoding keeps the full --max-num-batched-tokens; 0: no limit)",
     )
+    g.add_argument(
+        "--batch-linger",
+        type=NONNEGATIVE_NUMBER,
+        default=0.05,  # EngineConfig's background_linger
+        metavar="SECONDS",
+        help="batch lines wait this long after interactive work before a step of their own:"
+        " a client's next request usually comes within it and then starts at once (0: no wait)",
+    )
     g.add_argument("--block-size", type=POSITIVE_INT, default=16, help="tokens per KV cache block")
     g.add_argument(
         "--kv-cache-memory",
@@ -144,6 +152,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "inter_token_target": args.inter_token_target,
+        "background_linger": args.batch_linger,
         "block_size": args.block_size,
         "kv_cache_memory": args.kv_cache_memory,
         "dtype": args.dtype,

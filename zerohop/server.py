@@ -269,8 +269,10 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
     identity_for = gateway.auth.identity_for if gateway is not None else lambda _: ANONYMOUS
     from zerohop.engine.config import EngineConfig
 
-    max_num_seqs = (options.engine_options or {}).get("max_num_seqs") or EngineConfig.max_num_seqs
-    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs))
+    engine_options = options.engine_options or {}
+    max_num_seqs = engine_options.get("max_num_seqs") or EngineConfig.max_num_seqs
+    target = engine_options.get("inter_token_target", EngineConfig.inter_token_target)
+    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:

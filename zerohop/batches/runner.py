@@ -1,7 +1,7 @@
 """The batch runner: starts waiting lines on the capacity interactive work leaves.
 
 Every wake-up (a line finished, a batch created or cancelled, a 1 s tick) it expires due
-batches, ends batches with nothing open, and starts lines while fewer than `cap` run, no
+batches, ends batches with nothing open, and starts lines while fewer than `room()` run, no
 request of a class above BACKGROUND waits in the engine, and at most `LOOKAHEAD` of its own
 lines wait there unstarted. Lines are taken in turn from each tenant (`next_waiting`); the
 engine's fair share orders them from there. A retryable refusal (a rate limit, the engine
@@ -25,6 +25,7 @@ from zerohop.batches.records import CANCELED, ERRORED, SUCCEEDED, RequestCounts,
 from zerohop.batches.results import api_of, end_batch, refused
 from zerohop.batches.store import BatchStore
 from zerohop.engine.fair_share import BACKGROUND
+from zerohop.engine.step_times import StepCurve
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.identity import Identity
 
@@ -44,9 +45,11 @@ class BatchRunner:
         engine: object,
         identity_for: IdentityFor,
         cap: int,
+        step_target: float = 0.0,
     ) -> None:
         self.store, self.engine, self.identity_for = store, engine, identity_for
         self.cap = max(1, cap)
+        self.step_target = step_target  # seconds a decode step of the lines should stay within
         self.run_line: RunLine | None = None  # the app's, set before `start`
         self.counts: dict[str, RequestCounts] = {}  # per tenant, for /metrics
         self._running: dict[tuple[str, int], tuple[asyncio.Task, asyncio.Event]] = {}
@@ -114,7 +117,7 @@ class BatchRunner:
             self.counts = await asyncio.to_thread(store.tenant_line_counts)
 
     async def _fill(self) -> int:
-        free = min(self.cap - len(self._running), LOOKAHEAD - self._unstarted())
+        free = min(self.room() - len(self._running), LOOKAHEAD - self._unstarted())
         if free <= 0 or self._stopping or not self._engine_has_room():
             return 0
         now = time.monotonic()
@@ -131,6 +134,17 @@ class BatchRunner:
                 self._dirty = True
                 started += 1
         return started
+
+    def room(self) -> int:
+        """Lines at once: the cap, and no more than the engine decodes within the inter-token
+        target by its measured step times. Where a step's cost grows with its rows (a CPU),
+        more lines would add little throughput and make every step longer, which an
+        interactive request arriving during one waits for."""
+        stats = getattr(self.engine, "latest_stats", None) or {}
+        curve = StepCurve.from_rows((stats.get("step_times") or {}).get("decode") or [])
+        if curve is None or self.step_target <= 0:
+            return self.cap
+        return max(1, curve.largest_within(self.step_target, self.cap))
 
     def _unstarted(self) -> int:
         """Own lines the engine has not begun (not admitted yet, or queued there)."""

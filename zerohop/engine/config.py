@@ -170,6 +170,10 @@ class EngineConfig:
     # Seconds a step with running decodes aims to take: its prompt tokens are cut to what the
     # measured step costs say fits (zerohop.engine.prefill_budget); 0: no limit.
     inter_token_target: float = DEFAULT_INTER_TOKEN_TARGET
+    # Seconds background requests (batch lines) wait after foreground work before a step of
+    # their own: a client's next request usually comes within it, and then it does not wait
+    # for their step (zerohop.engine.scheduler); 0: they step at once.
+    background_linger: float = 0.05
     block_size: int = 16
     kv_cache_memory: float | None = None  # GiB; None: 1 GiB on CPU, a fraction of free on CUDA
     gpu_memory_utilization: float = 0.9
@@ -205,6 +209,11 @@ class EngineConfig:
             raise ValueError(f"inter_token_target must be a number of seconds; got {target!r}")
         if not math.isfinite(target) or target < 0:
             raise ValueError(f"inter_token_target must be finite and >= 0; got {target!r}")
+        linger = self.background_linger
+        if isinstance(linger, bool) or not isinstance(linger, int | float):
+            raise ValueError(f"background_linger must be a number of seconds; got {linger!r}")
+        if not math.isfinite(linger) or linger < 0:
+            raise ValueError(f"background_linger must be finite and >= 0; got {linger!r}")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_MODES)};"

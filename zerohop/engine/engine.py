@@ -207,6 +207,12 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests or self._failed_adds)
 
+    def background_hold(self) -> float:
+        """Seconds to wait before a step of background requests alone (see the scheduler)."""
+        if self._failed_adds:
+            return 0.0
+        return self.scheduler.background_hold(self.config.background_linger)
+
     def stats(self) -> EngineStats:
         pool = self.pool
         return EngineStats(

@@ -71,7 +71,7 @@ def engine_info(engine: LLMEngine) -> dict[str, Any]:
 def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
     while True:
         idle = not engine.has_unfinished()
-        if channel.wait(None if idle else 0):
+        if channel.wait(None if idle else engine.background_hold()):
             messages = channel.read_available()
             if messages is None:
                 return  # the API process is gone
@@ -79,7 +79,7 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
                 if message[0] == "shutdown":
                     return
                 _handle(engine, channel, message)
-        if engine.has_unfinished():
+        if engine.has_unfinished() and engine.background_hold() == 0:
             deltas = engine.step()
             if deltas:
                 stats = dataclasses.asdict(engine.stats())

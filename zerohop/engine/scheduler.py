@@ -9,6 +9,11 @@ decodes scheduled after it. When the pool runs dry, the policy's victim is preem
 recompute: its blocks are freed and it waits again with every token it has, prompt and
 output.
 
+Background requests (class BACKGROUND: batch lines) take only what foreground work leaves: a
+step that computes a foreground prompt leaves them out (they keep their blocks), and a step
+of theirs alone waits `background_linger` after the last foreground step, so that a client
+sending its next request right after an answer does not wait for their step either.
+
 A policy hook that fails for one request (`remove`, `admitted` or `requeue` of that request)
 fails that request only: it is taken out of the batch, its blocks freed, and reported in
 `SchedulerOutput.failed`; what was planned before stays planned. Any other failure is
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -85,6 +92,7 @@ class Scheduler:
         self.policy = policy if policy is not None else FCFSPolicy()
         self.prefill_budget = prefill_budget  # None: the full budget in every step
         self.running: list[Sequence] = []
+        self.foreground_at = -math.inf  # monotonic time of the last step with foreground work
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING
@@ -102,7 +110,19 @@ class Scheduler:
         except RequestFault as fault:  # that request fails; the rest waits for the next step
             log.exception("scheduling policy failed on request %s", fault.seq.request_id)
             self._drop(fault, out)
+        if any(_foreground(c.seq) for c in out.chunks):
+            self.foreground_at = time.monotonic()
         return out
+
+    def background_hold(self, linger: float) -> float:
+        """Seconds a step of background requests alone should wait yet: `linger` after the
+        last step with foreground work, 0 when foreground work is there or none runs."""
+        if linger <= 0 or not self.running:
+            return 0.0
+        waiting = self.policy.peek()
+        if any(_foreground(s) for s in self.running) or (waiting and _foreground(waiting)):
+            return 0.0
+        return max(0.0, self.foreground_at + linger - time.monotonic())
 
     def _plan(self, out: SchedulerOutput) -> None:
         displaced = self._displace_for_waiting(out)
@@ -114,12 +134,12 @@ class Scheduler:
 
     def _plan_foreground_first(self, out: SchedulerOutput, displaced: int) -> None:
         """Background requests (batch lines) sit out a step that computes a foreground
-        prompt, so its first token comes as soon as on an engine without them; they keep
-        their blocks (or are the first preempted for it). If the prompt cannot start (no
-        slot or blocks yet), they run as usual."""
+        prompt, so its first token comes as soon as on an engine without them: none of
+        theirs decodes or starts in it; they keep their blocks (or are the first preempted
+        for it). If the prompt cannot start (no slot or blocks yet), they run as usual."""
         budget = self._schedule_running(out, self.step_budget(), _foreground)
         if len(out.preempted) == displaced:
-            budget = self._schedule_waiting(out, budget)
+            budget = self._schedule_waiting(out, budget, _foreground)
         if not any(_foreground(c.seq) and not c.is_decode for c in out.chunks):
             self._schedule_running(out, budget, _background)
 
@@ -210,10 +230,12 @@ class Scheduler:
         later = self.running[self.running.index(seq) + 1 :]
         return sum(1 for other in later if _is_decode(other) and include(other))
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_waiting(
+        self, out: SchedulerOutput, budget: int, include: Callable[[Sequence], bool] = bool
+    ) -> int:
         while budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.policy.peek()
-            if seq is None:
+            if seq is None or not include(seq):
                 return budget
             if seq.status is not Status.WAITING:  # its removal failed when it ended
                 self.policy.remove(seq)  # once more; raising now fails the step
