@@ -72,6 +72,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-max-tokens", type=int, default=16)
     p.add_argument("--interactive-max-tokens", type=int, default=32)
     p.add_argument("--batch-max-share", default=None, help="passed to the server (default: its)")
+    p.add_argument(
+        "--server-arg", action="append", default=[], help="one more `zerohop serve` argument"
+    )
     p.add_argument("--skip-crash", action="store_true")
     p.add_argument("--quick", action="store_true", help="100 lines, 100 crash lines, 10 samples")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "batches.json")
@@ -100,7 +103,7 @@ class BatchServer(Server):
         ]  # fmt: skip
         if args.batch_max_share is not None:
             cmd += ["--batch-max-share", str(args.batch_max_share)]
-        self.cmd = cmd
+        self.cmd = cmd + args.server_arg
         state.mkdir(parents=True, exist_ok=True)
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:

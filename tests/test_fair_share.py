@@ -238,6 +238,7 @@ def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> No
 def scheduled_step(scheduler: Scheduler) -> list[Sequence]:
     """A step as the engine runs it (chunks advanced, completing ones given a token)."""
     out = scheduler.schedule()
+    scheduler.stepped(out)
     for chunk in out.chunks:
         completes = chunk.completes
         chunk.seq.num_computed_tokens += chunk.num_tokens

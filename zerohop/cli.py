@@ -50,7 +50,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--batch-linger",
         type=NONNEGATIVE_NUMBER,
-        default=0.05,  # EngineConfig's background_linger
+        default=0.15,  # EngineConfig's background_linger (benchmarks/batches.py chose it)
         metavar="SECONDS",
         help="batch lines wait this long after interactive work before a step of their own:"
         " a client's next request usually comes within it and then starts at once (0: no wait)",

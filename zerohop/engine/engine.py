@@ -273,6 +273,7 @@ class LLMEngine:
             failing = [c.seq for c in chunks]
             return deltas + self._step_failed(failing, FORWARD_FAILED)
         self._failed_steps = 0
+        self.scheduler.stepped(plan)
         step_deltas, logits = self._advance_all(chunks, logits)
         logits = self.forks.fork(logits, chunks, completing, step_deltas)
         self.constraints.apply(logits, completing)

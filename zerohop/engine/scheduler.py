@@ -92,7 +92,7 @@ class Scheduler:
         self.policy = policy if policy is not None else FCFSPolicy()
         self.prefill_budget = prefill_budget  # None: the full budget in every step
         self.running: list[Sequence] = []
-        self.foreground_at = -math.inf  # monotonic time of the last step with foreground work
+        self.foreground_at = -math.inf  # monotonic time the last step with foreground work ended
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is Status.WAITING
@@ -110,13 +110,16 @@ class Scheduler:
         except RequestFault as fault:  # that request fails; the rest waits for the next step
             log.exception("scheduling policy failed on request %s", fault.seq.request_id)
             self._drop(fault, out)
+        return out
+
+    def stepped(self, out: SchedulerOutput) -> None:
+        """A planned step has run: a step with foreground work starts the linger."""
         if any(_foreground(c.seq) for c in out.chunks):
             self.foreground_at = time.monotonic()
-        return out
 
     def background_hold(self, linger: float) -> float:
         """Seconds a step of background requests alone should wait yet: `linger` after the
-        last step with foreground work, 0 when foreground work is there or none runs."""
+        last step with foreground work ended, 0 when foreground work is there or none runs."""
         if linger <= 0 or not self.running:
             return 0.0
         waiting = self.policy.peek()
