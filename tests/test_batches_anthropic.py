@@ -38,14 +38,18 @@ def wait_for(check: Callable[[], object], timeout: float = SAFETY_TIMEOUT) -> ob
     return value
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    db = tmp_path_factory.mktemp("batch_keys") / "keys.db"
+def tenant_keys(db: Path) -> dict:
+    """A key store with a key of tenant acme and one of beta: {"db", "acme", "beta"}."""
     made = {
         tenant: cli_json("keys", "create", "--keys-db", db, "--tenant", tenant)["key"]
         for tenant in ("acme", "beta")
     }
     return {"db": db, **made}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return tenant_keys(tmp_path_factory.mktemp("batch_keys") / "keys.db")
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from tests.test_batches_anthropic import wait_for
-from tests.test_gateway_auth import cli_json
+from tests.test_batches_anthropic import tenant_keys, wait_for
 
 MAX_UPLOAD = 64 * 1024
 
@@ -33,12 +32,7 @@ def jsonl(*lines: dict | bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    db = tmp_path_factory.mktemp("openai_batch_keys") / "keys.db"
-    made = {
-        tenant: cli_json("keys", "create", "--keys-db", db, "--tenant", tenant)["key"]
-        for tenant in ("acme", "beta")
-    }
-    return {"db": db, **made}
+    return tenant_keys(tmp_path_factory.mktemp("openai_batch_keys") / "keys.db")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
+from tests.test_prefill_budget import run_step
 from zerohop import LLM, SamplingParams
 from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.fair_share import BACKGROUND, BATCH, INTERACTIVE, VTCPolicy
@@ -236,16 +237,8 @@ def test_full_slots_make_room_for_interactive_and_for_an_unserved_tenant() -> No
 
 
 def scheduled_step(scheduler: Scheduler) -> list[Sequence]:
-    """A step as the engine runs it (chunks advanced, completing ones given a token)."""
-    out = scheduler.schedule()
-    scheduler.stepped(out)
-    for chunk in out.chunks:
-        completes = chunk.completes
-        chunk.seq.num_computed_tokens += chunk.num_tokens
-        scheduler.pool.commit(chunk.seq)
-        if completes:
-            chunk.seq.token_ids.append(7)
-    return [c.seq for c in out.chunks]
+    """A step as the engine runs it: the requests it computed."""
+    return [c.seq for c in run_step(scheduler).chunks]
 
 
 def background_scheduler(num_blocks: int, lines: int) -> tuple[Scheduler, list[Sequence]]:
@@ -291,3 +284,13 @@ def test_background_lines_linger_after_foreground_work() -> None:
     scheduler.foreground_at -= 0.05
     assert scheduler.background_hold(0.05) == 0.0
     assert set(scheduled_step(scheduler)) == set(background)
+
+
+def test_a_new_background_prompt_lingers_too() -> None:
+    scheduler = Scheduler(BlockPool(64, 4, enable_caching=False), 16, 256, VTCPolicy())
+    user = seq("user", n=4)
+    scheduler.add(user)
+    scheduled_step(scheduler)
+    scheduler.finish(user, "stop")
+    scheduler.add(seq("bulk", priority=BACKGROUND, n=4))
+    assert scheduler.background_hold(0.05) > 0.0

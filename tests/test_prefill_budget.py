@@ -178,6 +178,7 @@ def run_step(scheduler: Scheduler) -> SchedulerOutput:
     """Schedule a step and do what the engine does after the forward pass: advance each
     chunk, and give a completing chunk its next token."""
     out = scheduler.schedule()
+    scheduler.stepped(out)
     for chunk in out.chunks:
         completes = chunk.completes
         chunk.seq.num_computed_tokens += chunk.num_tokens

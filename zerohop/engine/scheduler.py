@@ -119,10 +119,12 @@ class Scheduler:
 
     def background_hold(self, linger: float) -> float:
         """Seconds a step of background requests alone should wait yet: `linger` after the
-        last step with foreground work ended, 0 when foreground work is there or none runs."""
-        if linger <= 0 or not self.running:
-            return 0.0
+        last step with foreground work ended, 0 when foreground work is there or there is
+        nothing to run. A line whose prompt arrives in that time waits too: its prefill
+        step is the longest there is."""
         waiting = self.policy.peek()
+        if linger <= 0 or (waiting is None and not self.running):
+            return 0.0
         if any(_foreground(s) for s in self.running) or (waiting and _foreground(waiting)):
             return 0.0
         return max(0.0, self.foreground_at + linger - time.monotonic())
