@@ -294,3 +294,29 @@ def test_a_new_background_prompt_lingers_too() -> None:
     scheduler.finish(user, "stop")
     scheduler.add(seq("bulk", priority=BACKGROUND, n=4))
     assert scheduler.background_hold(0.05) > 0.0
+
+
+def test_an_interactive_prompt_is_not_chunked_for_decodes_that_sit_out() -> None:
+    # A prefill budget that allows no prompt token beside a decode: were the sitting-out
+    # lines counted, the prompt would go one token a step.
+    from zerohop.engine.prefill_budget import PrefillBudget
+    from zerohop.engine.step_times import StepTimes
+
+    times = StepTimes()
+    times.record(1, 0.2, 1)  # a decode step: over the target
+    times.record(64, 6.4, 0)  # a prompt token: 0.1 s, so only a few fit beside decodes
+    scheduler = Scheduler(
+        BlockPool(64, 4, enable_caching=False),
+        16,
+        256,
+        VTCPolicy(),
+        PrefillBudget(0.1, lambda: times),
+    )
+    background = [seq("bulk", priority=BACKGROUND, n=4) for _ in range(3)]
+    for line in background:
+        scheduler.add(line)
+    scheduled_step(scheduler)
+    user = seq("user", n=40)
+    scheduler.add(user)
+    out = run_step(scheduler)
+    assert [(c.seq, c.num_tokens) for c in out.chunks] == [(user, 40)]

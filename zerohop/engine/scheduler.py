@@ -142,11 +142,14 @@ class Scheduler:
         prompt, so its first token comes as soon as on an engine without them: none of
         theirs decodes or starts in it; they keep their blocks (or are the first preempted
         for it). If the prompt cannot start (no slot or blocks yet), they run as usual."""
-        budget = self._schedule_running(out, self.step_budget(), _foreground)
+        # The prompt's budget counts only the decodes that run beside it.
+        budget = self._schedule_running(out, self.step_budget(_foreground), _foreground)
         if len(out.preempted) == displaced:
             budget = self._schedule_waiting(out, budget, _foreground)
         if not any(_foreground(c.seq) and not c.is_decode for c in out.chunks):
-            self._schedule_running(out, budget, _background)
+            decodes = sum(1 for seq in self.running if _is_decode(seq))
+            left = self._budget_beside(decodes) - out.num_tokens
+            self._schedule_running(out, min(budget, left), _background)
 
     def _foreground_prompt_pending(self) -> bool:
         """A foreground prompt waits or is being computed while background requests run."""
@@ -157,14 +160,18 @@ class Scheduler:
             return True
         return any(_foreground(seq) and not _is_decode(seq) for seq in self.running)
 
-    def step_budget(self) -> int:
-        """Tokens this step may compute: every decode, and the prompt tokens the prefill
-        budget allows beside them; max_num_batched_tokens when nothing decodes. The decodes
-        count as output produced in the budget's measure of prompt demand."""
-        limit = self.max_num_batched_tokens
-        decodes = sum(1 for seq in self.running if _is_decode(seq))
+    def step_budget(self, include: Callable[[Sequence], bool] = bool) -> int:
+        """Tokens this step may compute: every decode (of the requests `include` takes), and
+        the prompt tokens the prefill budget allows beside them; max_num_batched_tokens when
+        nothing decodes. The decodes count as output produced in the budget's measure of
+        prompt demand."""
+        decodes = sum(1 for seq in self.running if _is_decode(seq) and include(seq))
         if self.prefill_budget is not None:
             self.prefill_budget.demand.produced(decodes)
+        return self._budget_beside(decodes)
+
+    def _budget_beside(self, decodes: int) -> int:
+        limit = self.max_num_batched_tokens
         if self.prefill_budget is None or decodes == 0 or decodes >= limit:
             return limit
         return decodes + self.prefill_budget.tokens(decodes, limit - decodes)
