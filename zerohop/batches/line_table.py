@@ -111,6 +111,13 @@ class LineTable(Connection):
             ).fetchall()
         return [_line(r) for r in rows]
 
+    def line_pages(self, batch_id: str, limit: int = 1000) -> Iterator[list[LineRecord]]:
+        """A batch's lines in order, `limit` at a time (`lines` page after page)."""
+        after = -1
+        while page := self.lines(batch_id, after=after, limit=limit):
+            yield page
+            after = page[-1].index
+
     def tenant_line_counts(self) -> dict[str, RequestCounts]:
         """Every tenant's stored lines by state (for /metrics' counters, read once at start)."""
         counts: dict[str, RequestCounts] = defaultdict(RequestCounts)

@@ -17,8 +17,8 @@ from zerohop.api.service import ServingContext
 from zerohop.batches import openai_wire as wire
 from zerohop.batches.multipart import read_upload
 from zerohop.batches.openai_input import CreateBody, parse_create, parse_input_file
-from zerohop.batches.records import BatchRecord, FileRecord, NewBatch, UnknownCursor
-from zerohop.batches.routes import query_params, tenant_of
+from zerohop.batches.records import BatchRecord, FileRecord, NewBatch
+from zerohop.batches.routes import limit_param, paged, query_params, tenant_of
 from zerohop.batches.runner import BatchRunner
 from zerohop.gateway.gateway import Call
 
@@ -68,8 +68,8 @@ class Files:
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise ApiError(400, f"order: 'asc' or 'desc', not {order!r}", param="order")
-        limit = _limit(query.get("limit"), 10_000, 10_000)
-        page = await _paged(
+        limit = limit_param(query.get("limit"), 10_000, 10_000)
+        page = await paged(
             self.store.list_files,
             tenant_of(call), limit=limit, after=query.get("after"), order=order,
             purpose=query.get("purpose"),
@@ -142,8 +142,8 @@ class Batches:
 
     async def list(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         query = query_params(scope)
-        limit = _limit(query.get("limit"), 20, 100)
-        page = await _paged(
+        limit = limit_param(query.get("limit"), 20, 100)
+        page = await paged(
             self.store.list_batches, tenant_of(call), "openai", limit=limit,
             after_id=query.get("after"),
         )  # fmt: skip
@@ -173,21 +173,6 @@ class Batches:
 
     async def _send_batch(self, send: Send, batch: BatchRecord) -> None:
         await send_json(send, 200, await self._rendered(batch))
-
-
-async def _paged(list_call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    try:
-        return await asyncio.to_thread(list_call, *args, **kwargs)
-    except UnknownCursor as exc:
-        raise ApiError(400, str(exc), param="after") from None
-
-
-def _limit(value: str | None, default: int, most: int) -> int:
-    if value is None:
-        return default
-    if not value.isdigit() or not 1 <= int(value) <= most:
-        raise ApiError(400, f"limit: an integer from 1 to {most}, not {value!r}", param="limit")
-    return int(value)
 
 
 def _no_file(file_id: str, param: str | None = None) -> ApiError:

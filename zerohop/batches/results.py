@@ -25,7 +25,6 @@ from zerohop.batches.records import (
     NewFile,
 )
 
-PAGE = 1000  # lines read from the store at a time while the files are written
 NOT_RUN = {
     CANCELED: ("batch_cancelled", "the batch was cancelled before this request ran"),
     EXPIRED: ("batch_expired", "the batch expired before this request ran"),
@@ -118,16 +117,9 @@ def end_batch(store: Any, batch: BatchRecord) -> bool:
         return store.finish_batch(batch.id) is not None
     if store.counts(batch.id).processing:
         return False
-    files = openai_files(_pages(store, batch.id))
+    files = openai_files(store.line_pages(batch.id))
     made = files.files(batch)
     ended = store.finish_batch(
         batch.id, output=made["output"], error=made["error"], usage=files.usage
     )
     return ended is not None
-
-
-def _pages(store: Any, batch_id: str) -> Iterator[list[LineRecord]]:
-    after = -1
-    while page := store.lines(batch_id, after=after, limit=PAGE):
-        yield page
-        after = page[-1].index

@@ -24,7 +24,6 @@ from zerohop.gateway.gateway import Call
 
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 BASE = "/v1/messages/batches"
-RESULTS_PAGE = 1000  # lines read from the store per chunk of a results body
 
 
 def anthropic(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
@@ -61,17 +60,14 @@ class MessageBatches:
 
     async def list(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         query = query_params(scope)
-        limit = _limit(query.get("limit"))
+        limit = limit_param(query.get("limit"))
         after_id, before_id = query.get("after_id"), query.get("before_id")
         if after_id and before_id:
             raise ApiError(400, "after_id and before_id: give one of them, not both")
-        try:
-            page = await asyncio.to_thread(
-                self.store.list_batches,
-                tenant_of(call), "anthropic", limit=limit, after_id=after_id, before_id=before_id,
-            )  # fmt: skip
-        except UnknownCursor as exc:
-            raise ApiError(400, str(exc)) from None
+        page = await paged(
+            self.store.list_batches,
+            tenant_of(call), "anthropic", limit=limit, after_id=after_id, before_id=before_id,
+        )  # fmt: skip
         rendered = [await self._rendered(scope, batch) for batch in page.data]
         await send_json(send, 200, wire.page(page, rendered))
 
@@ -103,13 +99,10 @@ class MessageBatches:
             raise ApiError(400, f"batch {batch.id} has not ended yet: its results are not ready")
         headers = [(b"content-type", b"application/x-jsonl")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        after = -1
-        while lines := await asyncio.to_thread(
-            self.store.lines, batch.id, after=after, limit=RESULTS_PAGE
-        ):
+        pages = self.store.line_pages(batch.id)
+        while lines := await asyncio.to_thread(next, pages, None):
             chunk = b"".join(orjson.dumps(wire.result_line(line)) + b"\n" for line in lines)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            after = lines[-1].index
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _batch(self, scope: Scope, call: Call) -> BatchRecord:
@@ -140,12 +133,20 @@ def query_params(scope: Scope) -> dict[str, str]:
     return {name: values[-1] for name, values in parsed.items()}
 
 
-def _limit(value: str | None) -> int:
+def limit_param(value: str | None, default: int = 20, most: int = 1000) -> int:
     if value is None:
-        return 20
-    if not value.isdigit() or not 1 <= int(value) <= 1000:
-        raise ApiError(400, f"limit: an integer from 1 to 1000, not {value!r}")
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= most:
+        raise ApiError(400, f"limit: an integer from 1 to {most}, not {value!r}", param="limit")
     return int(value)
+
+
+async def paged(list_call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A store list call in a thread; a cursor naming no object of the tenant is a 400."""
+    try:
+        return await asyncio.to_thread(list_call, *args, **kwargs)
+    except UnknownCursor as exc:
+        raise ApiError(400, str(exc), param="after") from None
 
 
 def _results_url(scope: Scope, batch_id: str) -> str:
