@@ -451,6 +451,113 @@ def test_a_restart_after_a_truncation_keeps_the_gap(tmp_path: Path) -> None:
     )
 
 
+# -- several directories: a fleet's replicas' audit folders gathered in one place -------------
+
+
+def replica(root: Path, name: str, n: int, db_name: str = "keys.db") -> Path:
+    """A replica's data folder as `zerohop serve` lays it out: audit/ and the store beside."""
+    write_with_heads(root / name / "audit", root / name / db_name, n)
+    return root / name / "audit"
+
+
+def verify_cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    from zerohop.cli import main
+
+    code = main(["audit", "verify", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def no_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$XDG_DATA_HOME/zerohop/keys.db (the last place looked in) is this test's own."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+
+def test_verify_of_two_good_directories_prefixes_each_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_default_store: None
+) -> None:
+    a = replica(tmp_path, "zerohop-0", 5)
+    b = replica(tmp_path, "zerohop-1", 7, db_name="replica.db")  # the fleet store's local file
+    code, out, err = verify_cli(capsys, a, b)
+    assert (code, err) == (0, "")  # each head found beside its own folder
+    assert out == f"{a}: ok: 5 records in 1 files\n{b}: ok: 7 records in 1 files\n"
+
+
+def test_verify_of_several_directories_names_the_broken_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_default_store: None
+) -> None:
+    a, b, c = (replica(tmp_path, f"zerohop-{i}", 4) for i in range(3))
+    drop_last_lines(b / CURRENT, 1)  # b's newest record deleted: only its own head tells
+    head = read_head(tmp_path / "zerohop-1" / "keys.db", b)
+    code, out, _ = verify_cli(capsys, a, b, c)
+    assert code == 1
+    assert out.splitlines() == [
+        f"{a}: ok: 4 records in 1 files",
+        f"{b}: truncated: the chain head recorded at {head.describe()} is missing;"
+        " the log ends at record 2",
+        f"{c}: ok: 4 records in 1 files",
+    ]
+    path = c / CURRENT
+    path.write_bytes(path.read_bytes().replace(b"200", b"500", 1))
+    code, out, _ = verify_cli(capsys, a, c)
+    assert code == 1
+    assert out.startswith(f"{a}: ok: 4 records in 1 files\n{c}: broken: {CURRENT} line ")
+
+
+def test_verify_of_several_directories_with_a_missing_one_checks_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_default_store: None
+) -> None:
+    a, b = replica(tmp_path, "zerohop-0", 3), replica(tmp_path, "zerohop-1", 3)
+    raw = (b / CURRENT).read_bytes().split(b"\n")
+    del raw[1]
+    (b / CURRENT).write_bytes(b"\n".join(raw))
+    missing = tmp_path / "zerohop-2" / "audit"
+    cmd = [sys.executable, "-m", "zerohop", "audit", "verify", str(a), str(missing), str(b)]
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert run.returncode == 2  # the worst: 2 (missing) > 1 (broken) > 0
+    assert run.stdout == (
+        f"{a}: ok: 3 records in 1 files\n"
+        f"{b}: broken: {CURRENT} line 2: seq 2: records 1 missing here (deleted or moved)\n"
+    )
+    assert run.stderr == f"zerohop audit verify: {missing}: not a directory\n"
+
+
+def test_keys_db_is_refused_with_several_directories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = replica(tmp_path, "zerohop-0", 2), replica(tmp_path, "zerohop-1", 2)
+    code, out, err = verify_cli(capsys, a, b, "--keys-db", tmp_path / "zerohop-0" / "keys.db")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("zerohop audit verify: --keys-db ")
+    code, out, _ = verify_cli(capsys, a, "--keys-db", tmp_path / "zerohop-0" / "keys.db")
+    assert (code, out) == (0, "ok: 2 records in 1 files\n")  # one DIR: as before
+
+
+def test_gathered_folders_are_checked_against_the_head_recorded_where_they_were(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_default_store: None
+) -> None:
+    # Each replica recorded its head under its own path (/var/lib/zerohop/audit in a pod);
+    # `kubectl cp` brings the data folder, keys.db included, somewhere else.
+    pods, gathered = tmp_path / "pods", tmp_path / "gathered"
+    for i in range(2):
+        replica(pods / f"node-{i}", "data", 4 + i)
+    gathered.mkdir()
+    a, b = (
+        (pods / f"node-{i}" / "data").rename(gathered / f"zerohop-{i}") / "audit" for i in range(2)
+    )
+    code, out, err = verify_cli(capsys, a, b)
+    assert code == 0 and out == f"{a}: ok: 4 records in 1 files\n{b}: ok: 5 records in 1 files\n"
+    was = pods / "node-1" / "data" / "audit"
+    assert f"{b}: note: using the chain head {b.parent / 'keys.db'} recorded for {was}" in err
+
+    drop_last_lines(b / CURRENT, 2)  # the copy lost its tail: told, moved or not
+    code, out, _ = verify_cli(capsys, a, b)
+    assert code == 1 and out.splitlines()[1].startswith(f"{b}: truncated: the chain head")
+    assert out.splitlines()[1].endswith("is missing; the log ends at record 2")
+
+
 # -- the real server and the real `zerohop audit verify` ---------------------------------------
 
 FSIZE = resource.RLIMIT_FSIZE

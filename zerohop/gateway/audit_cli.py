@@ -1,4 +1,4 @@
-"""`zerohop audit verify`: check an audit log's hash chain and its recorded chain head."""
+"""`zerohop audit verify`: check audit logs' hash chains and their recorded chain heads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from zerohop.gateway.audit_heads import ChainHead, read_head
 from zerohop.gateway.store import default_db_path
 
 PROG = "zerohop audit verify"
+# Where `zerohop serve` records the head, beside the audit folder: the key store (SQLite mode)
+# or the replica's local file (fleet store mode).
+BESIDE = ("keys.db", "replica.db")
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,18 +22,22 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     asub = p.add_subparsers(dest="audit_command", required=True)
     v = asub.add_parser(
         "verify",
-        help="check the hash chain of an audit log directory",
+        help="check the hash chain of audit log directories",
         description=(
             "Check every record's prev (SHA-256 of the previous line) and seq, across rotated "
-            "files in name order then audit.jsonl, and that the log still holds the chain "
-            "head the server recorded in its key store (newest records deleted: truncated). "
-            "Records written in the last second before a crash may be missing without a "
-            "report: the head is recorded once a second. Exit 0: intact; 1: broken or "
-            "truncated (the first broken record, or the missing head, is named); 2: DIR is "
-            "not a directory or the key store cannot be read."
+            "files in name order then audit.jsonl, and that the log still holds the chain head "
+            "the server recorded in its key store (newest records deleted: truncated). Records "
+            "written in the last second before a crash may be missing without a report: the head "
+            "is recorded once a second. A folder moved or copied since (with its key store) is "
+            "checked against the head the store beside it holds, if it holds only one. Several "
+            "DIRs (a fleet's replicas' folders gathered in one place, each with its keys.db or "
+            "replica.db beside it) are each verified on their own, their output lines prefixed "
+            "with 'DIR: '. Exit 0: intact; 1: broken or truncated (the first broken record, or "
+            "the missing head, is named); 2: DIR is not a directory or the key store cannot be "
+            "read; with several DIRs, the worst of theirs."
         ),
     )
-    v.add_argument("directory", type=Path, metavar="DIR")
+    v.add_argument("directories", type=Path, nargs="+", metavar="DIR")
     v.add_argument(
         "--trust-first",
         action="store_true",
@@ -39,46 +46,98 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--keys-db",
         type=Path,
-        help="the key store the server recorded the chain head in (default: DIR/../keys.db"
-        " if it has DIR's head, as `zerohop serve` lays them out, else"
-        " $XDG_DATA_HOME/zerohop/keys.db)",
+        help="the key store the server recorded the chain head in; one DIR only (default:"
+        " DIR/../keys.db or DIR/../replica.db if it has DIR's head, as `zerohop serve` lays"
+        " them out, else $XDG_DATA_HOME/zerohop/keys.db)",
     )
     v.set_defaults(func=cmd_audit_verify)
 
 
-def recorded_head(directory: Path, keys_db: Path | None) -> tuple[ChainHead | None, Path]:
-    """The chain head recorded for `directory`, and the key store looked in (the last one)."""
-    candidates = [keys_db] if keys_db else [directory.parent / "keys.db", default_db_path()]
+def recorded_head(
+    directory: Path, keys_db: Path | None
+) -> tuple[ChainHead | None, Path, str | None]:
+    """The chain head recorded for `directory`, the key store it was found in (else the last
+    one looked in), and, when the folder was moved or copied since, where it was recorded."""
+    beside = [keys_db] if keys_db else [directory.parent / name for name in BESIDE]
+    candidates = beside if keys_db else [*beside, default_db_path()]
     for db in candidates:
         head = read_head(db, directory)
         if head is not None:
-            return head, db
-    return None, candidates[-1]
+            return head, db, None
+    for db in beside:  # gathered from elsewhere: the one head its own store holds
+        if (only := only_head(db)) is not None:
+            return only[1], db, only[0]
+    return None, candidates[-1], None
 
 
-def cmd_audit_verify(args: argparse.Namespace) -> int:
-    if not args.directory.is_dir():
-        print(f"{PROG}: {args.directory}: not a directory", file=sys.stderr)
+def only_head(db: Path) -> tuple[str, ChainHead] | None:
+    """(directory, head) when `db` records exactly one audit folder's head, else None."""
+    if not db.is_file():
+        return None
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT directory, seq, hash, file, recorded FROM audit_heads LIMIT 2"
+        ).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    finally:
+        conn.close()
+    if len(rows) != 1:
+        return None
+    where, seq, hash_, file, recorded = rows[0]
+    return where, ChainHead(seq, hash_, file, recorded)
+
+
+def verify_directory(directory: Path, keys_db: Path | None, trust_first: bool, tag: str) -> int:
+    """Verify one audit folder, every line it prints starting with `tag`; its exit code."""
+    if not directory.is_dir():
+        print(f"{PROG}: {directory}: not a directory", file=sys.stderr)
         return 2
     try:
-        head, db = recorded_head(args.directory, args.keys_db)
+        head, db, moved_from = recorded_head(directory, keys_db)
     except sqlite3.Error as exc:
-        print(f"{PROG}: cannot read the chain head: {exc}", file=sys.stderr)
+        print(f"{PROG}: {tag}cannot read the chain head: {exc}", file=sys.stderr)
         return 2
     if head is None:
         print(
-            f"note: no chain head recorded for {args.directory} in {db}:"
+            f"{tag}note: no chain head recorded for {directory} in {db}:"
             " a deleted tail cannot be told",
             file=sys.stderr,
         )
-    result = verify(args.directory, trust_first=args.trust_first, head=head)
+    elif moved_from is not None:
+        print(
+            f"{tag}note: using the chain head {db} recorded for {moved_from}"
+            " (the folder was moved or copied here)",
+            file=sys.stderr,
+        )
+    result = verify(directory, trust_first=trust_first, head=head)
     for where in result.torn:
-        print(f"note: {where}: torn last line (a write cut by a crash), ignored")
+        print(f"{tag}note: {where}: torn last line (a write cut by a crash), ignored")
     if result.first_broken is not None:
-        print(f"broken: {result.first_broken}")
+        print(f"{tag}broken: {result.first_broken}")
         return 1
     if result.truncated is not None:
-        print(f"truncated: {result.truncated}")
+        print(f"{tag}truncated: {result.truncated}")
         return 1
-    print(f"ok: {result.records} records in {result.files} files")
+    print(f"{tag}ok: {result.records} records in {result.files} files")
     return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    directories: list[Path] = args.directories
+    if args.keys_db is not None and len(directories) > 1:
+        print(
+            f"{PROG}: --keys-db is one directory's key store: give it with one DIR"
+            " (several DIRs each use the keys.db or replica.db beside them)",
+            file=sys.stderr,
+        )
+        return 2
+    several = len(directories) > 1
+    worst = 0
+    for directory in directories:
+        tag = f"{directory}: " if several else ""
+        worst = max(worst, verify_directory(directory, args.keys_db, args.trust_first, tag))
+    return worst
