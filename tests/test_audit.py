@@ -454,9 +454,9 @@ def test_a_restart_after_a_truncation_keeps_the_gap(tmp_path: Path) -> None:
 # -- several directories: a fleet's replicas' audit folders gathered in one place -------------
 
 
-def replica(root: Path, name: str, n: int, db_name: str = "keys.db") -> Path:
-    """A replica's data folder as `zerohop serve` lays it out: audit/ and the store beside."""
-    write_with_heads(root / name / "audit", root / name / db_name, n)
+def replica(root: Path, name: str, n: int) -> Path:
+    """A replica's data folder as `zerohop serve` lays it out: audit/ and keys.db beside."""
+    write_with_heads(root / name / "audit", root / name / "keys.db", n)
     return root / name / "audit"
 
 
@@ -478,7 +478,7 @@ def test_verify_of_two_good_directories_prefixes_each_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_default_store: None
 ) -> None:
     a = replica(tmp_path, "zerohop-0", 5)
-    b = replica(tmp_path, "zerohop-1", 7, db_name="replica.db")  # the fleet store's local file
+    b = replica(tmp_path, "zerohop-1", 7)
     code, out, err = verify_cli(capsys, a, b)
     assert (code, err) == (0, "")  # each head found beside its own folder
     assert out == f"{a}: ok: 5 records in 1 files\n{b}: ok: 7 records in 1 files\n"
@@ -556,6 +556,13 @@ def test_gathered_folders_are_checked_against_the_head_recorded_where_they_were(
     code, out, _ = verify_cli(capsys, a, b)
     assert code == 1 and out.splitlines()[1].startswith(f"{b}: truncated: the chain head")
     assert out.splitlines()[1].endswith("is missing; the log ends at record 2")
+
+    other = HeadStore(b.parent / "keys.db")  # a store with two folders' heads: no guessing
+    other.save(tmp_path / "elsewhere", read_head(b.parent / "keys.db", was))
+    other.close()
+    code, out, err = verify_cli(capsys, b)
+    assert (code, out) == (0, "ok: 3 records in 1 files\n")
+    assert err.startswith(f"note: no chain head recorded for {b} in ")
 
 
 # -- the real server and the real `zerohop audit verify` ---------------------------------------

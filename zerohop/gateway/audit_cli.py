@@ -12,9 +12,9 @@ from zerohop.gateway.audit_heads import ChainHead, read_head
 from zerohop.gateway.store import default_db_path
 
 PROG = "zerohop audit verify"
-# Where `zerohop serve` records the head, beside the audit folder: the key store (SQLite mode)
-# or the replica's local file (fleet store mode).
-BESIDE = ("keys.db", "replica.db")
+# Where `zerohop serve` records the head, beside the audit folder: its --keys-db (with a
+# PostgreSQL --store too, where that file is the replica's own).
+BESIDE = "keys.db"
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,11 +30,11 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
             "written in the last second before a crash may be missing without a report: the head "
             "is recorded once a second. A folder moved or copied since (with its key store) is "
             "checked against the head the store beside it holds, if it holds only one. Several "
-            "DIRs (a fleet's replicas' folders gathered in one place, each with its keys.db or "
-            "replica.db beside it) are each verified on their own, their output lines prefixed "
-            "with 'DIR: '. Exit 0: intact; 1: broken or truncated (the first broken record, or "
-            "the missing head, is named); 2: DIR is not a directory or the key store cannot be "
-            "read; with several DIRs, the worst of theirs."
+            "DIRs (a fleet's replicas' folders gathered in one place, each with its keys.db "
+            "beside it) are each verified on their own, their output lines prefixed with 'DIR: '. "
+            "Exit 0: intact; 1: broken or truncated (the first broken record, or the missing "
+            "head, is named); 2: DIR is not a directory or the key store cannot be read; with "
+            "several DIRs, the worst of theirs."
         ),
     )
     v.add_argument("directories", type=Path, nargs="+", metavar="DIR")
@@ -47,8 +47,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "--keys-db",
         type=Path,
         help="the key store the server recorded the chain head in; one DIR only (default:"
-        " DIR/../keys.db or DIR/../replica.db if it has DIR's head, as `zerohop serve` lays"
-        " them out, else $XDG_DATA_HOME/zerohop/keys.db)",
+        " DIR/../keys.db if it has DIR's head, as `zerohop serve` lays them out, else"
+        " $XDG_DATA_HOME/zerohop/keys.db)",
     )
     v.set_defaults(func=cmd_audit_verify)
 
@@ -58,15 +58,14 @@ def recorded_head(
 ) -> tuple[ChainHead | None, Path, str | None]:
     """The chain head recorded for `directory`, the key store it was found in (else the last
     one looked in), and, when the folder was moved or copied since, where it was recorded."""
-    beside = [keys_db] if keys_db else [directory.parent / name for name in BESIDE]
-    candidates = beside if keys_db else [*beside, default_db_path()]
+    beside = keys_db or directory.parent / BESIDE
+    candidates = [keys_db] if keys_db else [beside, default_db_path()]
     for db in candidates:
         head = read_head(db, directory)
         if head is not None:
             return head, db, None
-    for db in beside:  # gathered from elsewhere: the one head its own store holds
-        if (only := only_head(db)) is not None:
-            return only[1], db, only[0]
+    if (only := only_head(beside)) is not None:  # gathered from elsewhere with its store
+        return only[1], beside, only[0]
     return None, candidates[-1], None
 
 
@@ -131,7 +130,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     if args.keys_db is not None and len(directories) > 1:
         print(
             f"{PROG}: --keys-db is one directory's key store: give it with one DIR"
-            " (several DIRs each use the keys.db or replica.db beside them)",
+            " (several DIRs each use the keys.db beside them)",
             file=sys.stderr,
         )
         return 2
