@@ -6,6 +6,7 @@ import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import pytest
@@ -53,6 +54,20 @@ def api_objects() -> list[tuple[str, Manifest]]:
 def container(deployment: Manifest) -> Manifest:
     (only,) = deployment["spec"]["template"]["spec"]["containers"]
     return only
+
+
+def init_container(deployment: Manifest) -> Manifest:
+    (only,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    return only
+
+
+def quantity(text: str | int) -> float:
+    """A Kubernetes quantity as a number: "250m" cores, "16Gi" bytes."""
+    text = str(text)
+    for suffix, factor in (("m", 1e-3), ("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
 
 
 def arg_value(args: list[str], flag: str) -> str:
@@ -287,3 +302,54 @@ def test_num_threads_matches_the_cpu_limit(name: str) -> None:
     cpu_limit = str(server["resources"]["limits"]["cpu"])
     cores = int(cpu_limit[:-1]) / 1000 if cpu_limit.endswith("m") else float(cpu_limit)
     assert int(arg_value(server["args"], "--num-threads")) == cores
+
+
+# --- the fleet store: its URL from the Secret, its schema from an initContainer -------------
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_the_store_url_comes_from_the_secret_and_may_be_absent(name: str) -> None:
+    deployment = load_one(name)
+    secret = example_secret()
+    from_secret = {
+        "secretKeyRef": {"name": secret["metadata"]["name"], "key": "store-url", "optional": True}
+    }
+    for each in (container(deployment), init_container(deployment)):
+        env = {var["name"]: var for var in each["env"]}
+        assert env["ZEROHOP_STORE"] == {"name": "ZEROHOP_STORE", "valueFrom": from_secret}
+        # The URL carries the password: never in args (visible in `ps`) nor in the manifest.
+        assert not any(arg.startswith("--store") or "://" in arg for arg in each["args"])
+    url = urlsplit(secret["stringData"]["store-url"])
+    assert url.scheme == "postgresql" and url.password == "REPLACE-ME"
+    assert parse_qs(url.query)["sslmode"] == ["verify-full"]
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_an_init_container_migrates_the_store_with_the_servers_image(name: str) -> None:
+    deployment = load_one(name)
+    server, migrate = container(deployment), init_container(deployment)
+    assert [*migrate["command"], *migrate["args"]] == ["zerohop", "store", "migrate"]
+    assert migrate["image"] == server["image"]  # the schema this server version needs
+    assert migrate["securityContext"] == server["securityContext"]
+    # Cheap, and requests == limits as for the server, or the pod loses Guaranteed QoS.
+    for each in (server, migrate):
+        requests, limits = each["resources"]["requests"], each["resources"]["limits"]
+        assert {k: limits[k] for k in ("cpu", "memory")} == requests, each["name"]
+    for resource in ("cpu", "memory"):
+        mine = quantity(migrate["resources"]["limits"][resource])
+        assert mine <= quantity(server["resources"]["limits"][resource]) / 4, resource
+    # HOME on a writable volume of the pod (the root filesystem is read-only).
+    pod_spec = deployment["spec"]["template"]["spec"]
+    empty_dirs = {volume["name"] for volume in pod_spec["volumes"] if "emptyDir" in volume}
+    writable = {m["mountPath"] for m in migrate["volumeMounts"] if m["name"] in empty_dirs}
+    env = {var["name"]: var.get("value") for var in migrate["env"]}
+    assert env["HOME"] in writable
+
+
+def test_the_readme_tells_how_to_run_a_fleet_on_one_store() -> None:
+    readme = (MANIFEST_DIR / "README.md").read_text()
+    assert "\n## One fleet, one set of keys\n" in readme
+    section = readme.split("\n## One fleet, one set of keys\n", 1)[1].split("\n## ", 1)[0]
+    for needed in ("store-url", "zerohop store migrate", "synchronous", "pgbouncer",
+                   "LISTEN", "zerohop audit verify"):  # fmt: skip
+        assert needed in section, needed
