@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,6 +60,7 @@ class Reservation:
     durable: asyncio.Future | None = None
     used: int = 0  # tokens spent so far (uncached input + output), settled per step
     settled: bool = False  # given back (or taken back): nothing more to do
+    holds: list = field(default_factory=list)  # the fleet's leases it is inside (lease_ledger)
 
     @property
     def reserved(self) -> int:
@@ -96,12 +97,16 @@ class BudgetLedger:
 
     # -- the request path (event loop) ----------------------------------------------------
 
+    async def prepare(self, identity: Identity, prompt: int, max_tokens: int) -> None:
+        """Nothing to wait for here: one replica's budgets are all its own (a fleet's
+        ledger waits for a lease top-up, `zerohop.gateway.lease_ledger`)."""
+
     def reserve(
         self, identity: Identity, request_id: str, prompt: int, max_tokens: int
     ) -> Reservation | None:
         """Reserve prompt + max_tokens (clamped) on every budget of the key and its tenant;
         None when neither has a budget. `confirm` it before the request reaches the engine."""
-        budgets = _budgets_of(identity)
+        budgets = budgets_of(identity)
         if not budgets:
             return None
         now = time.time()
@@ -162,7 +167,7 @@ class BudgetLedger:
         return True
 
 
-def _budgets_of(identity: Identity) -> list[tuple[str, Budget]]:
+def budgets_of(identity: Identity) -> list[tuple[str, Budget]]:
     pairs = []
     if identity.budget is not None:
         pairs.append((f"key:{identity.key_id}", identity.budget))

@@ -23,8 +23,10 @@ from zerohop.gateway.auth import (
 )
 from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, LedgerUnavailable, Reservation
 from zerohop.gateway.identity import ANONYMOUS, Identity
+from zerohop.gateway.lease_ledger import LeaseUnavailable
 from zerohop.gateway.ledger_writer import Durability
 from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
+from zerohop.gateway.store_spec import StoreSpec
 
 # What requests without a token budget do while the ledger cannot be written: "open" serves
 # them (the ledger records nothing for them), "closed" refuses them too.
@@ -112,13 +114,18 @@ class Gateway:
     @classmethod
     def from_store(
         cls,
-        store_path: Path,
+        store: StoreSpec | Path,
         verifier: Any | None = None,
         durability: Durability = "full",
+        local_db: Path | None = None,
         **parts: Any,
     ) -> Gateway:
-        authenticator = Authenticator(store_path, verifier)
-        return cls(authenticator, BudgetLedger(store_path, durability), **parts)
+        """Keys from `store`; the budget ledger in `local_db`, this replica's own SQLite file
+        (by default a SQLite store's file itself; a PostgreSQL store needs one)."""
+        spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
+        local_db = local_db or spec.path
+        ledger = BudgetLedger(local_db, durability)  # per replica in both modes, for now
+        return cls(Authenticator(spec, verifier), ledger, **parts)
 
     def start(self) -> None:
         self.auth.load()
@@ -175,6 +182,7 @@ class Gateway:
             raise self._refused(call, admitted)
         granted = max_tokens
         if self.ledger is not None:
+            await self.ledger.prepare(call.identity, prompt_tokens, max_tokens)
             try:
                 call.reservation = self.ledger.reserve(
                     call.identity, call.request_id, prompt_tokens, max_tokens
@@ -185,6 +193,9 @@ class Gateway:
                 raise GatewayError(
                     429, str(exc), "budget", should_retry=False, code="insufficient_quota"
                 ) from exc
+            except LeaseUnavailable as exc:
+                limits.undo_admission(admitted, prompt_tokens)
+                raise _lease_refusal(call, exc) from exc
         call.rate_subjects, call.admitted = admitted, True
         call.prompt_tokens = prompt_tokens  # counted from here: this prompt reaches the engine
         if call.reservation is not None:
@@ -284,6 +295,16 @@ class Gateway:
             )
         if self.audit is not None:
             self.audit.record(audit_entry(call, now, self.audit.include_content))
+
+
+def _lease_refusal(call: Call, exc: LeaseUnavailable) -> GatewayError:
+    # As an overloaded replica: the official SDKs retry it, zerohop.client moves it.
+    call.decision = "budget_lease"
+    status = 529 if call.surface == "anthropic" else 503
+    return GatewayError(
+        status, str(exc), call.decision, retry_after=exc.retry_after, should_retry=True,
+        code="budget_lease_unavailable",
+    )  # fmt: skip
 
 
 def _queue_time(call: Call) -> float | None:

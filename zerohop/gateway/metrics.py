@@ -76,6 +76,7 @@ REFUSAL_REASONS = (
     "rate_limit_output_tokens",
     "concurrency",
     "budget",
+    "budget_lease",
     "authentication",
     "permission",
 )
