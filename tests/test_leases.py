@@ -110,8 +110,8 @@ def test_expired_lease_is_charged_and_its_replica_told(url: str) -> None:
         leases.change(conn, "dead", LeaseChange(SUBJECT, PERIOD, 1000, lid, spent=120), 0.2)
         live = leases.change(conn, "live", LeaseChange(SUBJECT, PERIOD, 1000, None, want=100), 60)
         time.sleep(0.3)
-        renewed, _ = leases.heartbeat(conn, "live", 60, "host", "test")
-        assert renewed == {live.lease_id}
+        beat = leases.heartbeat(conn, "live", 60, "host", "test")
+        assert beat.renewed == {live.lease_id} and beat.replicas == 1
         assert leases.sweep(conn) == [(SUBJECT, PERIOD, 180)]
         assert _state(conn) == (300, 100, 100)
         assert leases.sweep(conn) == []

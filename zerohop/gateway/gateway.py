@@ -106,6 +106,7 @@ class Gateway:
         assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
         self.auth = authenticator
         self.limiter = RateLimiter()
+        self.rates: Any = None  # fleet_rates.FleetRates when the store is shared
         self.ledger = ledger
         self.ledger_failure = ledger_failure
         self.audit = audit
@@ -177,6 +178,8 @@ class Gateway:
                 " it cannot audit (--audit-failure closed); retry later",
                 call.decision, retry_after=1.0, should_retry=True, code=call.decision,
             )  # fmt: skip
+        if self.rates is not None:  # a fleet: this replica's share of the rate limits
+            await self.rates.prepare(call.identity)
         admitted = self.limiter.admit(call.identity, prompt_tokens)
         if isinstance(admitted, Refusal):
             raise self._refused(call, admitted)

@@ -79,6 +79,8 @@ class LeaseKeeper:
         self.replica_id = replica_id or new_replica_id()
         self.version = version
         self.stats = LeaseStats()
+        self.rates: Any = None  # a fleet_rates.FleetRates, renewed with each heartbeat
+        self.beat_at = time.monotonic()  # the last heartbeat PostgreSQL answered
         self._conn: psycopg.Connection | None = None
         self._wake = threading.Event()
         self._stopping = False
@@ -153,6 +155,8 @@ class LeaseKeeper:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self.rates is not None and time.monotonic() - self.beat_at > self.ttl - self.margin:
+            self.rates.fall_back()
         self._pause = min(BACKOFF[1], max(BACKOFF[0], self._pause * 2))
         self._next_attempt = time.monotonic() + self._pause
         with self.ledger.lock:
@@ -171,18 +175,22 @@ class LeaseKeeper:
 
     def _beat(self, conn: psycopg.Connection) -> None:
         sent = time.monotonic()
-        renewed, _ = self._timed(
+        beat = self._timed(
             lambda: leases.heartbeat(
                 conn, self.replica_id, self.ttl, socket.gethostname(), self.version
             )
         )
+        self.beat_at = sent
         with self.ledger.lock:
             for lease in list(self.ledger.leases.values()):
-                if lease.lease_id in renewed:
+                if lease.lease_id in beat.renewed:
                     lease.usable_until = sent + self.ttl - self.margin
                 elif lease.lease_id is not None:  # swept: it had expired
                     lease.usable_until = 0.0
                     self.ledger.replace(lease)
+        if self.rates is not None:
+            self.rates.replicas = beat.replicas
+            self._timed(lambda: self.rates.beat(conn, self.replica_id, self.ttl, sent))
         charged = self._timed(lambda: leases.sweep(conn))
         if charged:
             self.stats.expiries += len(charged)

@@ -115,11 +115,17 @@ def _write_lease(
     return None if c.close else c.lease_id
 
 
+@dataclass(slots=True, frozen=True)
+class Beat:
+    renewed: set[int]  # lease ids renewed (one missing was swept: stop using it)
+    keys_version: int
+    replicas: int  # live replicas, this one included
+
+
 def heartbeat(
     conn: psycopg.Connection, replica_id: str, ttl: float, host: str, version: str
-) -> tuple[set[int], int]:
-    """Renew this replica and every active lease of it for `ttl` seconds; returns the lease
-    ids renewed (one missing was swept: stop using it) and the store's keys_version."""
+) -> Beat:
+    """Renew this replica and every active lease and rate share of it for `ttl` seconds."""
     with conn.transaction():
         conn.execute(
             "INSERT INTO replicas (replica_id, host, zerohop, expires_at)"
@@ -133,8 +139,14 @@ def heartbeat(
             " WHERE replica_id = %s AND state = 'active' RETURNING lease_id",
             (ttl, replica_id),
         ).fetchall()
+        conn.execute(
+            "UPDATE rate_shares SET expires_at = now() + make_interval(secs => %s)"
+            " WHERE replica_id = %s",
+            (ttl, replica_id),
+        )
         (keys_version,) = _one(conn, "SELECT value FROM store_meta WHERE name = 'keys_version'")
-    return {r[0] for r in rows}, keys_version
+        (replicas,) = _one(conn, "SELECT count(*) FROM replicas WHERE expires_at > now()")
+    return Beat({r[0] for r in rows}, keys_version, replicas)
 
 
 def sweep(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
@@ -151,7 +163,9 @@ def sweep(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
             charged.append((subject, period, tokens))
     with conn.transaction():
         conn.execute("DELETE FROM replicas WHERE expires_at < now()")
-        conn.execute("DELETE FROM rate_shares WHERE expires_at < now()")
+        # Kept a minute past expiry: a share granted meanwhile starts empty, as the fleet's
+        # bucket may still be spent (zerohop.gateway.fleet_rates).
+        conn.execute("DELETE FROM rate_shares WHERE expires_at < now() - interval '60 s'")
     return charged
 
 

@@ -53,18 +53,24 @@ class TokenBucket:
 
 @dataclass(slots=True)
 class SubjectLimits:
-    """The buckets and in-flight count of one key or tenant."""
+    """The buckets and in-flight count of one key or tenant. In a fleet, `share` is this
+    replica's part of each per-minute limit (`zerohop.gateway.fleet_rates`): the buckets'
+    capacity and refill are the limit times the share."""
 
     limits: Limits
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
     in_flight: int = 0
+    share: float = 1.0
+    asked: float = 0.0  # requests asked for, in parts of the per-minute limits (fleet demand)
+    asked_at: float = 0.0  # monotonic time of the last request asked for
 
     @classmethod
-    def create(cls, limits: Limits, now: float) -> SubjectLimits:
-        state = cls(limits)
+    def create(cls, limits: Limits, now: float, share: float = 1.0) -> SubjectLimits:
+        state = cls(limits, share=share)
         for kind, name in _BUCKETS:
-            if (capacity := getattr(limits, name)) is not None:
-                state.buckets[kind] = TokenBucket(float(capacity), float(capacity), now)
+            if (limit := getattr(limits, name)) is not None:
+                capacity = float(limit) * share
+                state.buckets[kind] = TokenBucket(capacity, capacity, now)
         return state
 
 
@@ -90,8 +96,17 @@ class RateLimiter:
     charged, and the request charges and releases those same objects afterwards, so the
     per-token path does no lookups; a subject's limits change in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, fleet: bool = False) -> None:
         self._subjects: dict[str, SubjectLimits] = {}
+        # In a fleet a subject new to this replica holds no share until the store grants one.
+        self.fleet = fleet
+
+    def subjects(self) -> dict[str, SubjectLimits]:
+        return self._subjects
+
+    def peek(self, identity: Identity) -> list[tuple[str, SubjectLimits]]:
+        """The limited subjects of `identity` (created if new), charging nothing."""
+        return self._subjects_of(identity, time.monotonic())
 
     def _subjects_of(self, identity: Identity, now: float) -> list[tuple[str, SubjectLimits]]:
         pairs = []
@@ -103,7 +118,8 @@ class RateLimiter:
                 continue
             state = self._subjects.get(name)
             if state is None:
-                state = self._subjects[name] = SubjectLimits.create(limits, now)
+                share = 0.0 if self.fleet else 1.0
+                state = self._subjects[name] = SubjectLimits.create(limits, now, share)
             elif state.limits != limits:  # changed in the store: resize, keep the levels
                 _resize(state, limits, now)
             pairs.append((name, state))
@@ -117,6 +133,9 @@ class RateLimiter:
         now = time.monotonic() if now is None else now
         subjects = self._subjects_of(identity, now)
         for name, state in subjects:
+            if self.fleet:
+                state.asked += _demand(state.limits, input_tokens)
+                state.asked_at = now
             refusal = self._check(name, state, input_tokens, now)
             if refusal is not None:
                 return refusal
@@ -137,8 +156,14 @@ class RateLimiter:
             return Refusal("concurrency", 1.0, f"{name}: {cap} requests in flight at most")
         needs = {"requests": 1.0, "input_tokens": float(input_tokens), "output_tokens": 1e-9}
         for kind, bucket in state.buckets.items():
-            if bucket.capacity <= 0:
+            if getattr(state.limits, _LIMIT_OF[kind]) == 0:
                 return _zero(f"rate_limit_{kind}", name, _LIMIT_OF[kind], kind.replace("_", " "))
+            if bucket.capacity <= 0:  # a fleet's replica with no share (yet)
+                message = (
+                    f"{name}: this replica holds no share of the fleet's {_LIMIT_OF[kind]}"
+                    " limit now: retry (on another replica, or here shortly)"
+                )
+                return Refusal(f"rate_limit_{kind}", 1.0, message)
             bucket.refill(now)
             wait = bucket.wait_for(needs[kind])
             if wait > 0:
@@ -196,10 +221,36 @@ def release(subjects: list[SubjectLimits]) -> None:
         state.in_flight = max(0, state.in_flight - 1)
 
 
-def _resize(state: SubjectLimits, limits: Limits, now: float) -> None:
-    fresh = SubjectLimits.create(limits, now)
+def _resize(state: SubjectLimits, limits: Limits, now: float, *, fill: bool = True) -> None:
+    """New limits or share, levels kept (capped at the new capacity). A bucket the subject
+    did not have starts full, or empty with `fill` False."""
+    fresh = SubjectLimits.create(limits, now, state.share)
     for kind, bucket in fresh.buckets.items():
         if (previous := state.buckets.get(kind)) is not None:
             previous.refill(now)
             bucket.level = min(bucket.capacity, previous.level)
+        elif not fill:
+            bucket.level = 0.0
     state.limits, state.buckets = limits, fresh.buckets
+
+
+def set_share(state: SubjectLimits, share: float, now: float, *, fill: bool = False) -> None:
+    """A fleet share granted or taken back. Added capacity starts empty (unless `fill`: the
+    fleet's bucket had been idle, so full), so a replica's growing share never lets the
+    fleet admit more than one bucket's worth plus its refill."""
+    if share == state.share:
+        return
+    old = {kind: b.level for kind, b in state.buckets.items()}
+    state.share = share
+    _resize(state, state.limits, now)
+    for kind, bucket in state.buckets.items():
+        level = bucket.capacity if fill else min(bucket.capacity, old.get(kind, 0.0))
+        bucket.level = level
+
+
+def _demand(limits: Limits, input_tokens: int) -> float:
+    """What a request asks for, in parts of the subject's per-minute limits (the largest)."""
+    parts = [1.0 / limits.rpm] if limits.rpm else []
+    if limits.itpm:
+        parts.append(input_tokens / limits.itpm)
+    return max(parts, default=0.0)
