@@ -101,6 +101,10 @@ class FleetRates:
         self._granted: dict[str, float] = {}  # subject -> share PostgreSQL last gave
         self._waiting: dict[str, asyncio.Event] = {}
 
+    def shares(self) -> dict[str, float]:
+        """subject -> the share PostgreSQL last granted this replica."""
+        return dict(self._granted)
+
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
 

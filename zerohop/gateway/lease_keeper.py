@@ -47,8 +47,34 @@ class LeaseStats:
     returned_tokens: int = 0
     expiries: int = 0  # leases this replica's sweeps charged (of replicas that stopped)
     errors: int = 0
-    latency: list[float] = field(default_factory=list)  # seconds per transaction, drained
+    latency: Latency = field(default_factory=lambda: Latency())  # per transaction
     last_error: str = ""
+
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass(slots=True)
+class Latency:
+    """A histogram of the store's transaction times (cumulative counts, as Prometheus)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+    def buckets(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
 
 
 RESULTS = ("full", "partial", "none", "error")
@@ -167,7 +193,7 @@ class LeaseKeeper:
     def _timed(self, work: Callable[[], _T]) -> _T:
         started = time.perf_counter()
         result = work()
-        self.stats.latency.append(time.perf_counter() - started)
+        self.stats.latency.observe(time.perf_counter() - started)
         if self.failing:
             log.info("leases: the budget store answers again")
         self.stats.up = True

@@ -53,6 +53,7 @@ class LocalLease:
     subject: str
     period: str
     limit: int  # the budget, as the key index has it now
+    tenant: str = ""  # the tenant it counts for in metrics
     lease_id: int | None = None
     granted: int = 0  # never more than PostgreSQL counts as leased to this replica
     spent: int = 0  # final use of settled reservations
@@ -185,7 +186,8 @@ class LeasedLedger:
                 key = (subject, period_key(budget.period, now))
                 lease = self.leases.get(key)
                 if lease is None:
-                    lease = self.leases[key] = LocalLease(subject, key[1], budget.tokens)
+                    tenant = identity.tenant.name
+                    lease = self.leases[key] = LocalLease(subject, key[1], budget.tokens, tenant)
                 lease.limit = budget.tokens
                 leases.append(lease)
         return leases
@@ -213,7 +215,7 @@ class LeasedLedger:
         """`old` expired or was closed: later requests open a fresh lease (under lock)."""
         key = (old.subject, old.period)
         if self.leases.get(key) is old:
-            fresh = LocalLease(old.subject, old.period, old.limit, waiters=old.waiters)
+            fresh = LocalLease(old.subject, old.period, old.limit, old.tenant, waiters=old.waiters)
             fresh.rate, fresh.rate_at, fresh.peak, fresh.peak_at = (
                 old.rate, old.rate_at, old.peak, old.peak_at,
             )  # fmt: skip
