@@ -20,6 +20,10 @@ def failure_line(exc: BaseException, keys_db: Path | None = None) -> str | None:
     """What went wrong in one line, or None when `exc` is a bug (or tracebacks are asked)."""
     if os.environ.get(TRACEBACK_ENV):
         return None
+    from zerohop.gateway.store_spec import StoreUnavailable
+
+    if isinstance(exc, StoreUnavailable):  # names the store, its password masked
+        return _words(exc)
     if isinstance(exc, sqlite3.Error):
         return f"the key store {keys_db or _default_keys_db()}: {_words(exc)}"
     if isinstance(exc, _http_errors()):  # before OSError: aiohttp's connect errors are both

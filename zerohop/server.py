@@ -37,7 +37,8 @@ from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.gateway.gateway import Gateway, GatewayStartError
-from zerohop.gateway.store import KeyStore, default_db_path
+from zerohop.gateway.store import default_db_path
+from zerohop.gateway.store_api import StoreSpec, open_store
 
 log = logging.getLogger("zerohop")
 
@@ -80,6 +81,9 @@ class BatchOptions:
 class GatewayOptions:
     enabled: bool = True  # False: no keys, limits, budgets, audit or metrics (benchmarks)
     keys_db: Path | None = None  # None: $XDG_DATA_HOME/zerohop/keys.db
+    # A PostgreSQL URL: the fleet's keys come from there, and keys_db is this replica's own
+    # file (audit chain heads, budget ledger, batches.db beside it).
+    store: str | None = None
     jwt_public_key: Path | None = None
     jwt_audience: str = "zerohop"
     revoked: Path | None = None
@@ -304,9 +308,10 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
         )
     metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
     gateway = Gateway.from_store(
-        keys_db,
+        store_spec(g),
         verifier,
         g.durability,
+        local_db=keys_db,
         audit=audit,
         metrics=metrics,
         ledger_failure=g.ledger_failure,
@@ -316,8 +321,12 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
 
 
 def check_open_mode(options: ServeOptions) -> None:
-    """Without keys the server is open: only on loopback, unless --allow-anonymous."""
+    """Without keys the server is open: only on loopback, unless --allow-anonymous. A
+    PostgreSQL store is opened here in any case: one that cannot be reached or is not
+    migrated refuses the start at once (StoreUnavailable), before the model loads."""
     g, host = options.gateway, options.host
+    spec = store_spec(g)
+    has_keys = _has_keys(spec) if g.enabled and spec.kind == "postgresql" else None
     if g.allow_anonymous or is_loopback(host):
         return
     if not g.enabled:
@@ -325,18 +334,24 @@ def check_open_mode(options: ServeOptions) -> None:
             f"--no-gateway serves without keys, and {host} is not a loopback address:"
             " pass --allow-anonymous to serve it anyway"
         )
-    keys_db = g.keys_db or default_db_path()
-    if g.jwt_public_key is not None or (keys_db.is_file() and _store_has_keys(keys_db)):
+    if g.jwt_public_key is not None or (has_keys if has_keys is not None else _has_keys(spec)):
         return
     raise GatewayStartError(
-        f"no API keys configured ({keys_db} has none and no --jwt-public-key) and {host}"
-        " is not a loopback address: create one with `zerohop keys create --tenant NAME`,"
-        " or pass --allow-anonymous to serve without keys"
+        f"no API keys configured ({spec.describe()} has none and no --jwt-public-key) and"
+        f" {host} is not a loopback address: create one with `zerohop keys create --tenant"
+        " NAME`, or pass --allow-anonymous to serve without keys"
     )
 
 
-def _store_has_keys(path: Path) -> bool:
-    store = KeyStore(path)
+def store_spec(g: GatewayOptions) -> StoreSpec:
+    """Where the keys are: --store, else the --keys-db file."""
+    return StoreSpec.parse(g.store) if g.store else StoreSpec.sqlite(g.keys_db or default_db_path())
+
+
+def _has_keys(spec: StoreSpec) -> bool:
+    if spec.kind == "sqlite" and not spec.path.is_file():
+        return False  # not created here: `zerohop keys create` does
+    store = open_store(spec)
     try:
         return store.has_keys()
     finally:
@@ -390,7 +405,7 @@ def _announce(
     if gateway is not None and not gateway.auth.keys_configured:
         print(
             f"  no API keys configured: open to any client that can reach {options.host}"
-            f" ({gateway.auth.store_path}; `zerohop keys create --tenant NAME` adds one)",
+            f" ({gateway.auth.describe()}; `zerohop keys create --tenant NAME` adds one)",
             flush=True,
         )
     print(

@@ -1,8 +1,9 @@
 """Authentication: the key a request carries, looked up in memory, or a signed token.
 
 The store's keys are held in a dict from secret hash to Identity, swapped whole when the
-store changes (polled every half second off the event loop), so a lookup takes no lock and
-touches no disk. With no key in the store and no signing key configured, every caller is
+store changes (a SQLite file is polled every half second off the event loop; a PostgreSQL
+store is followed by `key_feed.KeyFeed`'s thread), so a lookup takes no lock and touches
+no disk or network. With no key in the store and no signing key configured, every caller is
 anonymous (the server only allows that on loopback, or with --allow-anonymous).
 
 A key whose row in the store (or whose tenant's row) holds an invalid value, written by an
@@ -18,12 +19,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerohop.gateway.identity import ANONYMOUS, Identity
-from zerohop.gateway.store import KeyStore, hash_secret
+from zerohop.gateway.store import hash_secret
+from zerohop.gateway.store_api import Store, StoreSpec, open_store
 from zerohop.gateway.store_rows import InvalidKey
+
+if TYPE_CHECKING:
+    from zerohop.gateway.key_feed import KeyFeed
 
 log = logging.getLogger(__name__)
 RELOAD_INTERVAL = 0.5  # seconds: store changes are live within a second
@@ -41,29 +47,58 @@ class InvalidKeyConfiguration(PermissionDenied):
     """A known key whose stored configuration is invalid (403; the log names the row)."""
 
 
+@dataclass(slots=True, frozen=True)
+class _Keys:
+    """What one load of the store gave: swapped whole, in one assignment, from any thread."""
+
+    version: int
+    index: dict[str, Identity | InvalidKey]  # secret hash -> the key
+    by_id: dict[str, Identity | InvalidKey]  # key id -> the key
+    has_keys: bool  # any key in the store, revoked ones included
+
+
+_NOT_LOADED = _Keys(-1, {}, {}, False)
+
+
 class Authenticator:
-    def __init__(self, store_path: Path, verifier: Any | None = None) -> None:
-        self.store_path = store_path
+    """The store's keys in memory. A SQLite store is polled every RELOAD_INTERVAL; a
+    PostgreSQL one is followed by a `KeyFeed` thread (LISTEN/NOTIFY plus reconciliation)."""
+
+    def __init__(self, store: StoreSpec | Path, verifier: Any | None = None) -> None:
+        self.spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
-        self._index: dict[str, Identity | InvalidKey] = {}
-        self._has_keys = False
-        self._version = -1
-        self._store: KeyStore | None = None
+        self._keys = _NOT_LOADED
+        self._store: Store | None = None
         self._task: asyncio.Task | None = None
+        self.feed: KeyFeed | None = None  # PostgreSQL only, once watching
 
     @property
     def keys_configured(self) -> bool:
-        return self._has_keys or self.verifier is not None
+        return self._keys.has_keys or self.verifier is not None
+
+    @property
+    def version(self) -> int:
+        """The store version of the keys served now (-1 before the first load)."""
+        return self._keys.version
+
+    def describe(self) -> str:
+        """The key store, for people (a password masked)."""
+        return self.spec.describe()
 
     def load(self) -> None:
-        """Read the store now (blocking): at start-up, before serving."""
+        """Read the store now (blocking): at start-up, before serving; StoreUnavailable when
+        a PostgreSQL store cannot be reached or is not migrated."""
         if self._store is None:
-            self._store = KeyStore(self.store_path)
-        if self._store.version() == self._version:
+            self._store = open_store(self.spec)
+        if self._store.version() == self._keys.version:
             return
         version, index = self._store.snapshot()
-        has_keys = self._store.has_keys()
-        self._index, self._has_keys, self._version = index, has_keys, version
+        self.apply(version, index, self._store.has_keys())
+
+    def apply(self, version: int, index: dict[str, Identity | InvalidKey], has_keys: bool) -> None:
+        """Serve `index` from now on (from any thread: requests see the old or the new one)."""
+        by_id = {entry.key_id: entry for entry in index.values()}
+        self._keys = _Keys(version, index, by_id, has_keys)
         invalid = [entry for entry in index.values() if isinstance(entry, InvalidKey)]
         for entry in invalid:
             log.error(
@@ -79,13 +114,27 @@ class Authenticator:
         )
 
     def start_watching(self) -> None:
-        self._task = asyncio.create_task(self._watch())
+        if self.spec.kind == "postgresql":
+            from zerohop.gateway.key_feed import KeyFeed
+
+            self.close()  # the pool's work is done: the feed reads on a connection of its own
+            self.feed = KeyFeed(self.spec.url, lambda: self._keys.version, self.apply)
+            self.feed.start()
+        else:
+            self._task = asyncio.create_task(self._watch())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop following the store and close it (blocking)."""
+        if self.feed is not None:
+            self.feed.stop()
+            self.feed = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -96,20 +145,18 @@ class Authenticator:
             try:
                 await asyncio.to_thread(self.load)
             except Exception:  # a locked or damaged store: keep serving the last good index
-                log.exception("keys: reloading %s failed", self.store_path)
+                log.exception("keys: reloading %s failed", self.describe())
 
     def identity_for(self, key_id: str) -> Identity | None:
         """The identity of a stored key by its public id, as the current snapshot has it:
         None once it is revoked, expired or invalid (a batch's later lines run as it is now)."""
         if key_id == ANONYMOUS.key_id and not self.keys_configured:
             return ANONYMOUS
-        for entry in self._index.values():
-            if entry.key_id == key_id:
-                if isinstance(entry, InvalidKey):
-                    return None
-                expires = entry.expires_at
-                return entry if expires is None or time.time() < expires else None
-        return None
+        entry = self._keys.by_id.get(key_id)
+        if entry is None or isinstance(entry, InvalidKey):
+            return None
+        expires = entry.expires_at
+        return entry if expires is None or time.time() < expires else None
 
     def authenticate(self, token: str | None) -> Identity:
         if not self.keys_configured:
@@ -125,7 +172,7 @@ class Authenticator:
                 raise
             except Exception as exc:  # the verifier's own error type: same meaning
                 raise AuthenticationError(str(exc)) from exc
-        identity = self._index.get(hash_secret(token))
+        identity = self._keys.index.get(hash_secret(token))
         if identity is None:
             raise AuthenticationError("invalid API key (unknown or revoked)")
         if isinstance(identity, InvalidKey):

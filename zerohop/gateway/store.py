@@ -131,6 +131,9 @@ class KeyStore:
     def close(self) -> None:
         self.conn.close()
 
+    def describe(self) -> str:
+        return str(self.path)
+
     @contextmanager
     def _change(self) -> Iterator[sqlite3.Connection]:
         with self._transaction() as conn:
@@ -149,7 +152,7 @@ class KeyStore:
             conn.execute(
                 _UPSERT_TENANT,
                 (tenant.name, tenant.weight, *tenant.limits.values(),
-                 *_budget_values(tenant.budget), time.time()),
+                 *budget_values(tenant.budget), time.time()),
             )  # fmt: skip
 
     def tenant(self, name: str) -> Tenant | None:
@@ -196,7 +199,7 @@ class KeyStore:
                 _INSERT_KEY,
                 (key_id, hash_secret(key), tenant, name, time.time(), expires,
                  json.dumps(models or []), priority, *limits.values(),
-                 *_budget_values(budget)),
+                 *budget_values(budget)),
             )  # fmt: skip
         record = self.key(key_id)
         assert record is not None
@@ -207,17 +210,7 @@ class KeyStore:
         record = self.key(key_id)
         if record is None:
             raise KeyError(key_id)
-        columns: dict[str, Any] = {}
-        for name in ("tenant", "name", "expires", "priority"):
-            if name in fields:
-                columns[name] = fields[name]
-        if "models" in fields:
-            columns["models"] = json.dumps(fields["models"] or [])
-        if "limits" in fields:
-            columns |= dict(zip(LIMIT_COLUMNS, fields["limits"].values(), strict=True))
-        if "budget" in fields:
-            tokens, period = _budget_values(fields["budget"])
-            columns |= {"budget_tokens": tokens, "budget_period": period}
+        columns = key_columns(fields)
         if "tenant" in columns:
             self.ensure_tenant(columns["tenant"])
         if columns:
@@ -275,5 +268,21 @@ class KeyStore:
         return [(r[0], r[1], r[2]) for r in rows]
 
 
-def _budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
+SqliteStore = KeyStore  # the Store (zerohop.gateway.store_api) of one replica's own file
+
+
+def key_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """The `keys` columns (and values) that `update_key(**fields)` sets, in either store."""
+    columns = {k: fields[k] for k in ("tenant", "name", "expires", "priority") if k in fields}
+    if "models" in fields:
+        columns["models"] = json.dumps(fields["models"] or [])
+    if "limits" in fields:
+        columns |= dict(zip(LIMIT_COLUMNS, fields["limits"].values(), strict=True))
+    if "budget" in fields:
+        tokens, period = budget_values(fields["budget"])
+        columns |= {"budget_tokens": tokens, "budget_period": period}
+    return columns
+
+
+def budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
     return (None, None) if budget is None else (budget.tokens, budget.period)

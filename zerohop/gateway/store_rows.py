@@ -16,8 +16,7 @@ placeholder for it (no limit, no budget, weight 1) and names the field in `probl
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +24,7 @@ from zerohop.gateway import validation
 from zerohop.gateway.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
 
 Problems = dict[str, str]  # "table.column" -> what is wrong with it
+Row = Mapping[str, Any]  # a sqlite3.Row, or a dict_row of PostgreSQL
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ def budget_dict(budget: Budget) -> dict[str, Any]:
 class _Fields:
     """Reads the fields of one row through the validators, noting each bad one."""
 
-    def __init__(self, row: sqlite3.Row, table: str, what: str) -> None:
+    def __init__(self, row: Row, table: str, what: str) -> None:
         self.row, self.table, self.what = row, table, what
         self.problems: Problems = {}
 
@@ -131,13 +131,13 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-def tenant_row(row: sqlite3.Row) -> TenantRow:
+def tenant_row(row: Row) -> TenantRow:
     f = _Fields(row, "tenants", f"tenant {row['name']!r}")
     tenant = Tenant(row["name"], f.limits(), f.budget(), f.get("weight", validation.weight, 1.0))
     return TenantRow(tenant, f.problems)
 
 
-def key_record(row: sqlite3.Row) -> KeyRecord:
+def key_record(row: Row) -> KeyRecord:
     f = _Fields(row, "keys", f"key {row['key_id']!r}")
     return KeyRecord(
         key_id=row["key_id"],
