@@ -1,4 +1,4 @@
-"""`zerohop` command line: serve, bench, probe, keys, audit and generate.
+"""`zerohop` command line: serve, bench, probe, keys, store, audit and generate.
 
 - `serve`: serve a model over HTTP (the Anthropic and OpenAI APIs on one port: HTTP/1.1, h2c,
   TLS+ALPN h2) and gRPC, with the gateway built in (API keys, limits, budgets, audit, metrics)
@@ -7,6 +7,7 @@
 - `probe`: time one streamed request and find buffering on the way (`zerohop.bench.probe_cli`);
 - `keys`: manage API keys, tenants, their limits and budgets, and signed keys
   (`zerohop.gateway.keys_cli`);
+- `store`: migrate a fleet's PostgreSQL key store, show its status (`zerohop.gateway.store_cli`);
 - `audit`: check an audit log's hash chain and recorded head (`zerohop.gateway.audit_cli`);
 - `generate`: generate text offline from one prompt, with the engine in this process.
 """
@@ -223,6 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from zerohop.api.asgi import BodyDeadline
     from zerohop.api.guard import GuardLimits
     from zerohop.engine.supervisor import RestartPolicy
+    from zerohop.gateway.store_spec import store_text
     from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -263,6 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         gateway=GatewayOptions(
             enabled=not args.no_gateway,
             keys_db=args.keys_db,
+            store=store_text(args.store),
             jwt_public_key=args.jwt_public_key,
             jwt_audience=args.jwt_audience,
             revoked=args.revoked,
@@ -458,7 +461,13 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         "--keys-db",
         type=Path,
         default=None,
-        help="SQLite key store and budget ledger (default: $XDG_DATA_HOME/zerohop/keys.db)",
+        help="SQLite key store and budget ledger (default: $XDG_DATA_HOME/zerohop/keys.db);"
+        " with --store, this replica's own file (budget ledger, audit chain heads)",
+    )
+    g.add_argument(
+        "--store",
+        help="a fleet's shared key store, postgresql://... (default: env ZEROHOP_STORE, where a"
+        " password belongs: never on a command line); `zerohop store migrate` prepares it",
     )
     g.add_argument(
         "--jwt-public-key", type=Path, help="PEM or JWKS file: accept keys signed by the operator"
@@ -559,8 +568,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_parser(sub)
     from zerohop.gateway.audit_cli import add_audit_parser
     from zerohop.gateway.keys_cli import add_keys_parser
+    from zerohop.gateway.store_cli import add_store_parser
 
     add_keys_parser(sub)
+    add_store_parser(sub)
     add_audit_parser(sub)
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")

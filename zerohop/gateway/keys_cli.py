@@ -1,8 +1,10 @@
 """`zerohop keys`: create, list, show, update and revoke keys, set tenants, show usage.
 
-Works on the same SQLite file the server reads (`--keys-db`); a running server picks up
-every change within a second. Output is a table, or JSON with `--json`. The signed-key
-commands, `zerohop keys sign` and `keygen`, are `zerohop.gateway.keys_cli_signed`.
+Works on the store the server reads: its SQLite file (`--keys-db`), or a fleet's PostgreSQL
+(`--store URL`, by default $ZEROHOP_STORE, where a password belongs); a running server (every
+replica, for PostgreSQL) picks up every change within a second. Output is a table, or JSON
+with `--json`. The signed-key commands, `zerohop keys sign` and `keygen`, are
+`zerohop.gateway.keys_cli_signed`.
 
 Every value is checked as argparse reads it (`keys_args`, `validation`): a negative limit,
 a weight <= 0, a budget <= 0 is a one-line usage error naming the flag (exit 2). A row the
@@ -32,8 +34,10 @@ from zerohop.gateway.keys_args import (
     parse_duration_or_time,
     parse_weight,
 )
-from zerohop.gateway.store import KeyRecord, KeyStore, default_db_path
+from zerohop.gateway.store import KeyRecord, default_db_path
+from zerohop.gateway.store_api import Store, StoreSpec, open_store
 from zerohop.gateway.store_rows import Problems
+from zerohop.gateway.store_spec import STORE_ENV, store_text
 
 # The flag that sets each column of a store row (to name it when a row must be repaired).
 _FLAG_OF_COLUMN = {f.name: f.flag for f in LIMIT_FIELDS} | {
@@ -96,6 +100,9 @@ def _action(actions: Any, name: str, help_text: str, func: Any) -> argparse.Argu
     parser.add_argument(
         "--keys-db", type=Path, default=None, help=f"the key store (default {default_db_path()})"
     )
+    parser.add_argument(
+        "--store", help=f"a fleet's key store, postgresql://... (default ${STORE_ENV})"
+    )
     parser.add_argument("--json", action="store_true", help="JSON output, for scripts")
     parser.set_defaults(func=lambda args: _run(func, args))
     return parser
@@ -115,7 +122,10 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(func: Any, args: argparse.Namespace) -> int:
-    store = KeyStore(args.keys_db or default_db_path())
+    if args.keys_db is not None and args.store is not None:
+        print("zerohop keys: --keys-db and --store name two stores: give one", file=sys.stderr)
+        return 2
+    store = open_store(_spec(args))
     try:
         return func(store, args)
     except (KeyError, ValueError) as exc:
@@ -125,10 +135,18 @@ def _run(func: Any, args: argparse.Namespace) -> int:
         store.close()
 
 
+def _spec(args: argparse.Namespace) -> StoreSpec:
+    """--keys-db, else --store, else $ZEROHOP_STORE, else the default SQLite file."""
+    if args.keys_db is not None:
+        return StoreSpec.sqlite(args.keys_db)
+    text = store_text(args.store)
+    return StoreSpec.parse(text) if text else StoreSpec.sqlite(default_db_path())
+
+
 # -- actions ------------------------------------------------------------------------------------
 
 
-def _create(store: KeyStore, args: argparse.Namespace) -> int:
+def _create(store: Store, args: argparse.Namespace) -> int:
     fields = _key_fields(args)
     fields.setdefault("limits", Limits())
     secret, record = store.create_key(args.tenant, name=args.name, **fields)
@@ -141,7 +159,7 @@ def _create(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _update(store: KeyStore, args: argparse.Namespace) -> int:
+def _update(store: Store, args: argparse.Namespace) -> int:
     fields = _key_fields(args)
     if args.tenant is not None:
         fields["tenant"] = args.tenant
@@ -161,13 +179,13 @@ def _update(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(store: KeyStore, args: argparse.Namespace) -> int:
+def _list(store: Store, args: argparse.Namespace) -> int:
     records = [r for r in store.list_keys() if args.tenant in (None, r.tenant)]
     _output(records, args.json)
     return 0
 
 
-def _show(store: KeyStore, args: argparse.Namespace) -> int:
+def _show(store: Store, args: argparse.Namespace) -> int:
     record = store.key(args.key_id)
     if record is None:
         raise KeyError(f"no key {args.key_id}")
@@ -175,7 +193,7 @@ def _show(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _revoke(store: KeyStore, args: argparse.Namespace) -> int:
+def _revoke(store: Store, args: argparse.Namespace) -> int:
     if store.key(args.key_id) is None:
         raise KeyError(f"no key {args.key_id}")
     done = store.revoke_key(args.key_id)
@@ -183,7 +201,7 @@ def _revoke(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _tenant(store: KeyStore, args: argparse.Namespace) -> int:
+def _tenant(store: Store, args: argparse.Namespace) -> int:
     row = store.tenant_row(args.name)
     if row is not None:  # every column is written back: no placeholder may be
         _check_repaired(f"tenant {args.name}", row.problems, args)
@@ -205,7 +223,7 @@ def _tenant(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _usage(store: KeyStore, args: argparse.Namespace) -> int:
+def _usage(store: Store, args: argparse.Namespace) -> int:
     budgets = {f"key:{r.key_id}": r.budget for r in store.list_keys()}
     budgets |= {f"tenant:{t.name}": t.budget for t in store.tenants()}
     rows = []
