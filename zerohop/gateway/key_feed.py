@@ -32,7 +32,7 @@ from zerohop.gateway.store_spec import mask_in, mask_password, one_line
 log = logging.getLogger(__name__)
 
 APPLICATION_NAME = "zerohop-key-feed"  # in pg_stat_activity
-NOTIFY_WAIT = 0.5  # seconds the listener blocks for a notification at a time
+NOTIFY_WAIT = 0.25  # seconds the listener blocks for a notification (and stop() may wait)
 RECONCILE_INTERVAL = 1.0
 FULL_RELOAD_INTERVAL = 600.0
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
