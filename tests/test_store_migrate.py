@@ -174,3 +174,20 @@ def test_keys_read_the_store_from_the_environment(postgres: PostgresServer) -> N
     assert [k["key_id"] for k in json.loads(listed.stdout)] == [key_id]
     status = zerohop("store", "status", env=env)
     assert "store: postgresql://postgres:***@" in status.stdout and "s3cret" not in status.stdout
+
+
+def test_a_role_that_may_only_read_and_write_rows_migrates_a_current_store(
+    postgres: PostgresServer,
+) -> None:
+    # As deploy/kubernetes/README.md suggests: the owner migrates, replicas get DML only,
+    # and their init container's `zerohop store migrate` must then be a no-op, not an error.
+    url = migrated_database(postgres)
+    database = url.rpartition("/")[2]
+    sql(url, "DROP ROLE IF EXISTS dml_only")
+    sql(url, "CREATE ROLE dml_only LOGIN")
+    sql(url, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    sql(url, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO dml_only")
+    sql(url, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO dml_only")
+    dml_url = url.replace("postgres@", "dml_only@")
+    assert migrate(dml_url) == Migrated([], SCHEMA_VERSION)
+    assert database in dml_url
