@@ -30,6 +30,7 @@ from zerohop.cli_types import (
     TOOL_CALL_PARSERS,
     OneLineParser,
     integer,
+    number,
 )
 
 
@@ -224,6 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from zerohop.api.asgi import BodyDeadline
     from zerohop.api.guard import GuardLimits
     from zerohop.engine.supervisor import RestartPolicy
+    from zerohop.gateway.lease_options import LeaseOptions
     from zerohop.gateway.store_spec import store_text
     from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
@@ -281,6 +283,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             metrics_key=args.metrics_key or os.environ.get("ZEROHOP_METRICS_KEY"),
             durability=args.durability,
             ledger_failure=args.ledger_failure,
+            leases=LeaseOptions(args.lease_ttl, args.lease_wait, args.lease_horizon),
         ),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -468,6 +471,26 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         "--store",
         help="a fleet's shared key store, postgresql://... (default: env ZEROHOP_STORE, where a"
         " password belongs: never on a command line); `zerohop store migrate` prepares it",
+    )
+    g.add_argument(
+        "--lease-ttl",
+        type=number(2.0),
+        default=60.0,
+        help="with --store: seconds a budget lease lives unrenewed (>= 2); a replica that stops"
+        " renewing (killed, cut off) has its lease's unspent rest charged after this",
+    )
+    g.add_argument(
+        "--lease-wait",
+        type=NONNEGATIVE_NUMBER,
+        default=0.25,
+        help="with --store: seconds a request waits for its lease (budget or rate share) to be"
+        " topped up before it is clamped or refused as retryable",
+    )
+    g.add_argument(
+        "--lease-horizon",
+        type=POSITIVE_NUMBER,
+        default=10.0,
+        help="with --store: a budget lease holds about this many seconds of recent spend",
     )
     g.add_argument(
         "--jwt-public-key", type=Path, help="PEM or JWKS file: accept keys signed by the operator"

@@ -37,6 +37,7 @@ from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.gateway.gateway import Gateway, GatewayStartError
+from zerohop.gateway.lease_options import LeaseOptions
 from zerohop.gateway.store import default_db_path
 from zerohop.gateway.store_api import StoreSpec, open_store
 
@@ -99,6 +100,7 @@ class GatewayOptions:
     metrics_key: str | None = None
     durability: str = "full"  # the budget ledger: "normal" or "full" (see ledger_writer)
     ledger_failure: str = "open"  # unbudgeted requests while the ledger fails: open/closed
+    leases: LeaseOptions = field(default_factory=LeaseOptions)  # with a PostgreSQL store
 
 
 class DrainingServer(uvicorn.Server):
@@ -312,6 +314,7 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
         verifier,
         g.durability,
         local_db=keys_db,
+        leases=g.leases,
         audit=audit,
         metrics=metrics,
         ledger_failure=g.ledger_failure,

@@ -120,9 +120,22 @@ class FleetRates:
 
     # -- the keeper's thread -------------------------------------------------------------------
 
-    def beat(self, conn: psycopg.Connection, replica_id: str, ttl: float, now: float) -> None:
+    def waiting(self) -> bool:
+        """A request waits for a share this replica does not hold yet."""
+        return bool(self._waiting)
+
+    def beat(
+        self,
+        conn: psycopg.Connection,
+        replica_id: str,
+        ttl: float,
+        now: float,
+        only_waiting: bool = False,
+    ) -> None:
         subjects = dict(self.limiter.subjects())  # a copy: the loop may add meanwhile
         for name, state in subjects.items():
+            if only_waiting and name not in self._waiting:
+                continue
             idle = now - state.asked_at > IDLE
             if idle and name in self._granted:
                 give_back(conn, replica_id, name)

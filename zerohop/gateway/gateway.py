@@ -24,6 +24,7 @@ from zerohop.gateway.auth import (
 from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, LedgerUnavailable, Reservation
 from zerohop.gateway.identity import ANONYMOUS, Identity
 from zerohop.gateway.lease_ledger import LeaseUnavailable
+from zerohop.gateway.lease_options import LeaseOptions
 from zerohop.gateway.ledger_writer import Durability
 from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
 from zerohop.gateway.store_spec import StoreSpec
@@ -119,14 +120,21 @@ class Gateway:
         verifier: Any | None = None,
         durability: Durability = "full",
         local_db: Path | None = None,
+        leases: LeaseOptions | None = None,
         **parts: Any,
     ) -> Gateway:
-        """Keys from `store`; the budget ledger in `local_db`, this replica's own SQLite file
-        (by default a SQLite store's file itself; a PostgreSQL store needs one)."""
+        """Keys from `store`. Budgets: with a SQLite store, a ledger in its file (or
+        `local_db`); with PostgreSQL, leases of the fleet's budgets (`fleet.py`), and the
+        rate limits shared by the fleet too."""
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
-        local_db = local_db or spec.path
-        ledger = BudgetLedger(local_db, durability)  # per replica in both modes, for now
-        return cls(Authenticator(spec, verifier), ledger, **parts)
+        if spec.kind != "postgresql":
+            ledger = BudgetLedger(local_db or spec.path, durability)
+            return cls(Authenticator(spec, verifier), ledger, **parts)
+        from zerohop.gateway.fleet import join_fleet
+
+        gateway = cls(Authenticator(spec, verifier), None, **parts)
+        join_fleet(gateway, spec.url, leases or LeaseOptions())
+        return gateway
 
     def start(self) -> None:
         self.auth.load()
@@ -139,6 +147,8 @@ class Gateway:
 
     def start_watching(self) -> None:
         self.auth.start_watching()
+        if self.rates is not None:
+            self.rates.bind(asyncio.get_running_loop())
 
     async def close(self) -> None:
         await self.auth.stop()

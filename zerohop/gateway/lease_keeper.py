@@ -223,6 +223,12 @@ class LeaseKeeper:
             log.info("leases: charged %d expired leases of stopped replicas", len(charged))
 
     def _tend(self, conn: psycopg.Connection) -> None:
+        if self.rates is not None and self.rates.waiting():
+            self._timed(
+                lambda: self.rates.beat(
+                    conn, self.replica_id, self.ttl, time.monotonic(), only_waiting=True
+                )
+            )
         for plan in self._plans():
             sent = time.monotonic()
             try:
@@ -254,6 +260,8 @@ class LeaseKeeper:
         target = lease.target(self.ledger.horizon, now)
         scarce = lease.scarce(self.ledger.horizon, now)
         waiters, lease.waiters = lease.waiters, []
+        # Not while the requests it was just topped up for are still on their way to it.
+        settled = now - max(lease.answered_at, lease.last_reserved) > 2 * self.heartbeat
         want, give_back, share, close = 0, 0, 0.5, False
         recently_refused = (
             lease.free is not None and lease.free <= 0 and now - lease.answered_at < self.heartbeat
@@ -270,7 +278,7 @@ class LeaseKeeper:
             lease.usable_until = 0.0
         elif lease.lease_id is not None and scarce and available > lease.peak:
             give_back = available - lease.peak  # keep one request's worth: others need it
-        elif lease.lease_id is not None and available > 2 * target:
+        elif lease.lease_id is not None and available > 2 * target and settled:
             give_back = available - target
         elif available < target // 2 and not recently_refused:
             want = target - available

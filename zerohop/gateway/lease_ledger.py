@@ -89,9 +89,13 @@ class LocalLease:
     def note_reserved(self, tokens: int, now: float) -> None:
         self.rate = self._rate(now) + tokens / RATE_HALF_LIFE
         self.rate_at = now
+        self.note_need(tokens, now)
+        self.last_reserved = now
+
+    def note_need(self, tokens: int, now: float) -> None:
+        """A request of `tokens` came: the lease should hold at least that much."""
         if tokens >= self.peak or now - self.peak_at >= PEAK_WINDOW:
             self.peak, self.peak_at = tokens, now
-        self.last_reserved = now
 
     def _rate(self, now: float) -> float:
         return self.rate * 0.5 ** ((now - self.rate_at) / RATE_HALF_LIFE)
@@ -134,6 +138,7 @@ class LeasedLedger:
             future = loop.create_future()
             for lease in short:
                 lease.waiters.append(Waiter(need, future, loop))
+                lease.note_need(need, now)
         self.keeper.poke()
         with contextlib.suppress(TimeoutError):  # then reserve clamps or refuses
             await asyncio.wait_for(asyncio.shield(future), self.lease_wait)

@@ -25,8 +25,13 @@ from zerohop.gateway.lease_keeper import RESULTS, LeaseKeeper
 
 
 class StoreMetrics(Collector):
-    def __init__(self, keeper: LeaseKeeper, feed: Any | None, rates: Any | None) -> None:
-        self.keeper, self.feed, self.rates = keeper, feed, rates
+    def __init__(self, keeper: LeaseKeeper, auth: Any, rates: Any | None) -> None:
+        self.keeper, self.auth, self.rates = keeper, auth, rates
+
+    @property
+    def feed(self) -> Any | None:
+        """The Authenticator's key feed (started once the server watches the store)."""
+        return self.auth.feed
 
     def describe(self) -> Iterator[Metric]:
         return self.collect()

@@ -1,0 +1,35 @@
+"""A replica joining its fleet: budgets as leases, rate limits as shares, and their metrics,
+all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from zerohop import __version__
+from zerohop.gateway.fleet_rates import FleetRates
+from zerohop.gateway.lease_keeper import open_leased_ledger
+from zerohop.gateway.lease_options import LeaseOptions
+from zerohop.gateway.pg_store import connect
+
+APPLICATION_NAME = "zerohop-leases"  # in pg_stat_activity
+
+
+def join_fleet(gateway: Any, url: str, options: LeaseOptions) -> None:
+    """Give `gateway` (a Gateway, not started yet) the fleet's ledger and rate shares."""
+    ledger = open_leased_ledger(
+        functools.partial(connect, url, autocommit=True, application_name=APPLICATION_NAME),
+        lease_wait=options.wait,
+        horizon=options.horizon,
+        ttl=options.ttl,
+        heartbeat=options.heartbeat,
+        version=__version__,
+    )
+    rates = FleetRates(gateway.limiter, options.wait)
+    ledger.keeper.rates = rates
+    rates.keeper = ledger.keeper
+    gateway.ledger, gateway.rates = ledger, rates
+    if gateway.metrics is not None:
+        from zerohop.gateway.store_metrics import StoreMetrics
+
+        gateway.metrics.register(StoreMetrics(ledger.keeper, gateway.auth, rates))
