@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.postgres_server import PostgresServer, require_postgres
-from tests.test_leases import fresh_database
+from tests.pg_fixtures import migrated_database, postgres_server
+from tests.postgres_server import PostgresServer
 from zerohop.gateway import fleet_rates
 from zerohop.gateway.fleet_rates import FleetRates, allocate
 from zerohop.gateway.identity import Identity, Limits, Tenant
@@ -25,8 +25,7 @@ IDENTITY = Identity("zh-ratekey", Tenant("acme"), limits=Limits(rpm=RPM))
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer(require_postgres()) as server:
-        yield server
+    yield from postgres_server()
 
 
 def test_allocation_is_a_floor_plus_demand_and_sums_to_one() -> None:
@@ -46,7 +45,7 @@ def _total_share(conn: psycopg.Connection, subject: str) -> float:
 
 
 def test_concurrent_rebalancing_never_oversubscribes(postgres: PostgresServer) -> None:
-    url, failures = fresh_database(postgres), []
+    url, failures = migrated_database(postgres), []
 
     def replica(name: str, demand: float) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -96,7 +95,7 @@ async def _fleet_flood(url: str, seconds: float) -> tuple[int, dict[str, float]]
 
 
 def test_three_replicas_admit_no_more_than_the_limit_allows(postgres: PostgresServer) -> None:
-    url = fresh_database(postgres)
+    url = migrated_database(postgres)
     seconds = 3.0
     admitted, shares = asyncio.run(_fleet_flood(url, seconds))
     assert sum(shares.values()) <= 1 + 1e-6

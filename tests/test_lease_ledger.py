@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.postgres_server import PostgresServer, require_postgres
-from tests.test_leases import fresh_database
+from tests.pg_fixtures import migrated_database, postgres_server
+from tests.postgres_server import PostgresServer
 from zerohop.gateway.budget import BudgetExhausted
 from zerohop.gateway.identity import Budget, Identity, Tenant
 from zerohop.gateway.lease_keeper import open_leased_ledger
@@ -26,8 +26,7 @@ PROMPT, MAX_TOKENS = 40, 60
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer(require_postgres()) as server:
-        yield server
+    yield from postgres_server()
 
 
 def _identity(budget: int = BUDGET) -> Identity:
@@ -84,7 +83,7 @@ async def _spend(ledgers: list[LeasedLedger], identity: Identity, streams: int) 
 def test_three_replicas_never_exceed_the_budget_and_use_nearly_all(
     postgres: PostgresServer,
 ) -> None:
-    url = fresh_database(postgres)
+    url = migrated_database(postgres)
     ledgers = _fleet(url)
     try:
         seen = asyncio.run(asyncio.wait_for(_spend(ledgers, _identity(), 48), 60))
@@ -99,7 +98,7 @@ def test_three_replicas_never_exceed_the_budget_and_use_nearly_all(
 
 
 def test_store_down_serves_inside_leases_only(postgres: PostgresServer) -> None:
-    url = fresh_database(postgres)
+    url = migrated_database(postgres)
     connect = functools.partial(psycopg.connect, url, autocommit=True, connect_timeout=2)
     ledger = open_leased_ledger(connect, ttl=30.0, heartbeat=0.2, horizon=10.0)
     ledger.start()

@@ -12,38 +12,22 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.postgres_server import PostgresServer, require_postgres
+from tests.pg_fixtures import migrated_database, postgres_server
+from tests.postgres_server import PostgresServer
 from zerohop.gateway import leases
 from zerohop.gateway.leases import LeaseChange
-from zerohop.gateway.pg_schema import PG_MIGRATIONS
 
 SUBJECT, PERIOD = "tenant:acme", "total"
 
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer(require_postgres()) as server:
-        yield server
-
-
-_databases = iter(range(10**6))
-
-
-def fresh_database(pg: PostgresServer) -> str:
-    """A new database with the fleet schema: its URL."""
-    name = f"leases_{next(_databases)}"
-    with psycopg.connect(pg.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = pg.url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _, sql in PG_MIGRATIONS:
-            conn.execute(sql)
-    return url
+    yield from postgres_server()
 
 
 @pytest.fixture
 def url(postgres: PostgresServer) -> str:
-    return fresh_database(postgres)
+    return migrated_database(postgres)
 
 
 def _state(conn: psycopg.Connection) -> tuple[int, int, int]:
