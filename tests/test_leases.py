@@ -95,7 +95,7 @@ def test_expired_lease_is_charged_and_its_replica_told(url: str) -> None:
         live = leases.change(conn, "live", LeaseChange(SUBJECT, PERIOD, 1000, None, want=100), 60)
         time.sleep(0.3)
         beat = leases.heartbeat(conn, "live", 60, "host", "test")
-        assert beat.renewed == {live.lease_id} and beat.replicas == 1
+        assert beat.renewed == {live.lease_id: (120, 280)} and beat.replicas == 1
         assert leases.sweep(conn) == [(SUBJECT, PERIOD, 180)]
         assert _state(conn) == (300, 100, 100)
         assert leases.sweep(conn) == []

@@ -211,6 +211,11 @@ class LeaseKeeper:
             for lease in list(self.ledger.leases.values()):
                 if lease.lease_id in beat.renewed:
                     lease.usable_until = sent + self.ttl - self.margin
+                    # What the fleet has left, fresh each second: so a replica that has
+                    # not changed its lease lately still learns when it runs scarce.
+                    settled, leased = beat.renewed[lease.lease_id]
+                    lease.free = lease.limit - settled - leased
+                    lease.held_elsewhere = leased - (lease.granted - lease.reported)
                 elif lease.lease_id is not None:  # swept: it had expired
                     lease.usable_until = 0.0
                     self.ledger.replace(lease)

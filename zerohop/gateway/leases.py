@@ -117,7 +117,9 @@ def _write_lease(
 
 @dataclass(slots=True, frozen=True)
 class Beat:
-    renewed: set[int]  # lease ids renewed (one missing was swept: stop using it)
+    # lease id -> (settled, leased) of its budget, for each lease renewed (one missing was
+    # swept: stop using it)
+    renewed: dict[int, tuple[int, int]]
     keys_version: int
     replicas: int  # live replicas, this one included
 
@@ -135,8 +137,10 @@ def heartbeat(
             (replica_id, host, version, ttl),
         )
         rows = conn.execute(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => %s)"
-            " WHERE replica_id = %s AND state = 'active' RETURNING lease_id",
+            "UPDATE leases l SET expires_at = now() + make_interval(secs => %s)"
+            " FROM budget_state b WHERE l.replica_id = %s AND l.state = 'active'"
+            " AND b.subject = l.subject AND b.period = l.period"
+            " RETURNING l.lease_id, b.settled, b.leased",
             (ttl, replica_id),
         ).fetchall()
         conn.execute(
@@ -146,7 +150,7 @@ def heartbeat(
         )
         (keys_version,) = _one(conn, "SELECT value FROM store_meta WHERE name = 'keys_version'")
         (replicas,) = _one(conn, "SELECT count(*) FROM replicas WHERE expires_at > now()")
-    return Beat({r[0] for r in rows}, keys_version, replicas)
+    return Beat({r[0]: (r[1], r[2]) for r in rows}, keys_version, replicas)
 
 
 def sweep(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
