@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from zerohop.gateway.audit import verify
-from zerohop.gateway.audit_heads import ChainHead, read_head
+from zerohop.gateway.audit_heads import ChainHead, read_head, read_heads
 from zerohop.gateway.store import default_db_path
 
 PROG = "zerohop audit verify"
@@ -71,20 +71,9 @@ def recorded_head(
 
 def only_head(db: Path) -> tuple[str, ChainHead] | None:
     """(directory, head) when `db` records exactly one audit folder's head, else None."""
-    if not db.is_file():
-        return None
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT directory, seq, hash, file, recorded FROM audit_heads LIMIT 2"
-        ).fetchall()
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):
-            return None
-        raise
-    finally:
-        conn.close()
-    if len(rows) != 1:
+    query = "SELECT directory, seq, hash, file, recorded FROM audit_heads LIMIT 2"
+    rows = read_heads(db, lambda conn: conn.execute(query).fetchall())
+    if rows is None or len(rows) != 1:
         return None
     where, seq, hash_, file, recorded = rows[0]
     return where, ChainHead(seq, hash_, file, recorded)

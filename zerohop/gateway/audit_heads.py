@@ -19,9 +19,13 @@ thread, never the request path), so it survives power loss as the fsynced log do
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS audit_heads (
@@ -88,11 +92,16 @@ class HeadStore:
 def read_head(db: Path, directory: Path) -> ChainHead | None:
     """The head recorded for `directory` in `db`, opened read-only (nothing is created);
     None when the file, the table or the row is not there."""
+    return read_heads(db, lambda conn: _select(conn, directory))
+
+
+def read_heads(db: Path, query: Callable[[sqlite3.Connection], _T]) -> _T | None:
+    """`query` on `db` opened read-only; None when the file or the heads table is missing."""
     if not Path(db).is_file():
         return None
     conn = sqlite3.connect(f"{Path(db).resolve().as_uri()}?mode=ro", uri=True)
     try:
-        return _select(conn, directory)
+        return query(conn)
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):
             return None

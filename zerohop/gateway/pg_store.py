@@ -29,6 +29,7 @@ from zerohop.gateway.store import (
     KEY_ID_LENGTH,
     LIMIT_COLUMNS,
     NO_LIMITS,
+    TenantReads,
     budget_values,
     hash_secret,
     key_columns,
@@ -131,7 +132,7 @@ def read_keys(conn: psycopg.Connection) -> tuple[int, dict[str, Identity | Inval
     return version, index, has_keys
 
 
-class PostgresStore:
+class PostgresStore(TenantReads):
     """Reads and writes keys and tenants in PostgreSQL; the `Store` of a fleet."""
 
     def __init__(self, url: str) -> None:
@@ -192,16 +193,9 @@ class PostgresStore:
                  *budget_values(tenant.budget), time.time(), version),
             )  # fmt: skip
 
-    def tenant(self, name: str) -> Tenant | None:
-        row = self.tenant_row(name)
-        return None if row is None else row.tenant
-
     def tenant_row(self, name: str) -> TenantRow | None:
         rows = self._all("SELECT * FROM tenants WHERE name = %s", (name,))
         return tenant_row(rows[0]) if rows else None
-
-    def tenants(self) -> list[Tenant]:
-        return [r.tenant for r in self.tenant_rows()]
 
     def tenant_rows(self) -> list[TenantRow]:
         return [tenant_row(r) for r in self._all(_TENANTS)]

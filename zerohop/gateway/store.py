@@ -121,7 +121,25 @@ def open_wal(path: Path, schema: str, synchronous: str) -> sqlite3.Connection:
     return conn
 
 
-class KeyStore:
+class TenantReads:
+    """What both stores derive from their `tenant_row` and `tenant_rows`."""
+
+    def tenant_row(self, name: str) -> TenantRow | None:
+        raise NotImplementedError
+
+    def tenant_rows(self) -> list[TenantRow]:
+        raise NotImplementedError
+
+    def tenant(self, name: str) -> Tenant | None:
+        """The tenant (an invalid field of its row read as a placeholder: see tenant_row)."""
+        row = self.tenant_row(name)
+        return None if row is None else row.tenant
+
+    def tenants(self) -> list[Tenant]:
+        return [r.tenant for r in self.tenant_rows()]
+
+
+class KeyStore(TenantReads):
     """Reads and writes keys and tenants (the CLI), and snapshots them (the server)."""
 
     def __init__(self, path: Path) -> None:
@@ -155,18 +173,10 @@ class KeyStore:
                  *budget_values(tenant.budget), time.time()),
             )  # fmt: skip
 
-    def tenant(self, name: str) -> Tenant | None:
-        """The tenant (an invalid field of its row read as a placeholder: see tenant_row)."""
-        row = self.tenant_row(name)
-        return None if row is None else row.tenant
-
     def tenant_row(self, name: str) -> TenantRow | None:
         """The tenant and the invalid fields of its row (`zerohop.gateway.store_rows`)."""
         row = self.conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
         return None if row is None else tenant_row(row)
-
-    def tenants(self) -> list[Tenant]:
-        return [r.tenant for r in self.tenant_rows()]
 
     def tenant_rows(self) -> list[TenantRow]:
         return [tenant_row(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
