@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 IDLE_CLOSE = 30.0  # seconds without a reservation: an idle replica gives its lease back
 REPORT_INTERVAL = 5.0  # seconds: spend reaches `zerohop keys usage` within this
+JUST_GRANTED = 0.5  # seconds: a top-up's waiting requests reserve it well within this
 BACKOFF = (0.2, 5.0)  # seconds: first and longest pause between attempts while down
 
 
@@ -281,11 +282,16 @@ class LeaseKeeper:
             close = True
             self.ledger.replace(lease)  # later requests open a fresh lease
             lease.usable_until = 0.0
-        elif lease.lease_id is not None and scarce and available > lease.peak:
-            give_back = available - lease.peak  # keep one request's worth: others need it
+        elif lease.lease_id is not None and scarce:
+            # Hold one whole request's worth at most, and not a remainder too small for one:
+            # a remainder held here would strand the end of the budget, waiting requests on
+            # other replicas can use it. Only waiting requests get grants while it is scarce.
+            keep = lease.peak if available >= lease.peak else 0
+            just_granted = now - lease.answered_at < JUST_GRANTED
+            give_back = 0 if just_granted else max(0, available - keep)
         elif lease.lease_id is not None and available > 2 * target and settled:
             give_back = available - target
-        elif available < target // 2 and not recently_refused:
+        elif available < target // 2 and not recently_refused and not scarce:
             want = target - available
         report = lease.spent != lease.reported and now - lease.reported_at >= REPORT_INTERVAL
         if not (want > 0 or give_back or close or report):
