@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,12 @@ def live_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     server = LiveServer(llama_dir).start(log)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """One real PostgreSQL (tests/postgres_server.py) for every store test module: each test
+    makes its own databases in it. Tests that stop or kill it start it again."""
+    from tests.pg_fixtures import postgres_server
+
+    yield from postgres_server()

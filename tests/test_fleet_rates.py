@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from tests.pg_fixtures import migrated_database, postgres_server
+from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
 from zerohop.gateway import fleet_rates
 from zerohop.gateway.fleet_rates import FleetRates, allocate
@@ -21,11 +20,6 @@ from zerohop.gateway.limits import RateLimiter
 
 RPM = 60
 IDENTITY = Identity("zh-ratekey", Tenant("acme"), limits=Limits(rpm=RPM))
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 def test_allocation_is_a_floor_plus_demand_and_sums_to_one() -> None:

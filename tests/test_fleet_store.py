@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from tests.pg_fixtures import migrated_database, postgres_server, wait_until
+from tests.pg_fixtures import migrated_database, wait_until
 from tests.postgres_server import PostgresServer
 from zerohop.client import ReplicaPool, async_http_client
 from zerohop.gateway.identity import Budget, Tenant
@@ -28,11 +28,6 @@ from zerohop.gateway.pg_store import PostgresStore
 LEASE_TTL = 3.0  # seconds: a killed replica's lease is charged this soon
 MAX_TOKENS = 16
 BUDGET = 6_000
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 @pytest.fixture(scope="module")

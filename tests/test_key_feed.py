@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.pg_fixtures import migrated_database, postgres_server, sql, wait_until
+from tests.pg_fixtures import migrated_database, sql, wait_until
 from tests.postgres_server import PostgresServer
 from zerohop.gateway.auth import AuthenticationError, Authenticator
 from zerohop.gateway.identity import Budget, Limits, Tenant
@@ -22,11 +22,6 @@ from zerohop.gateway.store import KEY_ID_LENGTH
 from zerohop.gateway.store_api import StoreSpec
 
 WITHIN = 1.0  # seconds: the promise
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 @dataclass

@@ -8,12 +8,10 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
-from tests.pg_fixtures import migrated_database, postgres_server
+from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
 from zerohop.gateway.budget import BudgetExhausted
 from zerohop.gateway.identity import Budget, Identity, Tenant
@@ -22,11 +20,6 @@ from zerohop.gateway.lease_ledger import LeasedLedger, LeaseUnavailable
 
 BUDGET = 30_000
 PROMPT, MAX_TOKENS = 40, 60
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 def _identity(budget: int = BUDGET) -> Identity:

@@ -7,22 +7,16 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from tests.pg_fixtures import migrated_database, postgres_server
+from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
 from zerohop.gateway import leases
 from zerohop.gateway.leases import LeaseChange
 
 SUBJECT, PERIOD = "tenant:acme", "total"
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.pg_fixtures import migrated_database, postgres_server, sql, with_password
+from tests.pg_fixtures import migrated_database, sql, with_password
 from tests.postgres_server import PostgresServer
 from zerohop.cli_errors import failure_line
 from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
@@ -24,11 +24,6 @@ from zerohop.gateway.store_api import Store, StoreSpec, StoreUnavailable, open_s
 from zerohop.gateway.store_rows import InvalidKey
 
 KINDS = ("sqlite", "postgresql")
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 def _open(kind: str, request: pytest.FixtureRequest, folder: Path) -> Store:

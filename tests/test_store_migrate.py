@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ import pytest
 from tests.pg_fixtures import (
     fresh_database,
     migrated_database,
-    postgres_server,
     sql,
     with_password,
 )
@@ -32,11 +30,6 @@ from zerohop.gateway.pg_store import PostgresStore
 from zerohop.gateway.store_api import SchemaMismatch, StoreUnavailable
 from zerohop.gateway.store_spec import STORE_ENV
 from zerohop.server import GatewayOptions, ServeOptions, check_open_mode
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    yield from postgres_server()
 
 
 def zerohop(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
