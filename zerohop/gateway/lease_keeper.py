@@ -268,11 +268,18 @@ class LeaseKeeper:
         waiters, lease.waiters = lease.waiters, []
         # Not while the requests it was just topped up for are still on their way to it.
         settled = now - max(lease.answered_at, lease.last_reserved) > 2 * self.heartbeat
-        want, give_back, share, close = 0, 0, 0.5, False
+        want, give_back, share, close, at_least = 0, 0, 0.5, False, 0
         recently_refused = (
             lease.free is not None and lease.free <= 0 and now - lease.answered_at < self.heartbeat
         )
-        if waiters:
+        if waiters and scarce and lease.lease_id is not None:
+            # Pool what it holds with what the fleet has free and take back what the waiting
+            # requests need, in one transaction: remainders too small to serve a request,
+            # each held by another replica, would otherwise strand the end of the budget.
+            # Too little to serve one (at_least): leave it free for another replica to gather.
+            give_back, want, share = available, sum(w.need for w in waiters), 1.0
+            at_least = min(w.minimum for w in waiters)
+        elif waiters:
             want, share = sum(w.need for w in waiters) - available + (0 if scarce else target), 1.0
         elif (
             lease.lease_id is not None
@@ -301,6 +308,7 @@ class LeaseKeeper:
         change = LeaseChange(
             lease.subject, lease.period, lease.limit, lease.lease_id,
             spent=lease.spent, give_back=give_back, want=max(want, 0), share=share, close=close,
+            at_least=at_least,
         )  # fmt: skip
         return Plan(lease, change, waiters)
 

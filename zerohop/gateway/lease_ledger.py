@@ -40,7 +40,8 @@ class LeaseUnavailable(Exception):
 
 @dataclass(slots=True)
 class Waiter:
-    need: int
+    need: int  # prompt + max_tokens
+    minimum: int  # prompt + 1: the least it can be admitted with (clamped)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -137,7 +138,7 @@ class LeasedLedger:
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             for lease in short:
-                lease.waiters.append(Waiter(need, future, loop))
+                lease.waiters.append(Waiter(need, prompt + 1, future, loop))
                 lease.note_need(need, now)
         self.keeper.poke()
         with contextlib.suppress(TimeoutError):  # then reserve clamps or refuses

@@ -40,6 +40,7 @@ class LeaseChange:
     want: int = 0  # tokens wanted on top
     share: float = 1.0  # at most this part of what is free (0.5: leave some for others)
     close: bool = False  # end the lease: `spent` is final, the rest goes back
+    at_least: int = 0  # grant nothing rather than less than this (too little to use)
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +84,8 @@ def change(conn: psycopg.Connection, replica_id: str, c: LeaseChange, ttl: float
         granted, leased = granted - give_back, leased - give_back
         free = c.limit - settled - leased
         added = 0 if c.close else max(0, min(c.want, int(free * c.share)))
+        if added < c.at_least:
+            added = 0
         granted, leased = granted + added, leased + added
         lease_id = _write_lease(conn, replica_id, c, granted, spent, ttl)
         conn.execute(
