@@ -1058,8 +1058,8 @@ def print_inproc(r: dict) -> None:
         f"  the lease keeper over the whole in-process run ({k['seconds']:.1f} s, warm-ups"
         f" included): {k['transactions']} PostgreSQL transactions for {k['requests']} requests"
         f" ({fmt(k['transactions_per_request'], '.2g')} per request; lease top-ups"
-        f" {k['lease_top_ups']}; mean {fmt(k['mean_transaction_ms'], '.2f')} ms each), none"
-        " on a request's path"
+        f" {k['lease_top_ups']}; mean {fmt(k['mean_transaction_ms'], '.2f')} ms each); a"
+        " request waits for one only when its lease cannot cover it"
     )
     print(
         f"  pg_lease - none: p50 {fmt(r['pg_minus_none_p50_us'], '+.1f')} us"
@@ -1106,8 +1106,9 @@ def print_usable(fleet: dict, solo: dict) -> None:
     print(
         f"  the fleet's lease keepers: {work['transactions']} PostgreSQL transactions for"
         f" {work['http_requests']} HTTP requests"
-        f" ({fmt(work['transactions_per_http_request'], '.2f')} per request, none on a"
-        f" request's path), {work['lease_top_ups']} top-ups, mean"
+        f" ({fmt(work['transactions_per_http_request'], '.2f')} per request; a request waits"
+        " for one only when its lease cannot cover it: once the budget runs scarce, every"
+        f" time), {work['lease_top_ups']} top-ups, mean"
         f" {fmt(work['mean_transaction_ms'], '.2f')} ms"
     )
     stalls = ", ".join(
