@@ -269,9 +269,6 @@ class LeaseKeeper:
         # Not while the requests it was just topped up for are still on their way to it.
         settled = now - max(lease.answered_at, lease.last_reserved) > 2 * self.heartbeat
         want, give_back, share, close, at_least = 0, 0, 0.5, False, 0
-        recently_refused = (
-            lease.free is not None and lease.free <= 0 and now - lease.answered_at < self.heartbeat
-        )
         if waiters and scarce and lease.lease_id is not None:
             # Pool what it holds with what the fleet has free and take back what the waiting
             # requests need, in one transaction: remainders too small to serve a request,
@@ -298,7 +295,7 @@ class LeaseKeeper:
             give_back = 0 if just_granted else max(0, available - keep)
         elif lease.lease_id is not None and available > 2 * target and settled:
             give_back = available - target
-        elif available < target // 2 and not recently_refused and not scarce:
+        elif available < target // 2 and not scarce:  # (nothing free is scarce too)
             want = target - available
         report = lease.spent != lease.reported and now - lease.reported_at >= REPORT_INTERVAL
         if not (want > 0 or give_back or close or report):

@@ -221,16 +221,14 @@ def release(subjects: list[SubjectLimits]) -> None:
         state.in_flight = max(0, state.in_flight - 1)
 
 
-def _resize(state: SubjectLimits, limits: Limits, now: float, *, fill: bool = True) -> None:
-    """New limits or share, levels kept (capped at the new capacity). A bucket the subject
-    did not have starts full, or empty with `fill` False."""
+def _resize(state: SubjectLimits, limits: Limits, now: float) -> None:
+    """New limits or share, levels kept (capped at the new capacity); a bucket the subject
+    did not have starts full."""
     fresh = SubjectLimits.create(limits, now, state.share)
     for kind, bucket in fresh.buckets.items():
         if (previous := state.buckets.get(kind)) is not None:
             previous.refill(now)
             bucket.level = min(bucket.capacity, previous.level)
-        elif not fill:
-            bucket.level = 0.0
     state.limits, state.buckets = limits, fresh.buckets
 
 
@@ -240,12 +238,11 @@ def set_share(state: SubjectLimits, share: float, now: float, *, fill: bool = Fa
     fleet admit more than one bucket's worth plus its refill."""
     if share == state.share:
         return
-    old = {kind: b.level for kind, b in state.buckets.items()}
     state.share = share
-    _resize(state, state.limits, now)
-    for kind, bucket in state.buckets.items():
-        level = bucket.capacity if fill else min(bucket.capacity, old.get(kind, 0.0))
-        bucket.level = level
+    _resize(state, state.limits, now)  # keeps the levels: what capacity grows by is empty
+    if fill:
+        for bucket in state.buckets.values():
+            bucket.level = bucket.capacity
 
 
 def _demand(limits: Limits, input_tokens: int) -> float:
