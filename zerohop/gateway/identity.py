@@ -112,6 +112,8 @@ class Identity:
     budget: Budget | None = None
     expires_at: float | None = None  # unix seconds
     source: str = "store"  # "store", "jwt" or "anonymous"
+    admin: bool = False  # may use the admin API and the console
+    inference: bool = True  # may call the model (an admin key only when made so)
     extra: dict = field(default_factory=dict, compare=False, hash=False)  # jwt: jti, iat
 
     def __post_init__(self) -> None:

@@ -1,0 +1,74 @@
+"""What the admin API and the console share: who the operator is, and the parts they read.
+
+`AdminContext.admin_identity` turns a key (a header, or the key typed on the console's login
+page) into an admin's Identity or an `AdminError`; `session_identity` does the same for a
+console session, so a session dies as soon as its key stops being an admin key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerohop.admin.sessions import Session, SessionStore
+from zerohop.gateway.auth import AuthenticationError, InvalidKeyConfiguration
+from zerohop.gateway.identity import Identity
+
+
+class AdminError(Exception):
+    """An admin request refused: HTTP `status`, Anthropic's error `type`, a message."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+def not_found(message: str) -> AdminError:
+    return AdminError(404, "not_found_error", message)
+
+
+def invalid(message: str) -> AdminError:
+    return AdminError(400, "invalid_request_error", message)
+
+
+@dataclass(slots=True)
+class AdminContext:
+    gateway: Any  # zerohop.gateway.gateway.Gateway
+    service: Any = None  # zerohop.admin.service.AdminService
+    sessions: SessionStore = field(default_factory=SessionStore)
+    secure_cookies: bool = False  # served over TLS: the session cookie is Secure too
+
+    def admin_identity(self, token: str | None) -> Identity:
+        """The admin key `token` is, or AdminError: 401 no key or an unknown one, 403 a key
+        that is not an admin key."""
+        if not token:
+            raise AdminError(401, "authentication_error", "this route needs an admin key")
+        if not self.gateway.auth.keys_configured:
+            raise AdminError(
+                401, "authentication_error",
+                "no admin key exists on this server: make one with"
+                " `zerohop keys create --tenant ops --admin`",
+            )  # fmt: skip
+        try:
+            identity = self.gateway.auth.authenticate(token)
+        except (AuthenticationError, InvalidKeyConfiguration) as exc:
+            raise AdminError(401, "authentication_error", str(exc)) from exc
+        return self._admin(identity)
+
+    def session_identity(self, session: Session) -> Identity:
+        """The admin behind a console session, as the store has that key now."""
+        identity = self.gateway.auth.identity_for(session.key_id)
+        if identity is None:
+            self.sessions.end(session.session_id)
+            raise AdminError(401, "authentication_error", "the session's admin key is gone")
+        return self._admin(identity)
+
+    @staticmethod
+    def _admin(identity: Identity) -> Identity:
+        if not identity.admin:
+            raise AdminError(
+                403, "permission_error",
+                f"API key {identity.key_id} is not an admin key: admin routes need one"
+                " (`zerohop keys create --admin`)",
+            )  # fmt: skip
+        return identity
