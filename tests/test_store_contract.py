@@ -246,3 +246,31 @@ def test_a_store_spec_never_shows_a_password(text: str, kind: str, described: st
     if kind == "postgresql":  # the password in an error message is masked too
         wrapped = StoreUnavailable.wrap(RuntimeError("failed for u:pw somewhere"), text)
         assert "pw" not in str(wrapped).replace("password", ""), wrapped
+
+
+# -- usage per minute (the admin API's reports) --------------------------------------------------
+
+
+def test_usage_rows_add_up_and_are_bucketed_in_either_store(store: Store) -> None:
+    from zerohop.gateway.usage_sql import RefusalRow, UsageRow
+
+    day = 1_700_006_400  # a UTC midnight
+    first = [UsageRow(day + 60, "zh-a", "t", "m", 1, 0, 10, 5, 20)]
+    again = [UsageRow(day + 60, "zh-a", "t", "m", 2, 1, 1, 0, 2),  # the same row: adds
+             UsageRow(day + 3600, "zh-b", "u", "m", 1, 0, 7, 0, 3)]  # fmt: skip
+    store.add_usage(first, [RefusalRow(day, "zh-a", "t", "rpm", 2, day + 1.0, "old")])
+    store.add_usage(again, [RefusalRow(day + 60, "zh-a", "t", "rpm", 1, day + 61.0, "new")])
+    minutes = store.usage(60, day, day + 86400)
+    assert minutes == [
+        UsageRow(day + 60, "zh-a", "t", "m", 3, 1, 11, 5, 22),
+        UsageRow(day + 3600, "zh-b", "u", "m", 1, 0, 7, 0, 3),
+    ]
+    assert store.usage(86400, day, day + 86400) == [
+        UsageRow(day, "zh-a", "t", "m", 3, 1, 11, 5, 22),
+        UsageRow(day, "zh-b", "u", "m", 1, 0, 7, 0, 3),
+    ]
+    assert store.usage(60, day + 120, day + 86400) == minutes[1:]  # since is inclusive
+    refusals = store.refusals(day, day + 86400)
+    assert [(r.reason, r.count, r.last_at, r.last_message) for r in refusals] == [
+        ("rpm", 3, day + 61.0, "new")
+    ]

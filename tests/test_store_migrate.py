@@ -25,11 +25,13 @@ from zerohop import __version__
 from zerohop.cli import main
 from zerohop.cli_errors import failure_line
 from zerohop.gateway.migrations import Migrated, migrate
-from zerohop.gateway.pg_schema import SCHEMA_VERSION
+from zerohop.gateway.pg_schema import MIN_READER, PG_MIGRATIONS, SCHEMA_VERSION
 from zerohop.gateway.pg_store import PostgresStore
 from zerohop.gateway.store_api import SchemaMismatch, StoreUnavailable
 from zerohop.gateway.store_spec import STORE_ENV
 from zerohop.server import GatewayOptions, ServeOptions, check_open_mode
+
+ALL_VERSIONS = [version for version, _ in PG_MIGRATIONS]
 
 
 def zerohop(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -40,15 +42,18 @@ def zerohop(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 def test_a_fresh_store_is_migrated_to_this_schema_once(postgres: PostgresServer) -> None:
     url = fresh_database(postgres)
-    assert migrate(url) == Migrated([SCHEMA_VERSION], SCHEMA_VERSION)
+    assert migrate(url) == Migrated(ALL_VERSIONS, SCHEMA_VERSION)
     rows = sql(
-        url, "SELECT version, min_reader, zerohop, applied_at IS NOT NULL FROM zerohop_schema"
+        url,
+        "SELECT version, min_reader, zerohop, applied_at IS NOT NULL FROM zerohop_schema"
+        " ORDER BY version",
     )
-    assert rows == [(1, 1, __version__, True)]
+    assert rows == [(v, MIN_READER[v], __version__, True) for v in ALL_VERSIONS]
     tables = {r[0] for r in sql(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-    assert {"store_meta", "keys", "tenants", "budget_state", "leases", "replicas"} <= tables
+    expected = {"store_meta", "keys", "tenants", "budget_state", "leases", "replicas"}
+    assert expected | {"usage_minutes", "refusal_minutes"} <= tables
     assert migrate(url) == Migrated([], SCHEMA_VERSION)  # again: nothing to do
-    assert sql(url, "SELECT count(*) FROM zerohop_schema") == [(1,)]
+    assert sql(url, "SELECT count(*) FROM zerohop_schema") == [(len(ALL_VERSIONS),)]
     PostgresStore(url).close()
 
 
@@ -69,8 +74,8 @@ def test_concurrent_migrates_apply_each_step_once(postgres: PostgresServer) -> N
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert sorted((r.applied for r in results), key=len) == [[], [], [], [SCHEMA_VERSION]]
-    assert sql(url, "SELECT count(*) FROM zerohop_schema") == [(1,)]
+    assert sorted((r.applied for r in results), key=len) == [[], [], [], ALL_VERSIONS]
+    assert sql(url, "SELECT count(*) FROM zerohop_schema") == [(len(ALL_VERSIONS),)]
 
 
 @pytest.mark.parametrize(
@@ -79,7 +84,8 @@ def test_concurrent_migrates_apply_each_step_once(postgres: PostgresServer) -> N
         ("SELECT 1", "has no zerohop schema: run `zerohop store migrate`"),
         (
             "CREATE TABLE zerohop_schema (version int PRIMARY KEY, min_reader int NOT NULL)",
-            "has schema version 0 and this zerohop needs 1: run `zerohop store migrate`",
+            f"has schema version 0 and this zerohop needs {SCHEMA_VERSION}:"
+            " run `zerohop store migrate`",
         ),
     ],
 )
@@ -148,7 +154,7 @@ def test_keys_and_store_commands_work_on_the_store(
     assert (listed["tenant"], listed["limits"]["rpm"]) == ("acme", 60)
     assert main(["store", "status", "--json", "--store", url]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert (status["schema_version"], status["keys"], status["tenants"]) == (1, 1, 1)
+    assert (status["schema_version"], status["keys"], status["tenants"]) == (SCHEMA_VERSION, 1, 1)
     assert (status["live_replicas"], status["active_leases"]) == (0, 0)
     keys_db = ["--keys-db", "x.db", "--store", url]
     assert main(["keys", "list", *keys_db]) == 2

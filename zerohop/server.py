@@ -192,6 +192,12 @@ async def serve(options: ServeOptions) -> int:
             fair_share=(options.engine_options or {}).get("scheduling_policy", "vtc") == "vtc",
         ),
     )
+    sampler = None
+    if gateway is not None:
+        from zerohop.admin.attach import LiveSampler, attach_operator
+
+        ctx.admin = attach_operator(gateway, secure_cookies=options.tls_cert is not None)
+        sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
@@ -240,6 +246,8 @@ async def serve(options: ServeOptions) -> int:
             server.on_drain.append(grpc_server.begin)  # beside HTTP's drain, as long
         if gateway is not None:
             gateway.start_watching()
+        if sampler is not None:
+            sampler.start()
         if ctx.batches is not None:
             ctx.batches.start()
         await server.serve()
@@ -251,6 +259,8 @@ async def serve(options: ServeOptions) -> int:
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
+        if sampler is not None:
+            await sampler.stop()
         if gateway is not None:
             await gateway.close()  # after the streams: their audit records are flushed too
     if engine.gave_up is not None:  # the orchestrator restarts the pod on a non-zero exit

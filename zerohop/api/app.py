@@ -6,8 +6,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from zerohop.admin import routes as admin_routes
 from zerohop.api import anthropic, openai
-from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, header, send_json
+from zerohop.api.asgi import ClientDisconnected, Receive, Scope, Send, api_key, send_json
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
 from zerohop.api.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id
@@ -62,7 +63,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
                 send, 200 if ok else 503, None, raw=_HEALTHY if ok else _NOT_READY
             )
         if path == "/engine/stats" and scope["method"] == "GET":
-            if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
+            if ctx.metrics_token and api_key(scope) != ctx.metrics_token:
                 return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
             try:
                 return await send_json(send, 200, await ctx.engine.stats())
@@ -75,6 +76,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             error = ApiError(431, f"request headers are larger than {ctx.max_header_bytes} bytes")
             _, shape = _route_miss(scope["method"], path, True)
             return await _send_error(send, error, shape, request_id)
+        if ctx.admin is not None and (admin_routes.is_admin_path(path) or _console(path)):
+            return await _operator(scope, receive, send)
         key = (scope["method"], path)
         if key not in routes and templates:
             key = _match(templates, scope, key)
@@ -86,6 +89,14 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         handler, shape = route
         call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
         await _handle(scope, receive, send, handler, shape, call)
+
+    async def _operator(scope: Scope, receive: Receive, send: Send) -> None:
+        """The admin API and the console (zerohop.admin, zerohop.console)."""
+        if _console(scope["path"]):
+            from zerohop.console.routes import handle
+
+            return await handle(scope, receive, send, ctx.admin)
+        await admin_routes.handle(scope, receive, send, ctx.admin)
 
     async def run_line(scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         """A batch line through the route an HTTP request to its path takes, as the identity
@@ -122,13 +133,15 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
 
         try:
             if gateway is not None and authenticate:
-                gateway.authenticate(call, _api_key(scope))
+                gateway.authenticate(call, api_key(scope))
             await handler(scope, receive, tracking_send, call)
         except ClientDisconnected:
             status, error_type = status or 499, "client_disconnected"
         except (ApiError, GatewayError) as exc:
             error = api_error(exc) if isinstance(exc, GatewayError) else exc
             error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"
+            if isinstance(exc, GatewayError):
+                call.refusal = exc.message
             if not status:
                 await _send_error(tracking_send, error, shape, call.request_id)
         except Exception:
@@ -145,7 +158,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         gateway = ctx.gateway
         if gateway is None or gateway.metrics is None:
             return await send_json(send, 404, {"error": "metrics are off"})
-        if ctx.metrics_token and _api_key(scope) != ctx.metrics_token:
+        if ctx.metrics_token and api_key(scope) != ctx.metrics_token:
             return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
         engine = ctx.engine
         stats = None
@@ -164,6 +177,10 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
     app.routes = routes  # type: ignore[attr-defined]  # what tests enumerate (auth on each)
     app.run_line = run_line  # type: ignore[attr-defined]  # the batch runner's way in
     return app
+
+
+def _console(path: str) -> bool:
+    return path == "/console" or path.startswith("/console/")
 
 
 def _match(
@@ -205,17 +222,6 @@ async def _send_error(send: Send, error: ApiError, shape: ErrorShape, request_id
     ids = request_id.encode()
     headers = [(b"request-id", ids), (b"x-request-id", ids), *(error.headers or ())]
     await send_json(send, error.status, shape(error, request_id), headers)
-
-
-def _api_key(scope: Scope) -> str | None:
-    """The key from `x-api-key` (Anthropic) or `Authorization: Bearer` (OpenAI, anthropic>=2)."""
-    if key := header(scope, b"x-api-key"):
-        return key.decode("latin-1").strip()
-    auth = header(scope, b"authorization")
-    if auth is None:
-        return None
-    scheme, _, token = auth.decode("latin-1").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None
 
 
 def _client(scope: Scope) -> str | None:

@@ -39,6 +39,17 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def api_key(scope: Scope) -> str | None:
+    """The key from `x-api-key` (Anthropic) or `Authorization: Bearer` (OpenAI, anthropic>=2)."""
+    if key := header(scope, b"x-api-key"):
+        return key.decode("latin-1").strip()
+    auth = header(scope, b"authorization")
+    if auth is None:
+        return None
+    scheme, _, token = auth.decode("latin-1").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 @dataclass(slots=True, frozen=True)
 class BodyDeadline:
     """How long a request body may take: `timeout` seconds, plus one second for every

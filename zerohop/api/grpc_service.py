@@ -95,6 +95,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             yield call
         except GatewayError as exc:
             status, error_type = exc.status, exc.reason
+            call.refusal = exc.message
             error = api_error(exc)
             context.set_trailing_metadata(_trailers(error, gateway, call))
             await context.abort(self._code(error), error.message)

@@ -111,6 +111,7 @@ class ServingContext:
     batches: Any = None  # zerohop.batches.runtime.BatchRuntime, or None: no batch routes
     max_batch_bytes: int = 256 * 2**20  # a Message Batches create body (the API's limit)
     max_file_bytes: int = 200 * 2**20  # an OpenAI batch input file (the API's limit)
+    admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
 
     @property
     def tool_parser(self) -> ParserFactory:

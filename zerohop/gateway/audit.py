@@ -51,7 +51,7 @@ from pathlib import Path
 import orjson
 
 from zerohop.gateway.audit_failure import DEFAULT_MAX_PENDING, AuditFailures, FailureMode
-from zerohop.gateway.audit_heads import ChainHead, HeadStore, check_head
+from zerohop.gateway.audit_heads import ChainHead, HeadStore, check_head, read_head
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,12 @@ class AuditLog:
     @property
     def include_content(self) -> bool:
         return self._include_content
+
+    def recorded_head(self) -> ChainHead | None:
+        """The chain head last recorded for this log (read on a connection of its own, so
+        from any thread); None without a heads store. Read it before the files: the
+        writer records a head only once the records up to it are on disk."""
+        return None if self._heads is None else read_head(self._heads.path, self.directory)
 
     @property
     def refusing(self) -> bool:

@@ -86,6 +86,7 @@ class Call:
     stop_reason: str | None = None
     status: int | None = None
     error_type: str | None = None
+    refusal: str | None = None  # the refusal's message (the admin API's refusals report)
     prompt_text: Any = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
     queue_timing: Any = None  # zerohop.api.queue_timing.QueueTiming: set at admission
@@ -112,6 +113,8 @@ class Gateway:
         self.ledger_failure = ledger_failure
         self.audit = audit
         self.metrics = metrics
+        self.usage: Any = None  # zerohop.gateway.usage.UsageRecorder: the admin reports
+        self.live: Any = None  # zerohop.api.live_load.LiveLoad: the console's overview
 
     @classmethod
     def from_store(
@@ -154,6 +157,8 @@ class Gateway:
         await self.auth.stop()
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.close)
+        if self.usage is not None:
+            await asyncio.to_thread(self.usage.close)
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)  # flushes every record
 
@@ -170,6 +175,13 @@ class Gateway:
             raise GatewayError(
                 403, str(exc), call.decision, should_retry=False, code=call.decision
             ) from exc
+        if not call.identity.inference:
+            call.decision = "permission"
+            message = (
+                f"API key {call.identity.key_id} is an admin key: it may use the admin API,"
+                " not the model (make it with --inference to allow both)"
+            )
+            raise GatewayError(403, message, "permission", should_retry=False)
 
     def check_model(self, call: Call, model: str) -> None:
         call.model = model
@@ -271,6 +283,8 @@ class Gateway:
             call.output_tokens += new_tokens
             call.token_times.append(now)
             limits.charge_output(call.rate_subjects, new_tokens)
+            if self.live is not None:
+                self.live.on_tokens(call.identity.tenant.name, new_tokens)
         if call.reservation is not None:
             call.reservation.used = call.prompt_tokens - call.cached_tokens + call.output_tokens
 
@@ -308,6 +322,13 @@ class Gateway:
             )
         if self.audit is not None:
             self.audit.record(audit_entry(call, now, self.audit.include_content))
+        if self.usage is not None:
+            self.usage.record(call)
+        if self.live is not None:
+            self.live.on_finished(
+                call.identity.tenant.name, status, call.prompt_tokens, call.cached_tokens,
+                call.ttft, call.token_times,
+            )  # fmt: skip
 
 
 def _lease_refusal(call: Call, exc: LeaseUnavailable) -> GatewayError:

@@ -59,6 +59,13 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     create = _action(actions, "create", "create a key (its secret is shown once)", _create)
     create.add_argument("--tenant", required=True, help="the tenant the key belongs to")
     create.add_argument("--name", default="", help="a label for people")
+    create.add_argument(
+        "--admin", action="store_true",
+        help="an admin key: the admin API and /console; not the model unless --inference",
+    )  # fmt: skip
+    create.add_argument(
+        "--inference", action="store_true", help="with --admin: may call the model too"
+    )
     _key_options(create)
 
     update = _action(actions, "update", "change a key's tenant, limits, budget, models...", _update)
@@ -149,7 +156,10 @@ def _spec(args: argparse.Namespace) -> StoreSpec:
 def _create(store: Store, args: argparse.Namespace) -> int:
     fields = _key_fields(args)
     fields.setdefault("limits", Limits())
-    secret, record = store.create_key(args.tenant, name=args.name, **fields)
+    if args.inference and not args.admin:
+        raise ValueError("--inference goes with --admin (a key calls the model by default)")
+    admin = {"admin": True, "inference": args.inference} if args.admin else {}
+    secret, record = store.create_key(args.tenant, name=args.name, **fields, **admin)
     if args.json:
         print(json.dumps({"key": secret, **record.as_dict()}, indent=2))
     else:
@@ -314,6 +324,8 @@ def _print_keys(records: list[KeyRecord]) -> None:
         )
         if r.problems:
             state = "invalid: " + ", ".join(r.problems)
+        elif r.admin:
+            state += " (admin+model)" if r.inference else " (admin)"
         rows.append(
             {
                 "key_id": r.key_id,

@@ -15,6 +15,8 @@ transaction that touches them keeps settled + leased <= the budget.
 
 from __future__ import annotations
 
+from zerohop.gateway.usage_sql import POSTGRES_SCHEMA
+
 _KEYS_V1 = """
 CREATE TABLE store_meta (name text PRIMARY KEY, value bigint NOT NULL);
 INSERT INTO store_meta VALUES ('keys_version', 0);
@@ -67,8 +69,20 @@ CREATE TABLE rate_shares (
 );
 """
 
+# Issue 25: admin keys, and usage per minute for the admin API. A zerohop of version 1
+# would serve an admin-only key as a data-plane key, so version 2's readers start at 2.
+_ADMIN_V2 = (
+    """
+ALTER TABLE keys ADD COLUMN admin integer NOT NULL DEFAULT 0;
+ALTER TABLE keys ADD COLUMN inference integer NOT NULL DEFAULT 1;
+ALTER TABLE keys ADD COLUMN archived double precision;
+ALTER TABLE keys ADD COLUMN created_by text;
+"""
+    + POSTGRES_SCHEMA
+)
+
 # (version, SQL): applied in order, each in one transaction.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _KEYS_V1 + _LEASES_V1)]
-MIN_READER: dict[int, int] = {1: 1}
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _KEYS_V1 + _LEASES_V1), (2, _ADMIN_V2)]
+MIN_READER: dict[int, int] = {1: 1, 2: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

@@ -44,6 +44,7 @@ from zerohop.gateway.store_rows import (
     tenant_row,
 )
 from zerohop.gateway.store_spec import SchemaMismatch, StoreUnavailable, mask_password
+from zerohop.gateway.usage_sql import RefusalRow, UsageRow, UsageTables
 
 POOL_MIN, POOL_MAX = 1, 3
 POOL_TIMEOUT = 2.0  # seconds a caller waits for a pooled connection
@@ -66,9 +67,10 @@ _ENSURE_TENANT = (
 )
 _INSERT_KEY = (
     "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires, models,"
-    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period, change_version)"
-    f" VALUES ({', '.join(['%s'] * (len(LIMIT_COLUMNS) + 11))})"
+    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period, admin, inference, created_by,"
+    f" change_version) VALUES ({', '.join(['%s'] * (len(LIMIT_COLUMNS) + 14))})"
 )
+_USAGE = UsageTables(postgres=True)
 # Ordered as SQLite orders text (bytewise), whatever the database's collation.
 _TENANTS = 'SELECT * FROM tenants ORDER BY name COLLATE "C"'
 _KEYS = 'SELECT * FROM keys ORDER BY tenant COLLATE "C", created'
@@ -216,6 +218,9 @@ class PostgresStore(TenantReads):
         priority: str = "interactive",
         limits: Limits = NO_LIMITS,
         budget: Budget | None = None,
+        admin: bool = False,
+        inference: bool = True,
+        created_by: str | None = None,
     ) -> tuple[str, KeyRecord]:
         """A new key (and its tenant if new), in one change: the secret and its record."""
         key = new_key()
@@ -227,7 +232,7 @@ class PostgresStore(TenantReads):
                 _INSERT_KEY,
                 (key_id, hash_secret(key), tenant, name, now, expires,
                  json.dumps(models or []), priority, *limits.values(),
-                 *budget_values(budget), version),
+                 *budget_values(budget), int(admin), int(inference), created_by, version),
             )  # fmt: skip
         record = self.key(key_id)
         assert record is not None
@@ -283,6 +288,18 @@ class PostgresStore(TenantReads):
         with self._connection() as conn:
             version, index, _has_keys = read_keys(conn)
         return version, index
+
+    def add_usage(self, usage: list[UsageRow], refusals: list[RefusalRow]) -> None:
+        with self._connection() as conn, conn.transaction():
+            _USAGE.write(conn.cursor(), usage, refusals)
+
+    def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
+        with self._connection() as conn:
+            return _USAGE.usage(conn.cursor(row_factory=dict_row), width, since, until)
+
+    def refusals(self, since: int, until: int) -> list[RefusalRow]:
+        with self._connection() as conn:
+            return _USAGE.refusal_totals(conn.cursor(row_factory=dict_row), since, until)
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of the fleet: settled plus leased to replicas."""

@@ -101,6 +101,7 @@ def identity_from_claims(claims: dict) -> Identity:
     numeric_date(claims, "nbf")
     iat = numeric_date(claims, "iat")
     extra = {k: v for k, v in (("jti", jti), ("iat", iat)) if v is not None}
+    admin = _flag(claims, "admin", False)
     return Identity(
         key_id=sub,
         tenant=Tenant(
@@ -116,8 +117,17 @@ def identity_from_claims(claims: dict) -> Identity:
         budget=_budget_from(claims.get("budget"), "budget"),
         expires_at=exp,
         source="jwt",
+        admin=admin,
+        inference=_flag(claims, "inference", not admin),  # an admin key: admin only
         extra=extra,
     )
+
+
+def _flag(claims: dict, name: str, default: bool) -> bool:
+    value = claims.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"claim {name!r} must be true or false, not {value!r}")
+    return value
 
 
 def _limits_claim(limits: Limits) -> dict:
@@ -144,4 +154,8 @@ def claims_from_identity(identity: Identity) -> dict:
         claims["tenant_weight"] = identity.tenant.weight
     if identity.expires_at is not None:
         claims["exp"] = int(identity.expires_at)
+    if identity.admin:
+        claims["admin"] = True
+    if identity.inference != (not identity.admin):
+        claims["inference"] = identity.inference
     return claims

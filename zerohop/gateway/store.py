@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from zerohop.gateway import usage_sql
 from zerohop.gateway.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
 from zerohop.gateway.store_rows import (
     InvalidKey,
@@ -29,6 +30,7 @@ from zerohop.gateway.store_rows import (
     key_record,
     tenant_row,
 )
+from zerohop.gateway.usage_sql import RefusalRow, UsageRow
 
 KEY_PREFIX = "zh-"
 KEY_ID_LENGTH = len(KEY_PREFIX) + 8
@@ -46,7 +48,9 @@ CREATE TABLE IF NOT EXISTS keys (
     created REAL NOT NULL, expires REAL, revoked REAL,
     models TEXT NOT NULL DEFAULT '[]', priority TEXT NOT NULL DEFAULT 'interactive',
     rpm INTEGER, itpm INTEGER, otpm INTEGER, max_concurrency INTEGER,
-    budget_tokens INTEGER, budget_period TEXT
+    budget_tokens INTEGER, budget_period TEXT,
+    admin INTEGER NOT NULL DEFAULT 0, inference INTEGER NOT NULL DEFAULT 1,
+    archived REAL, created_by TEXT
 );
 CREATE TABLE IF NOT EXISTS spend (
     subject TEXT NOT NULL, period TEXT NOT NULL, tokens INTEGER NOT NULL,
@@ -56,6 +60,13 @@ CREATE TABLE IF NOT EXISTS reservations (
     request_id TEXT PRIMARY KEY, charges TEXT NOT NULL, created REAL NOT NULL
 );
 """
+# Columns added to `keys` after its first release: a file made before gets them on open.
+ADDED_KEY_COLUMNS = (
+    ("admin", "INTEGER NOT NULL DEFAULT 0"),
+    ("inference", "INTEGER NOT NULL DEFAULT 1"),
+    ("archived", "REAL"),
+    ("created_by", "TEXT"),
+)
 LIMIT_COLUMNS = LIMIT_NAMES  # the limit columns of `tenants` and `keys` (SCHEMA spells them)
 _LIMIT_SQL = ", ".join(LIMIT_COLUMNS)
 _UPSERT_TENANT = (
@@ -67,10 +78,11 @@ _UPSERT_TENANT = (
 )
 _INSERT_KEY = (
     "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires, models,"
-    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period)"
-    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 10))})"
+    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period, admin, inference, created_by)"
+    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 13))})"
 )
 NO_LIMITS = Limits()
+_USAGE = usage_sql.UsageTables(postgres=False)
 
 
 def default_db_path() -> Path:
@@ -91,7 +103,17 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
     committed when the process is killed, only on an OS crash or power loss (the budget
     ledger's `--durability normal`)."""
-    return open_wal(path, SCHEMA, synchronous)
+    conn = open_wal(path, SCHEMA + usage_sql.SQLITE_SCHEMA, synchronous)
+    _add_key_columns(conn)
+    return conn
+
+
+def _add_key_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    with immediate_transaction(conn):
+        for column, decl in ADDED_KEY_COLUMNS:
+            if column not in have:
+                conn.execute(f"ALTER TABLE keys ADD COLUMN {column} {decl}")
 
 
 @contextmanager
@@ -199,6 +221,9 @@ class KeyStore(TenantReads):
         priority: str = "interactive",
         limits: Limits = NO_LIMITS,
         budget: Budget | None = None,
+        admin: bool = False,
+        inference: bool = True,
+        created_by: str | None = None,
     ) -> tuple[str, KeyRecord]:
         """A new key: returns the secret (shown once, never stored) and its record."""
         self.ensure_tenant(tenant)
@@ -209,14 +234,15 @@ class KeyStore(TenantReads):
                 _INSERT_KEY,
                 (key_id, hash_secret(key), tenant, name, time.time(), expires,
                  json.dumps(models or []), priority, *limits.values(),
-                 *budget_values(budget)),
+                 *budget_values(budget), int(admin), int(inference), created_by),
             )  # fmt: skip
         record = self.key(key_id)
         assert record is not None
         return key, record
 
     def update_key(self, key_id: str, **fields: Any) -> KeyRecord:
-        """Change some of: tenant, name, expires, models, priority, limits, budget."""
+        """Change some of: tenant, name, expires, models, priority, limits, budget, admin,
+        inference, revoked, archived."""
         record = self.key(key_id)
         if record is None:
             raise KeyError(key_id)
@@ -277,13 +303,27 @@ class KeyStore(TenantReads):
         rows = self.conn.execute("SELECT subject, period, tokens FROM spend ORDER BY 1, 2")
         return [(r[0], r[1], r[2]) for r in rows]
 
+    # -- usage (zerohop.gateway.usage_sql) -----------------------------------------------------
+
+    def add_usage(self, usage: list[UsageRow], refusals: list[RefusalRow]) -> None:
+        with self._transaction() as conn:
+            _USAGE.write(conn, usage, refusals)
+
+    def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
+        return _USAGE.usage(self.conn, width, since, until)
+
+    def refusals(self, since: int, until: int) -> list[RefusalRow]:
+        return _USAGE.refusal_totals(self.conn, since, until)
+
 
 SqliteStore = KeyStore  # the Store (zerohop.gateway.store_api) of one replica's own file
 
 
 def key_columns(fields: dict[str, Any]) -> dict[str, Any]:
     """The `keys` columns (and values) that `update_key(**fields)` sets, in either store."""
-    columns = {k: fields[k] for k in ("tenant", "name", "expires", "priority") if k in fields}
+    plain = ("tenant", "name", "expires", "priority", "revoked", "archived")
+    columns = {k: fields[k] for k in plain if k in fields}
+    columns |= {k: int(fields[k]) for k in ("admin", "inference") if k in fields}
     if "models" in fields:
         columns["models"] = json.dumps(fields["models"] or [])
     if "limits" in fields:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
 from zerohop.gateway.store_rows import InvalidKey, KeyRecord, TenantRow
 from zerohop.gateway.store_spec import SchemaMismatch, StoreSpec, StoreUnavailable
+from zerohop.gateway.usage_sql import RefusalRow, UsageRow
 
 __all__ = ["SchemaMismatch", "Store", "StoreSpec", "StoreUnavailable", "open_store"]
 
@@ -41,6 +42,9 @@ class Store(Protocol):
         priority: str = "interactive",
         limits: Limits = ...,
         budget: Budget | None = None,
+        admin: bool = False,
+        inference: bool = True,
+        created_by: str | None = None,
     ) -> tuple[str, KeyRecord]: ...
 
     def update_key(self, key_id: str, **fields: Any) -> KeyRecord: ...
@@ -58,6 +62,12 @@ class Store(Protocol):
     def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]: ...
 
     def spend(self) -> list[tuple[str, str, int]]: ...
+
+    def add_usage(self, usage: list[UsageRow], refusals: list[RefusalRow]) -> None: ...
+
+    def usage(self, width: int, since: int, until: int) -> list[UsageRow]: ...
+
+    def refusals(self, since: int, until: int) -> list[RefusalRow]: ...
 
     def close(self) -> None: ...
 

@@ -41,6 +41,10 @@ class KeyRecord:
     priority: str
     limits: Limits
     budget: Budget | None
+    admin: bool = False  # an admin key: the admin API and the console
+    inference: bool = True  # may call the model
+    archived: float | None = None  # revoked for good (the admin API's "archived")
+    created_by: str | None = None  # the admin key that made it (None: the CLI)
     problems: Problems = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -55,6 +59,10 @@ class KeyRecord:
             "priority": self.priority,
             "limits": dict(zip(LIMIT_NAMES, self.limits.values(), strict=True)),
             "budget": None if self.budget is None else budget_dict(self.budget),
+            "admin": self.admin,
+            "inference": self.inference,
+            "archived": self.archived,
+            "created_by": self.created_by,
         }
         if self.problems:
             out["problems"] = list(self.problems.values())
@@ -125,6 +133,13 @@ def _models(value: Any, where: str) -> tuple[str, ...]:
     return validation.model_names(names, where)
 
 
+def _flag(value: Any, where: str) -> bool:
+    # SQLite stores 0/1, PostgreSQL a boolean
+    if value in (0, 1) and not isinstance(value, float):
+        return bool(value)
+    raise ValueError(f"{where} must be 0 or 1 (false or true), not {value!r}")
+
+
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{where} must be text, not {value!r}")
@@ -150,6 +165,10 @@ def key_record(row: Row) -> KeyRecord:
         priority=f.get("priority", validation.priority, "interactive"),
         limits=f.limits(),
         budget=f.budget(),
+        admin=f.get("admin", _flag, False),
+        inference=f.get("inference", _flag, True),
+        archived=row["archived"],
+        created_by=row["created_by"],
         problems=f.problems,
     )
 
@@ -174,4 +193,6 @@ def key_identity(record: KeyRecord, tenant: TenantRow | None) -> Identity | Inva
         limits=record.limits,
         budget=record.budget,
         expires_at=record.expires,
+        admin=record.admin,
+        inference=record.inference,
     )

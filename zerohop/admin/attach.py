@@ -1,0 +1,42 @@
+"""Gives a serving gateway what the operator's routes read: usage per minute, live load,
+and the admin context the routes and the console share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from zerohop.admin.context import AdminContext
+from zerohop.admin.service import AdminService
+from zerohop.api.live_load import LiveLoad
+from zerohop.gateway.store_api import open_store
+from zerohop.gateway.usage import UsageRecorder
+
+
+def attach_operator(gateway: Any, secure_cookies: bool) -> AdminContext:
+    """Start recording usage and live load on `gateway`; the admin context over it."""
+    spec = gateway.auth.spec
+    gateway.usage = UsageRecorder(lambda: open_store(spec))
+    gateway.usage.start()
+    gateway.live = LiveLoad()
+    return AdminContext(gateway, AdminService(gateway), secure_cookies=secure_cookies)
+
+
+class LiveSampler:
+    """The once-a-second sampling of the live load, for the server's lifetime."""
+
+    def __init__(self, admin: AdminContext, stats: Callable[[], Any]) -> None:
+        self.admin, self.stats = admin, stats
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.admin.gateway.live.run(self.stats))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.to_thread(self.admin.service.close)

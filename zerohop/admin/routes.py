@@ -1,0 +1,152 @@
+"""The admin API's routes (docs/admin-api.md) over raw ASGI: who may call them, and how.
+
+A request is authenticated by an admin key in `x-api-key` or `Authorization: Bearer`, or by
+a console session cookie; with the cookie, every method but GET must carry the session's
+CSRF token in `x-csrf-token`, and a cross-site `Origin` is refused. Errors are Anthropic's
+error JSON. The routes never touch the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from zerohop.admin import views
+from zerohop.admin.context import AdminContext, AdminError, invalid
+from zerohop.admin.sessions import session_cookie
+from zerohop.api.asgi import (
+    ClientDisconnected,
+    Receive,
+    Scope,
+    Send,
+    api_key,
+    header,
+    read_body,
+    send_json,
+)
+from zerohop.api.errors import ApiError
+from zerohop.gateway.identity import Identity
+
+log = logging.getLogger(__name__)
+
+PREFIXES = ("/v1/organizations/", "/v1/admin/")
+MAX_BODY = 64 * 1024
+SAFE_METHODS = ("GET", "HEAD")
+
+
+@dataclass(slots=True)
+class AdminRequest:
+    method: str
+    identity: Identity
+    query: dict[str, list[str]]
+    params: dict[str, str] = field(default_factory=dict)
+    body: Any = None  # the JSON object sent (methods with a body)
+
+
+Handler = Callable[[AdminContext, AdminRequest], Awaitable[tuple[int, Any]]]
+ROUTES: list[tuple[str, list[str], Handler]] = [
+    (method, path.split("/"), handler) for method, path, handler in views.ROUTES
+]
+
+
+def is_admin_path(path: str) -> bool:
+    return path.startswith(PREFIXES)
+
+
+async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
+    try:
+        handler, params = _route(scope["method"], scope["path"])
+        request = AdminRequest(scope["method"], _identity(scope, admin), _query(scope), params)
+        if request.method not in SAFE_METHODS:
+            request.body = await _json_body(receive)
+        status, body = await handler(admin, request)
+    except AdminError as exc:
+        return await send_json(send, exc.status, _error(exc.kind, exc.message))
+    except ApiError as exc:  # the body: too large, too slow
+        return await send_json(send, exc.status, _error("invalid_request_error", exc.message))
+    except ClientDisconnected:
+        return
+    except Exception:
+        log.exception("admin %s %s failed", scope["method"], scope["path"])
+        return await send_json(send, 500, _error("api_error", "internal server error"))
+    await send_json(send, status, body, [(b"cache-control", b"no-store")])
+
+
+def _route(method: str, path: str) -> tuple[Handler, dict[str, str]]:
+    parts = path.rstrip("/").split("/")
+    path_known = False
+    for want_method, template, handler in ROUTES:
+        params = _fill(template, parts)
+        if params is None:
+            continue
+        if want_method == method:
+            return handler, params
+        path_known = True
+    if path_known:
+        raise AdminError(405, "invalid_request_error", f"{method} {path} is not supported")
+    raise AdminError(404, "not_found_error", f"no such endpoint: {path}")
+
+
+def _fill(template: list[str], parts: list[str]) -> dict[str, str] | None:
+    if len(template) != len(parts):
+        return None
+    params = {}
+    for want, got in zip(template, parts, strict=True):
+        if want.startswith("{"):
+            if not got:
+                return None
+            params[want.strip("{}")] = got
+        elif want != got:
+            return None
+    return params
+
+
+def _identity(scope: Scope, admin: AdminContext) -> Identity:
+    token = api_key(scope)
+    if token is not None:
+        return admin.admin_identity(token)
+    session = admin.sessions.get(session_cookie(scope["headers"]))
+    if session is None:
+        return admin.admin_identity(None)  # 401: no key
+    if scope["method"] not in SAFE_METHODS:
+        csrf = header(scope, b"x-csrf-token")
+        if not session.csrf_matches(csrf.decode("latin-1") if csrf else None):
+            raise AdminError(403, "permission_error", "missing or wrong CSRF token")
+        if not same_origin(scope):
+            raise AdminError(403, "permission_error", "a cross-site request is refused")
+    return admin.session_identity(session)
+
+
+def same_origin(scope: Scope) -> bool:
+    """No Origin header (not a browser's cross-site request), or one naming this host."""
+    origin = header(scope, b"origin")
+    if origin is None:
+        return True
+    host = header(scope, b"host") or header(scope, b":authority")
+    return host is not None and urlsplit(origin.decode("latin-1")).netloc == host.decode("latin-1")
+
+
+def _query(scope: Scope) -> dict[str, list[str]]:
+    return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=False)
+
+
+async def _json_body(receive: Receive) -> dict[str, Any]:
+    raw = await read_body(receive, MAX_BODY)
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    return body
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -1,0 +1,218 @@
+"""One function per admin route: read the request, call the service, shape the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from zerohop.admin import wire
+from zerohop.admin.budgets import HOUR, budgets_report
+from zerohop.admin.context import AdminContext, AdminError, invalid, not_found
+from zerohop.admin.usage_report import (
+    one,
+    parse_usage_query,
+    refusals_report,
+    time_range,
+    usage_report,
+)
+
+Answer = tuple[int, Any]
+
+
+def _checked(parse: Any, *args: Any) -> Any:
+    try:
+        return parse(*args)
+    except ValueError as exc:
+        raise AdminError(400, "invalid_request_error", str(exc)) from None
+
+
+# -- Anthropic's shapes -----------------------------------------------------------------------
+
+
+async def list_api_keys(admin: AdminContext, req: Any) -> Answer:
+    q = req.query
+    limit = _checked(_limit, one(q, "limit"))
+    status, tenant = one(q, "status"), one(q, "workspace_id")
+    if status is not None and status not in wire.LIST_STATUSES:
+        raise invalid(f"status must be one of {', '.join(wire.LIST_STATUSES)}, not {status!r}")
+    now = time.time()
+    records = sorted(await admin.service.keys(), key=lambda r: (-r.created, r.key_id))
+    keys = [
+        wire.api_key(r, now)
+        for r in records
+        if (status is None or wire.key_status(r, now) == status)
+        and (tenant is None or r.tenant == tenant)
+    ]
+    return 200, _page(keys, limit, one(q, "after_id"), one(q, "before_id"))
+
+
+def _integer(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {text!r}") from None
+
+
+def _limit(text: str | None) -> int:
+    limit = 20 if text is None else _integer(text, "limit")
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be 1-1000, not {limit}")
+    return limit
+
+
+def _page(items: list[dict], limit: int, after: str | None, before: str | None) -> dict:
+    ids = [item["id"] for item in items]
+    if after is not None and before is not None:
+        raise invalid("give after_id or before_id, not both")
+    for cursor in (after, before):
+        if cursor is not None and cursor not in ids:
+            raise invalid(f"no API key {cursor!r} to page from")
+    if before is not None:
+        end = ids.index(before)
+        page, more = items[max(end - limit, 0) : end], end > limit
+    else:
+        start = 0 if after is None else ids.index(after) + 1
+        page, more = items[start : start + limit], start + limit < len(items)
+    return {
+        "data": page,
+        "has_more": more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
+
+
+async def get_api_key(admin: AdminContext, req: Any) -> Answer:
+    return 200, wire.api_key(await admin.service.key(req.params["id"]))
+
+
+async def update_api_key(admin: AdminContext, req: Any) -> Answer:
+    unknown = set(req.body) - {"name", "status"}
+    if unknown:  # Anthropic's route: the rest is /v1/admin/keys/{id}
+        raise invalid(f"unknown field {sorted(unknown)[0]!r}: this route sets name and status")
+    record = await admin.service.update_key(req.identity, req.params["id"], req.body)
+    return 200, wire.api_key(record)
+
+
+async def messages_usage(admin: AdminContext, req: Any) -> Answer:
+    query = _checked(parse_usage_query, req.query)
+    rows = await admin.service.run(lambda s: s.usage(query.width, query.since, query.until))
+    return 200, usage_report(query, rows)
+
+
+# -- zerohop's own ----------------------------------------------------------------------------
+
+
+async def me(admin: AdminContext, req: Any) -> Answer:
+    identity = req.identity
+    return 200, {"key_id": identity.key_id, "tenant": identity.tenant.name, "name": identity.name}
+
+
+async def list_tenants(admin: AdminContext, req: Any) -> Answer:
+    return 200, {"data": await admin.service.tenants()}
+
+
+async def get_tenant(admin: AdminContext, req: Any) -> Answer:
+    return 200, await admin.service.tenant(req.params["name"])
+
+
+async def put_tenant(admin: AdminContext, req: Any) -> Answer:
+    return 200, await admin.service.put_tenant(req.identity, req.params["name"], req.body)
+
+
+async def create_key(admin: AdminContext, req: Any) -> Answer:
+    secret, record = await admin.service.create_key(req.identity, req.body)
+    return 201, {"secret": secret, "api_key": wire.api_key(record)}
+
+
+async def update_key(admin: AdminContext, req: Any) -> Answer:
+    record = await admin.service.update_key(req.identity, req.params["id"], req.body)
+    return 200, wire.api_key(record)
+
+
+async def budgets(admin: AdminContext, req: Any) -> Answer:
+    now = time.time()
+    minute = int(now // 60 * 60)
+
+    def read(store: Any) -> tuple[list, dict, list]:
+        subjects = [("key", r.key_id, r.budget) for r in store.list_keys()
+                    if r.budget is not None and wire.key_status(r, now) == "active"]  # fmt: skip
+        subjects += [("tenant", t.name, t.budget) for t in store.tenants() if t.budget]
+        spent = {(s, p): t for s, p, t in store.spend()}
+        return subjects, spent, store.usage(60, minute - HOUR, minute + 60)
+
+    subjects, spent, last_hour = await admin.service.run(read)
+    ledger = admin.gateway.ledger
+    if ledger is not None:  # this replica's own ledger: current to the request
+        spent |= dict(ledger.spent)
+    return 200, budgets_report(subjects, spent, last_hour, now)
+
+
+async def refusals(admin: AdminContext, req: Any) -> Answer:
+    since, until = _checked(time_range, req.query, 86400.0)
+    rows = await admin.service.run(lambda s: s.refusals(since, until))
+    return 200, refusals_report(rows)
+
+
+async def audit_search(admin: AdminContext, req: Any) -> Answer:
+    from zerohop.gateway.audit_search import parse_query, search
+
+    log = _audit_log(admin)
+    query = _checked(parse_query, {k: v[-1] for k, v in req.query.items()})
+    page = await asyncio.to_thread(search, log.directory, query, log.include_content)
+    return 200, {"data": page.records, "has_more": page.has_more, "next_before": page.next_before}
+
+
+async def audit_verify(admin: AdminContext, req: Any) -> Answer:
+    from zerohop.gateway.audit import verify
+
+    log = _audit_log(admin)
+
+    def check() -> dict[str, Any]:
+        result = verify(log.directory, head=log.recorded_head())
+        return {"ok": result.ok and result.truncated is None, "records": result.records,
+                "files": result.files, "first_broken": result.first_broken,
+                "torn": result.torn, "truncated": result.truncated}  # fmt: skip
+
+    return 200, await asyncio.to_thread(check)
+
+
+def _audit_log(admin: AdminContext) -> Any:
+    log = admin.gateway.audit
+    if log is None:
+        raise not_found("this server keeps no audit log (--no-audit)")
+    return log
+
+
+async def live(admin: AdminContext, req: Any) -> Answer:
+    if admin.gateway.live is None:
+        raise not_found("live load is not kept on this server")
+    seconds = _checked(_seconds, one(req.query, "seconds"), admin.gateway.live)
+    return 200, admin.gateway.live.window(seconds)
+
+
+def _seconds(text: str | None, live: Any) -> int:
+    capacity = live.capacity
+    seconds = capacity if text is None else _integer(text, "seconds")
+    if not 1 <= seconds <= capacity:
+        raise ValueError(f"seconds must be 1-{capacity}, not {seconds}")
+    return seconds
+
+
+ROUTES = [
+    ("GET", "/v1/organizations/api_keys", list_api_keys),
+    ("GET", "/v1/organizations/api_keys/{id}", get_api_key),
+    ("POST", "/v1/organizations/api_keys/{id}", update_api_key),
+    ("GET", "/v1/organizations/usage_report/messages", messages_usage),
+    ("GET", "/v1/admin/me", me),
+    ("GET", "/v1/admin/tenants", list_tenants),
+    ("GET", "/v1/admin/tenants/{name}", get_tenant),
+    ("PUT", "/v1/admin/tenants/{name}", put_tenant),
+    ("POST", "/v1/admin/keys", create_key),
+    ("POST", "/v1/admin/keys/{id}", update_key),
+    ("GET", "/v1/admin/budgets", budgets),
+    ("GET", "/v1/admin/refusals", refusals),
+    ("GET", "/v1/admin/audit", audit_search),
+    ("POST", "/v1/admin/audit/verify", audit_verify),
+    ("GET", "/v1/admin/live", live),
+]

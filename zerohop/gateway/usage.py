@@ -1,0 +1,136 @@
+"""Usage and refusals per minute, for the admin API's reports and the console.
+
+`record(call)` runs when a request ends, on the event loop: it adds the request's tokens to
+an in-memory row of (minute, key, tenant, model), or its refusal to a row of (minute, key,
+tenant, reason), a few dict operations. A thread of its own writes what has gathered to the
+store every `interval` seconds (an upsert that adds, so replicas sharing a PostgreSQL sum
+into the same rows). The request path never waits for the store; a report lags by about
+`interval`.
+
+When the store cannot be written, the rows are kept and retried at the next flush, up to
+`max_rows` of them; past that the oldest are dropped and counted (`dropped`), as usage is a
+report, not the budget ledger (which has its own durable path).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zerohop.gateway.usage_sql import USAGE_COUNTS, RefusalRow, UsageRow
+
+log = logging.getLogger(__name__)
+
+NOT_REFUSED = ("none", "admitted", "clamped")
+MAX_MESSAGE = 300  # characters of a refusal's message kept
+
+UsageKey = tuple[int, str, str, str]  # minute, key id, tenant, model
+RefusalKey = tuple[int, str, str, str]  # minute, key id, tenant, reason
+
+
+class UsageRecorder:
+    def __init__(
+        self,
+        open_store: Callable[[], Any],
+        interval: float = 1.0,
+        max_rows: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval <= 0 or max_rows < 1:
+            raise ValueError("interval and max_rows must be positive")
+        self._open_store, self.interval, self.max_rows = open_store, interval, max_rows
+        self.clock = clock
+        self._usage: dict[UsageKey, list[int]] = {}
+        self._refusals: dict[RefusalKey, list[Any]] = {}  # [count, last_at, last_message]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Any = None
+        self.flushes = self.failures = self.dropped = 0
+
+    # -- the event loop's side ----------------------------------------------------------------
+
+    def record(self, call: Any) -> None:
+        """A request ended (a `zerohop.gateway.gateway.Call`)."""
+        now = self.clock()
+        minute = int(now // 60 * 60)
+        identity = call.identity
+        who = (minute, identity.key_id, identity.tenant.name)
+        with self._lock:
+            if call.decision not in NOT_REFUSED:
+                row = self._refusals.setdefault((*who, call.decision), [0, now, ""])
+                row[0] += 1
+                row[1], row[2] = now, (call.refusal or "")[:MAX_MESSAGE]
+                return
+            if call.prompt_tokens == 0 and call.output_tokens == 0:
+                return  # never reached the engine (a bad request): not usage
+            counts = self._usage.setdefault((*who, call.model or ""), [0] * len(USAGE_COUNTS))
+            counts[0] += 1
+            counts[1] += (call.status or 0) >= 400
+            counts[2] += call.prompt_tokens - call.cached_tokens
+            counts[3] += call.cached_tokens
+            counts[4] += call.output_tokens
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="zerohop-usage", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Write what is gathered (one last try) and stop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.flush()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write the gathered rows now; False (rows kept for the next try) on a store error."""
+        with self._lock:
+            usage, self._usage = self._usage, {}
+            refusals, self._refusals = self._refusals, {}
+        if not usage and not refusals:
+            return True
+        try:
+            if self._store is None:
+                self._store = self._open_store()
+            self._store.add_usage(_usage_rows(usage), _refusal_rows(refusals))
+        except Exception:
+            self.failures += 1
+            log.exception("usage: writing %d rows failed; kept for retry", len(usage))
+            self._keep(usage, refusals)
+            return False
+        self.flushes += 1
+        return True
+
+    def _keep(self, usage: dict[UsageKey, list[int]], refusals: dict[RefusalKey, list]) -> None:
+        with self._lock:
+            for key, counts in usage.items():
+                mine = self._usage.setdefault(key, [0] * len(counts))
+                mine[:] = [a + b for a, b in zip(mine, counts, strict=True)]
+            for key, (count, last_at, message) in refusals.items():
+                mine = self._refusals.setdefault(key, [0, last_at, message])
+                mine[0] += count
+            for table in (self._usage, self._refusals):
+                while len(table) > self.max_rows:
+                    del table[min(table)]  # the oldest minute goes first
+                    self.dropped += 1
+
+
+def _usage_rows(usage: dict[UsageKey, list[int]]) -> list[UsageRow]:
+    return [UsageRow(*key, *counts) for key, counts in usage.items()]
+
+
+def _refusal_rows(refusals: dict[RefusalKey, list[Any]]) -> list[RefusalRow]:
+    return [RefusalRow(*key, *row) for key, row in refusals.items()]

@@ -1,0 +1,139 @@
+"""The usage tables of either store: tokens and refusals per minute, key, tenant and model.
+
+`zerohop.gateway.usage.UsageRecorder` adds each minute's counts (an upsert that adds), so
+replicas of a fleet write the same rows of their shared PostgreSQL and a report sums the
+fleet. Reports aggregate in SQL (`GROUP BY` the bucket), so a month of one-minute rows is
+never read into Python. The SQL is written once with `?` placeholders; PostgreSQL's driver
+gets `%s` (`for_postgres`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS usage_minutes (
+    minute {int} NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
+    requests {int} NOT NULL DEFAULT 0, errors {int} NOT NULL DEFAULT 0,
+    uncached_input_tokens {int} NOT NULL DEFAULT 0,
+    cache_read_input_tokens {int} NOT NULL DEFAULT 0,
+    output_tokens {int} NOT NULL DEFAULT 0,
+    PRIMARY KEY (minute, key_id, tenant, model)
+);
+CREATE TABLE IF NOT EXISTS refusal_minutes (
+    minute {int} NOT NULL, key_id TEXT NOT NULL, tenant TEXT NOT NULL, reason TEXT NOT NULL,
+    count {int} NOT NULL DEFAULT 0, last_at {real} NOT NULL, last_message TEXT NOT NULL,
+    PRIMARY KEY (minute, key_id, tenant, reason)
+);
+"""
+SQLITE_SCHEMA = _TABLES.format(int="INTEGER", real="REAL")
+POSTGRES_SCHEMA = _TABLES.format(int="bigint", real="double precision")
+
+USAGE_COUNTS = ("requests", "errors", "uncached_input_tokens", "cache_read_input_tokens",
+                "output_tokens")  # fmt: skip
+ADD_USAGE = (
+    f"INSERT INTO usage_minutes (minute, key_id, tenant, model, {', '.join(USAGE_COUNTS)})"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (minute, key_id, tenant, model) DO UPDATE"
+    f" SET {', '.join(f'{c} = usage_minutes.{c} + excluded.{c}' for c in USAGE_COUNTS)}"
+)
+ADD_REFUSALS = (
+    "INSERT INTO refusal_minutes (minute, key_id, tenant, reason, count, last_at, last_message)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (minute, key_id, tenant, reason) DO UPDATE"
+    " SET count = refusal_minutes.count + excluded.count,"
+    " last_at = CASE WHEN excluded.last_at > refusal_minutes.last_at"
+    " THEN excluded.last_at ELSE refusal_minutes.last_at END,"
+    " last_message = CASE WHEN excluded.last_at > refusal_minutes.last_at"
+    " THEN excluded.last_message ELSE refusal_minutes.last_message END"
+)
+_SUMS = ", ".join(f"SUM({c}) AS {c}" for c in USAGE_COUNTS)
+USAGE_BUCKETS = (
+    f"SELECT (minute / ?) * ? AS bucket, key_id, tenant, model, {_SUMS} FROM usage_minutes"
+    " WHERE minute >= ? AND minute < ? GROUP BY 1, key_id, tenant, model ORDER BY 1"
+)
+REFUSALS = (
+    "SELECT reason, key_id, tenant, SUM(count) AS count, MAX(last_at) AS last_at"
+    " FROM refusal_minutes WHERE minute >= ? AND minute < ? GROUP BY reason, key_id, tenant"
+    " ORDER BY 4 DESC"
+)
+LAST_MESSAGE = (
+    "SELECT last_message FROM refusal_minutes WHERE reason = ? AND key_id = ? AND tenant = ?"
+    " AND minute >= ? AND minute < ? ORDER BY last_at DESC LIMIT 1"
+)
+
+
+def for_postgres(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+@dataclass(slots=True, frozen=True)
+class UsageRow:
+    """One (bucket or minute, key, tenant, model)'s counts."""
+
+    minute: int  # unix seconds at the start of the minute (or bucket)
+    key_id: str
+    tenant: str
+    model: str
+    requests: int = 0
+    errors: int = 0
+    uncached_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0
+
+    def values(self) -> tuple[Any, ...]:
+        return (self.minute, self.key_id, self.tenant, self.model,
+                *(getattr(self, c) for c in USAGE_COUNTS))  # fmt: skip
+
+
+@dataclass(slots=True, frozen=True)
+class RefusalRow:
+    minute: int
+    key_id: str
+    tenant: str
+    reason: str
+    count: int
+    last_at: float  # unix seconds
+    last_message: str
+
+    def values(self) -> tuple[Any, ...]:
+        return (self.minute, self.key_id, self.tenant, self.reason, self.count, self.last_at,
+                self.last_message)  # fmt: skip
+
+
+def usage_row(row: Any) -> UsageRow:
+    """A row of USAGE_BUCKETS (a sqlite3.Row or a dict row)."""
+    return UsageRow(
+        int(row["bucket"]), row["key_id"], row["tenant"], row["model"],
+        *(int(row[c] or 0) for c in USAGE_COUNTS),
+    )  # fmt: skip
+
+
+class UsageTables:
+    """The usage queries over a DB-API connection of either store (`postgres`: %s)."""
+
+    def __init__(self, postgres: bool) -> None:
+        sql = for_postgres if postgres else str
+        self.add_usage, self.add_refusals = sql(ADD_USAGE), sql(ADD_REFUSALS)
+        self.buckets, self.refusals = sql(USAGE_BUCKETS), sql(REFUSALS)
+        self.last_message = sql(LAST_MESSAGE)
+
+    def write(self, cursor: Any, usage: list[UsageRow], refusals: list[RefusalRow]) -> None:
+        if usage:
+            cursor.executemany(self.add_usage, [row.values() for row in usage])
+        if refusals:
+            cursor.executemany(self.add_refusals, [row.values() for row in refusals])
+
+    def usage(self, cursor: Any, width: int, since: int, until: int) -> list[UsageRow]:
+        rows = cursor.execute(self.buckets, (width, width, since, until)).fetchall()
+        return [usage_row(r) for r in rows]
+
+    def refusal_totals(self, cursor: Any, since: int, until: int) -> list[RefusalRow]:
+        out = []
+        for r in cursor.execute(self.refusals, (since, until)).fetchall():
+            params = (r["reason"], r["key_id"], r["tenant"], since, until)
+            message = cursor.execute(self.last_message, params).fetchone()
+            out.append(
+                RefusalRow(since, r["key_id"], r["tenant"], r["reason"], int(r["count"]),
+                           float(r["last_at"]), message["last_message"] if message else "")
+            )  # fmt: skip
+        return out
