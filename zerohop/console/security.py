@@ -1,0 +1,64 @@
+"""The console's response headers and its checks on where a request came from.
+
+Every console response carries a strict Content-Security-Policy (scripts, styles and fetches
+from this origin only; no inline script or style, no frames, no <base>), and the headers
+that stop sniffing, framing and referrers. A request that changes something is refused
+when the browser says it came from another site (`Origin`, or `Sec-Fetch-Site` where a
+browser sends no Origin); the session's CSRF token is checked on top of that (routes.py).
+"""
+
+from __future__ import annotations
+
+from zerohop.api.asgi import Headers, Scope, header
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+SECURITY_HEADERS: Headers = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+PAGE_HEADERS: Headers = [
+    (b"content-type", b"text/html; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    *SECURITY_HEADERS,
+]
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host(scope: Scope) -> str | None:
+    """The Host header the browser sent, as `name[:port]` without the default port."""
+    host = header(scope, b"host")
+    if host is None:
+        return None
+    return _normal_host(host.decode("latin-1").strip().lower(), scope.get("scheme", "http"))
+
+
+def _normal_host(host: str, scheme: str) -> str:
+    """`host[:port]` without the scheme's default port (browsers omit it from Origin)."""
+    name, sep, port = host.rpartition(":")
+    if sep and port.isdigit() and int(port) == DEFAULT_PORTS.get(scheme):
+        return name
+    return host
+
+
+def cross_site(scope: Scope) -> bool:
+    """The browser says another site's page made this request: its `Origin` names another
+    host (only the host and port are compared, so TLS ended at a proxy in front still
+    matches), or it sent no Origin and `Sec-Fetch-Site` says cross-site. A request with
+    neither header (curl, a script) is no browser's cross-site request."""
+    origin = header(scope, b"origin")
+    if origin is not None:
+        value = origin.decode("latin-1").strip().lower()
+        scheme, sep, rest = value.partition("://")
+        if not sep:  # "null": a sandboxed frame, a data: URL, a redirect across origins
+            return True
+        ours = _host(scope)
+        return ours is None or _normal_host(rest.rstrip("/"), scheme) != ours
+    fetch_site = header(scope, b"sec-fetch-site")
+    return fetch_site is not None and fetch_site.strip().lower() not in (b"same-origin", b"none")
