@@ -4,12 +4,12 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.zerohop-installed
 
-.PHONY: run test lint format install bench clean postgres
+.PHONY: run test lint format install bench clean postgres chromium
 
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
 
-test: $(STAMP) postgres
+test: $(STAMP) postgres chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
@@ -32,6 +32,12 @@ install: $(STAMP)
 # ZEROHOP_REQUIRE_POSTGRES=1).
 postgres:
 	@bash scripts/ensure_postgres.sh
+
+# The console's browser tests' Chromium: Debian's package when /usr/bin/chromium is absent
+# (Playwright drives it; no browser download). Where it cannot be installed those tests
+# skip, or fail under .ci/run's ZEROHOP_REQUIRE_BROWSER=1.
+chromium:
+	@bash scripts/ensure_chromium.sh
 
 # PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
 # on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
