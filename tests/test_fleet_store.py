@@ -96,6 +96,30 @@ def test_a_key_created_once_works_everywhere_and_its_revocation_too(
     assert time.monotonic() - started < 1.0 + 3 * 0.1
 
 
+def test_the_admin_api_of_any_replica_sees_the_fleet(
+    fleet: list[LiveServer], store: PostgresStore
+) -> None:
+    admin_key, _ = store.create_key("ops", admin=True, inference=False)
+    admin = {"x-api-key": admin_key}
+    made = httpx.post(fleet[0].url + "/v1/admin/keys", json={"tenant": "seen"}, headers=admin)
+    assert made.status_code == 201, made.text
+    secret, key_id = made.json()["secret"], made.json()["api_key"]["id"]
+    wait_until(lambda: _ask(fleet[1], secret, 3).status_code == 200, 5.0, 0.05)
+    start = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime())
+    params = {"starting_at": start, "group_by[]": "api_key_id", "api_key_ids[]": key_id}
+
+    def reported() -> int:  # on the third replica: the rows the second one wrote
+        report = httpx.get(
+            fleet[2].url + "/v1/organizations/usage_report/messages", params=params, headers=admin
+        ).json()
+        return sum(r["output_tokens"] for b in report["data"] for r in b["results"])
+
+    wait_until(lambda: reported() >= 3, 5.0, 0.1)
+    listed = httpx.get(fleet[1].url + "/v1/organizations/api_keys", headers=admin).json()
+    assert key_id in [k["id"] for k in listed["data"]]
+    assert _ask(fleet[0], admin_key).status_code == 403  # an admin key: not the model
+
+
 def _usage(store_url: str, subject: str) -> tuple[int, int]:
     with psycopg.connect(store_url) as conn:
         row = conn.execute(
