@@ -208,3 +208,15 @@ def test_live_load_moves_with_the_requests(server, admin, keys):
 
     poll(lambda: served() > 0, timeout=5)
     assert admin.get("/v1/admin/live", params={"seconds": 0}).status_code == 400
+
+
+def test_batches_of_every_tenant_are_listed(server, admin, keys):
+    client = anthropic.Anthropic(api_key=keys["data"], base_url=server.url, max_retries=0)
+    params = {"model": MODEL_NAME, "max_tokens": 2,
+              "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    batch = client.messages.batches.create(requests=[{"custom_id": "a", "params": params}])
+    listed = admin.get("/v1/admin/batches", params={"workspace_id": "acme"}).json()["data"]
+    mine = next(b for b in listed if b["id"] == batch.id)
+    assert (mine["api"], mine["api_key_id"], mine["workspace_id"]) == (
+        "anthropic", keys["ids"]["data"], "acme")  # fmt: skip
+    assert admin.get("/v1/admin/batches", params={"workspace_id": "nobody"}).json()["data"] == []

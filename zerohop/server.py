@@ -205,6 +205,8 @@ async def serve(options: ServeOptions) -> int:
     except Exception:
         await engine.shutdown()
         raise
+    if ctx.admin is not None and ctx.batches is not None:
+        ctx.admin.batches = ctx.batches.store
     app = create_app(ctx)
     if ctx.batches is not None:
         ctx.batches.run_line = app.run_line  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ class AdminContext:
     service: Any = None  # zerohop.admin.service.AdminService
     sessions: SessionStore = field(default_factory=SessionStore)
     secure_cookies: bool = False  # served over TLS: the session cookie is Secure too
+    batches: Any = None  # zerohop.batches.store.BatchStore where batches are served
 
     def admin_identity(self, token: str | None) -> Identity:
         """The admin key `token` is, or AdminError: 401 no key or an unknown one, 403 a key

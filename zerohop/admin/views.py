@@ -199,6 +199,25 @@ def _seconds(text: str | None, live: Any) -> int:
     return seconds
 
 
+async def batches(admin: AdminContext, req: Any) -> Answer:
+    store = admin.batches
+    if store is None:
+        raise not_found("this server serves no batches")
+    limit = _checked(_limit, one(req.query, "limit"))
+    tenant = one(req.query, "workspace_id")
+    records = await asyncio.to_thread(store.recent_batches, limit, tenant)
+    return 200, {"data": [_batch_json(r) for r in records]}
+
+
+def _batch_json(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.id, "api": record.api, "workspace_id": record.tenant,
+        "api_key_id": record.key_id, "endpoint": record.endpoint, "model": record.model,
+        "status": record.status, "created_at": wire.rfc3339(record.created_at),
+        "ended_at": wire.rfc3339(record.ended_at), "usage": record.usage,
+    }  # fmt: skip
+
+
 ROUTES = [
     ("GET", "/v1/organizations/api_keys", list_api_keys),
     ("GET", "/v1/organizations/api_keys/{id}", get_api_key),
@@ -215,4 +234,5 @@ ROUTES = [
     ("GET", "/v1/admin/audit", audit_search),
     ("POST", "/v1/admin/audit/verify", audit_verify),
     ("GET", "/v1/admin/live", live),
+    ("GET", "/v1/admin/batches", batches),
 ]

@@ -92,6 +92,14 @@ class BatchTable(LineTable, FileTable):
             batches.reverse()
         return Page(batches, len(rows) > limit)
 
+    def recent_batches(self, limit: int, tenant: str | None = None) -> list[BatchRecord]:
+        """The newest `limit` batches of every API and tenant (or of one): the admin API's."""
+        where, args = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
+        sql = f"SELECT {_BATCH_COLUMNS} FROM batches {where} ORDER BY seq DESC LIMIT ?"
+        with self._lock:
+            rows = self.conn.execute(sql, (*args, limit)).fetchall()
+        return [_batch(r) for r in rows]
+
     def cancel_batch(
         self, tenant: str | None, batch_id: str, now: float | None = None
     ) -> BatchRecord | None:
