@@ -149,6 +149,18 @@ def test_claims_identity_round_trip():
 
 
 @pytest.mark.parametrize(
+    "admin, inference, claims",
+    [(True, False, {"admin": True}), (True, True, {"admin": True, "inference": True}),
+     (False, True, {})],
+)  # fmt: skip
+def test_admin_claims_round_trip(admin, inference, claims):
+    identity = Identity("k", Tenant("ops"), source="jwt", admin=admin, inference=inference)
+    made = claims_from_identity(identity)
+    assert {k: v for k, v in made.items() if k in ("admin", "inference")} == claims
+    assert identity_from_claims(made) == identity
+
+
+@pytest.mark.parametrize(
     "claims, message",
     [
         ({"tenant": "t"}, "'sub'"),
@@ -168,6 +180,8 @@ def test_claims_identity_round_trip():
         ({"sub": "k", "tenant": "t", "tenant_limits": {"otpm": -1}}, "tenant_limits.otpm"),
         ({"sub": "k", "tenant": "t", "limits": {"max_concurrency": 1.5}}, "max_concurrency"),
         ({"sub": "k", "tenant": "t", "exp": "tomorrow"}, "'exp'"),
+        ({"sub": "k", "tenant": "t", "admin": "yes"}, "'admin'"),
+        ({"sub": "k", "tenant": "t", "admin": True, "inference": 1}, "'inference'"),
     ],
 )
 def test_bad_claims_are_refused(tmp_path, keys, claims, message):

@@ -36,6 +36,8 @@ def add_sign_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="", help="a label for the key")
     p.add_argument("--models", default="", metavar="A,B", help="allowed models (default: all)")
     p.add_argument("--priority", choices=PRIORITY_CLASSES, default="interactive")
+    p.add_argument("--admin", action="store_true", help="an admin key (claim admin)")
+    p.add_argument("--inference", action="store_true", help="with --admin: may call the model")
     for prefix, whose in (("", "the key"), ("tenant-", "the whole tenant")):
         add_limit_flags(p.add_argument_group(f"limits of {whose}"), prefix=prefix)
     p.add_argument(
@@ -84,6 +86,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
         limits=_limits_args(args, ""),
         budget=args.budget,
         expires_at=args.expires,
+        admin=args.admin,
+        inference=args.inference or not args.admin,
     )
     claims = claims_from_identity(identity)
     if args.expires is not None and args.expires <= now:
