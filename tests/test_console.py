@@ -242,6 +242,16 @@ def test_the_login_page_refuses_a_cross_site_post(console: Console) -> None:
     assert null.status_code == 403
     fetch_site = login(console, console.admin_key, **{"sec-fetch-site": "cross-site"})
     assert fetch_site.status_code == 403
+    sibling = login(console, console.admin_key, **{"sec-fetch-site": "same-site"})
+    assert sibling.status_code == 403
+    lying = login(
+        console, console.admin_key, origin=console.url, **{"sec-fetch-site": "cross-site"}
+    )
+    assert lying.status_code == 403
+    # A browser's own form POST under Referrer-Policy: no-referrer: Origin "null", and
+    # Sec-Fetch-Site saying where it really came from.
+    own_form = login(console, console.admin_key, origin="null", **{"sec-fetch-site": "same-origin"})
+    assert own_form.status_code == 303
     same = login(
         console, console.admin_key, origin=console.url, **{"sec-fetch-site": "same-origin"}
     )

@@ -3,8 +3,9 @@
 Every console response carries a strict Content-Security-Policy (scripts, styles and fetches
 from this origin only; no inline script or style, no frames, no <base>), and the headers
 that stop sniffing, framing and referrers. A request that changes something is refused
-when the browser says it came from another site (`Origin`, or `Sec-Fetch-Site` where a
-browser sends no Origin); the session's CSRF token is checked on top of that (routes.py).
+when the browser says it came from another site (`Sec-Fetch-Site`, or `Origin` where a
+browser sends no Sec-Fetch-Site); the session's CSRF token is checked on top of that
+(routes.py).
 """
 
 from __future__ import annotations
@@ -48,17 +49,22 @@ def _normal_host(host: str, scheme: str) -> str:
 
 
 def cross_site(scope: Scope) -> bool:
-    """The browser says another site's page made this request: its `Origin` names another
-    host (only the host and port are compared, so TLS ended at a proxy in front still
-    matches), or it sent no Origin and `Sec-Fetch-Site` says cross-site. A request with
-    neither header (curl, a script) is no browser's cross-site request."""
-    origin = header(scope, b"origin")
-    if origin is not None:
-        value = origin.decode("latin-1").strip().lower()
-        scheme, sep, rest = value.partition("://")
-        if not sep:  # "null": a sandboxed frame, a data: URL, a redirect across origins
-            return True
-        ours = _host(scope)
-        return ours is None or _normal_host(rest.rstrip("/"), scheme) != ours
+    """The browser says another site's page made this request.
+
+    `Sec-Fetch-Site` decides where it is sent (every current browser): only `same-origin`
+    and `none` (typed by the user) pass. Otherwise an `Origin` naming another host refuses
+    it (only host and port are compared, so TLS ended at a proxy in front still matches),
+    and so does an opaque one ("null"). A browser sends "null" for a same-origin POST under
+    this console's `Referrer-Policy: no-referrer`, which is why Sec-Fetch-Site comes first.
+    A request with neither header (curl, a script) is no browser's cross-site request."""
     fetch_site = header(scope, b"sec-fetch-site")
-    return fetch_site is not None and fetch_site.strip().lower() not in (b"same-origin", b"none")
+    if fetch_site is not None:
+        return fetch_site.strip().lower() not in (b"same-origin", b"none")
+    origin = header(scope, b"origin")
+    if origin is None:
+        return False
+    scheme, sep, rest = origin.decode("latin-1").strip().lower().partition("://")
+    if not sep:  # "null": a sandboxed frame, a data: URL, a redirect across origins
+        return True
+    ours = _host(scope)
+    return ours is None or _normal_host(rest.rstrip("/"), scheme) != ours

@@ -29,7 +29,7 @@ function overviewCharts() {
     ], [{ label: "%", size: 55 }], { y: { range: [0, 100] } }),
     latency: makeChart($("#chart-latency"), [
       { label: "TTFT p50", value: fmtMs },
-      { label: "TTFT p95", value: fmtMs, dash: [6, 4] },
+      { label: "TTFT p95", value: fmtMs, color: COLORS[0], dash: [6, 4] },
       { label: "ITL p50", value: fmtMs, color: "#27ae60" },
       { label: "ITL p95", value: fmtMs, color: "#27ae60", dash: [6, 4] },
     ], [{ label: "ms", size: 55 }]),

@@ -59,8 +59,11 @@ function tenantsPage() {
 
   function tenantRow(tenant) {
     const edit = el("button", { type: "button", text: "Edit", onclick: () => editTenant(tenant) });
+    const problems = tenant.problems && tenant.problems.length
+      ? el("div", { className: "status-bad", text: `invalid: ${tenant.problems.join("; ")}` })
+      : null;
     return el("tr", { "data-tenant": tenant.name },
-      cell(tenant.name), num(tenant.weight), cell(fmtLimits(tenant.limits)),
+      el("td", {}, tenant.name, problems), num(tenant.weight), cell(fmtLimits(tenant.limits)),
       cell(fmtBudget(tenant.budget)), num(fmtInt(tenant.active_keys)), el("td", {}, edit));
   }
 

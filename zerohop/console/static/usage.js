@@ -65,17 +65,20 @@ function burndownData(budget, rows) {
     running += v;
     points.push([Math.min(t + DAY, now), running]);
   }
+  // The projection ends where the budget runs out, or at the period's end; the chart shows
+  // the whole period (a week ahead for a budget in total).
   const runsOut = budget.runs_out_at ? seconds(budget.runs_out_at) : null;
-  const end = runsOut || ends || now + 7 * DAY;
+  const last = Math.max(ends || 0, runsOut || 0) || now + 7 * DAY;
+  const stop = runsOut && (!ends || runsOut < ends) ? runsOut : last;
   const rate = (budget.burn_per_hour || 0) / 3600;
-  const projected = runsOut ? budget.tokens : budget.used + rate * (end - now);
-  const xs = [...new Set([...points.map(([t]) => t), now, end])].sort((a, b) => a - b);
+  const projected = Math.min(budget.tokens, budget.used + rate * (stop - now));
+  const xs = [...new Set([...points.map(([t]) => t), now, stop, last])].sort((a, b) => a - b);
   const usedAt = new Map(points.map(([t, v]) => [t, Math.max(v, 0)]));
   usedAt.set(now, budget.used);
   return [
     xs,
     xs.map((t) => (usedAt.has(t) ? usedAt.get(t) : null)),
-    xs.map((t) => (t === now ? budget.used : t === end ? projected : null)),
+    xs.map((t) => (t === now ? budget.used : t === stop ? projected : null)),
     xs.map(() => budget.tokens),
   ];
 }
