@@ -29,7 +29,8 @@ function tenantsPage() {
 
   async function setStatus(key, status) {
     const revoke = status === "inactive";
-    if (revoke && !confirm(`Revoke key ${key.id}? Its requests are refused at once.`)) return;
+    const own = key.id === $("#viewer-key").textContent ? " It is the key of this session." : "";
+    if (revoke && !confirm(`Revoke key ${key.id}? Its requests are refused at once.${own}`)) return;
     try {
       await api("POST", `/v1/organizations/api_keys/${encodeURIComponent(key.id)}`, { status });
       notice(`${revoke ? "Revoked" : "Reactivated"} key ${key.id}.`);
