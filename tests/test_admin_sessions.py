@@ -66,6 +66,10 @@ def test_a_session_reads_but_changes_only_with_its_csrf_token_from_this_site(adm
     assert call(context, "PUT", put, cross, {"weight": 2})[0] == 403
     same = token | {"origin": "http://127.0.0.1:8000"}
     assert call(context, "PUT", put, same, {"weight": 2})[0] == 200
+    fetched = token | {"sec-fetch-site": "cross-site", "origin": "http://127.0.0.1:8000"}
+    assert call(context, "PUT", put, fetched, {"weight": 2})[0] == 403  # the browser's word
+    ours = token | {"sec-fetch-site": "same-origin", "origin": "null"}  # no-referrer pages
+    assert call(context, "PUT", put, ours, {"weight": 2})[0] == 200
     assert call(context, "GET", "/v1/admin/me", {"cookie": f"{COOKIE}=made-up"})[0] == 401
 
 

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import orjson
 
 from zerohop.admin import views
 from zerohop.admin.context import AdminContext, AdminError, invalid
+from zerohop.admin.origin import cross_site
 from zerohop.admin.sessions import session_cookie
 from zerohop.api.asgi import (
     ClientDisconnected,
@@ -117,18 +118,9 @@ def _identity(scope: Scope, admin: AdminContext) -> Identity:
         csrf = header(scope, b"x-csrf-token")
         if not session.csrf_matches(csrf.decode("latin-1") if csrf else None):
             raise AdminError(403, "permission_error", "missing or wrong CSRF token")
-        if not same_origin(scope):
+        if cross_site(scope):
             raise AdminError(403, "permission_error", "a cross-site request is refused")
     return admin.session_identity(session)
-
-
-def same_origin(scope: Scope) -> bool:
-    """No Origin header (not a browser's cross-site request), or one naming this host."""
-    origin = header(scope, b"origin")
-    if origin is None:
-        return True
-    host = header(scope, b"host") or header(scope, b":authority")
-    return host is not None and urlsplit(origin.decode("latin-1")).netloc == host.decode("latin-1")
 
 
 def _query(scope: Scope) -> dict[str, list[str]]:
