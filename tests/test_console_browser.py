@@ -239,6 +239,7 @@ def test_a_tenant_and_key_made_in_the_console_are_watched_in_use_and_revoked(
     page.select_option("#audit-form select[name=kind]", "admin")
     page.click("#audit-form button[type=submit]")
     page.wait_for_selector(f'#audit-table tr:has-text("key.create"):has-text("{key_id}")')
+    page.wait_for_selector('#audit-table tr:has-text("console.login")')  # logins too
     page.click("#audit-verify")
     page.wait_for_selector("#audit-verify-result.ok")
     assert page.text_content("#audit-verify-result").startswith("Chain intact")

@@ -94,6 +94,8 @@ async def _login(scope: Scope, receive: Receive, send: Send, admin: AdminContext
         return await _html(send, exc.status, render_login(exc.message))
     admin.sessions.end(session_cookie(scope["headers"]))  # a previous session, if any
     session = admin.sessions.create(identity.key_id)
+    if admin.service is not None:
+        admin.service.audit(identity, "console.login", identity.key_id, None, None)
     cookie = cookie_header(session, admin.secure_cookies, admin.sessions.lifetime)
     await _redirect(send, OVERVIEW, [cookie])
 
