@@ -182,8 +182,15 @@ def test_budgets_show_what_is_used_and_what_remains(server, admin, keys):
     assert row["period_ends_at"].endswith("-01T00:00:00Z")
 
 
-def test_admin_actions_are_audited_and_the_log_verifies(admin, keys):
+def test_admin_actions_are_audited_and_the_log_verifies(server, admin, keys):
     admin.put("/v1/admin/tenants/audited", json={"weight": 3})
+    assert message(server, keys["data"]).status_code == 200
+
+    def search(**params) -> list:  # the log is written every 0.2 s, off the request path
+        return admin.get("/v1/admin/audit", params=params).json()["data"]
+
+    poll(lambda: bool(search(api_key_id=keys["ids"]["data"])), timeout=5)
+    poll(lambda: any(r["target"] == "audited" for r in search(kind="admin")), timeout=5)
     page = admin.get("/v1/admin/audit", params={"kind": "admin", "limit": 1000}).json()
     actions = [(r["action"], r["target"]) for r in page["data"]]
     assert ("tenant.update", "audited") in actions

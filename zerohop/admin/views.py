@@ -188,7 +188,9 @@ async def live(admin: AdminContext, req: Any) -> Answer:
     if admin.gateway.live is None:
         raise not_found("live load is not kept on this server")
     seconds = _checked(_seconds, one(req.query, "seconds"), admin.gateway.live)
-    return 200, admin.gateway.live.window(seconds)
+    since = one(req.query, "since")
+    since_t = None if since is None else _checked(wire.parse_time, since, "since")
+    return 200, admin.gateway.live.window(seconds, since_t)
 
 
 def _seconds(text: str | None, live: Any) -> int:

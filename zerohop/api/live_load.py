@@ -10,23 +10,21 @@ needs none, so the replica keeps its own short history in fixed memory:
 - `run()` closes the open second into a point once a second, with the engine's gauges
   (running, waiting, KV blocks) and its cumulative prefix-cache counters turned into
   per-second figures (a decrease means the engine restarted: its counters count from zero).
-- The points live in a ring (`deque(maxlen=seconds)`); each one is bounded: at most
-  `MAX_SAMPLES` TTFTs and `MAX_SAMPLES` inter-token gaps (uniform reservoir samples of that
-  second's, so a busy second is represented, not stored) and `MAX_POINT_TENANTS` tenants
-  (the rest summed as "other").
+- The points live in a ring (`deque(maxlen=seconds)`); each one is bounded: a histogram of
+  its TTFTs and one of its inter-token gaps (`latency_histogram`: log buckets, 9% wide) and
+  `MAX_POINT_TENANTS` tenants (the rest summed as "other").
 
 A point's rates divide by the time it covers (a late sample averages, never spikes). Its
 latency percentiles cover the requests that finished in the trailing `window` seconds,
-computed once when it closes: nearest-rank percentiles of the kept samples, the same as
-`numpy.percentile(..., method="inverted_cdf")`, so exact until a second passes MAX_SAMPLES.
+computed once when it closes; the whole ring's come from running totals of the histograms,
+so answering the console costs the same whatever the traffic: `window(900)` is a few ms, and
+`window(since=t)` (the console's poll each second) only the points after t.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -34,9 +32,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise, takewhile
 from typing import Any
 
+from zerohop.api import latency_histogram as hist
+
 log = logging.getLogger(__name__)
 
-MAX_SAMPLES = 256  # TTFTs and inter-token gaps kept per second (each), reservoir-sampled
+MAX_OPEN_GAPS = 65_536  # gaps held as floats in the open second before they are counted
 MAX_POINT_TENANTS = 50  # tenants kept per point; the rest summed as OTHER
 MAX_TENANTS = 20  # tenants in window(); the rest summed as OTHER
 OTHER = "other"
@@ -52,10 +52,16 @@ class _Counts:
     output_tokens: int = 0
     input_tokens: int = 0
     tenants: dict[str, int] = field(default_factory=dict)  # output tokens
-    ttfts: list[float] = field(default_factory=list)  # a sample of ttfts_seen
-    ttfts_seen: int = 0
-    gaps: list[float] = field(default_factory=list)  # a sample of gaps_seen
-    gaps_seen: int = 0
+    ttfts: list[float] = field(default_factory=list)  # the open second's, until it closes
+    gaps: list[float] = field(default_factory=list)
+    ttft_hist: hist.Histogram = field(default_factory=hist.empty)
+    gap_hist: hist.Histogram = field(default_factory=hist.empty)
+
+    def close(self) -> None:
+        """Counts the second's TTFTs and gaps into its histograms."""
+        for values, histogram in ((self.ttfts, self.ttft_hist), (self.gaps, self.gap_hist)):
+            hist.add(histogram, values)
+            values.clear()
 
 
 @dataclass(slots=True)
@@ -83,7 +89,7 @@ class LiveLoad:
         self.interval = 1.0
         self._points: deque[_Point] = deque(maxlen=seconds)
         self._open = _Counts()
-        self._rng = random.Random(0)
+        self._ttft_total, self._gap_total = hist.empty(), hist.empty()  # over the ring
         self._last_t: float | None = None
         self._prefix: tuple[int, int] | None = None  # the last (query, hit) counters seen
 
@@ -109,10 +115,12 @@ class LiveLoad:
             o.refusals += 1
         o.input_tokens += max(0, prompt_tokens - cached_tokens)
         if ttft_s is not None:
-            o.ttfts_seen = _reservoir(o.ttfts, o.ttfts_seen, [ttft_s], self._rng)
+            o.ttfts.append(ttft_s)
         if len(token_times) > 1:
-            gaps = [b - a for a, b in pairwise(token_times)]
-            o.gaps_seen = _reservoir(o.gaps, o.gaps_seen, gaps, self._rng)
+            o.gaps.extend(b - a for a, b in pairwise(token_times))
+            if len(o.gaps) > MAX_OPEN_GAPS:  # a flood of long answers: count them now
+                hist.add(o.gap_hist, o.gaps)
+                o.gaps.clear()
 
     def sample(self, engine_stats: Mapping[str, Any] | None, now: float | None = None) -> None:
         """Closes the open second into a point at unix time `now`; `engine_stats` None (the
@@ -123,10 +131,18 @@ class LiveLoad:
         dt = now - self._last_t if self._last_t is not None else 0.0
         c, self._open, self._last_t = self._open, _Counts(), now
         c.tenants = _cap(c.tenants, MAX_POINT_TENANTS)
+        c.close()
         point = _Point(now, dt if dt > 0 else self.interval, c, *gauges, hit_rate)
+        if len(self._points) == self.capacity:  # the oldest leaves the totals with the ring
+            self._count(self._points[0], -1)
         self._points.append(point)
+        self._count(point, 1)
         recent = takewhile(lambda p: p.t > now - self.trailing, reversed(self._points))
         point.trailing = _percentiles(list(recent))
+
+    def _count(self, point: _Point, sign: int) -> None:
+        self._ttft_total += sign * point.c.ttft_hist
+        self._gap_total += sign * point.c.gap_hist
 
     async def run(
         self, stats: Callable[[], Mapping[str, Any] | None], interval: float = 1.0
@@ -147,13 +163,15 @@ class LiveLoad:
                 current = None
             self.sample(current)
 
-    def window(self, seconds: int = 900) -> dict[str, Any]:
-        """The last `seconds` points (fewer while the ring fills), JSON-ready."""
+    def window(self, seconds: int = 900, since: float | None = None) -> dict[str, Any]:
+        """The last `seconds` points (fewer while the ring fills), JSON-ready; with `since`,
+        only the points after that unix time (the summary still covers `seconds`)."""
         if isinstance(seconds, bool) or not isinstance(seconds, int):
             raise ValueError(f"seconds must be an integer, not {seconds!r}")
         if not 1 <= seconds <= self.capacity:
             raise ValueError(f"seconds must be in 1..{self.capacity}, not {seconds}")
-        points = list(self._points)[-seconds:]
+        covered = list(self._points)[-seconds:]
+        points = covered if since is None else [p for p in covered if p.t > since]
         return {
             "interval": self.interval,
             "t": [p.t for p in points],
@@ -167,11 +185,16 @@ class LiveLoad:
             "prefix_hit_rate": [p.prefix_hit_rate for p in points],
             **{k: [p.trailing[i] for p in points] for i, k in enumerate(_LATENCY_KEYS)},
             "tenants": _tenant_series(points),
-            "summary": {
-                "requests": sum(p.c.requests for p in points),
-                "output_tokens": sum(p.c.output_tokens for p in points),
-                **dict(zip(_LATENCY_KEYS, _percentiles(points), strict=True)),
-            },
+            "summary": self._summary(covered),
+        }
+
+    def _summary(self, covered: list[_Point]) -> dict[str, Any]:
+        whole = len(covered) == len(self._points)
+        totals = (self._ttft_total, self._gap_total) if whole else _totals(covered)
+        return {
+            "requests": sum(p.c.requests for p in covered),
+            "output_tokens": sum(p.c.output_tokens for p in covered),
+            **dict(zip(_LATENCY_KEYS, _quantiles(*totals), strict=True)),
         }
 
     def _prefix_rate(self, stats: Mapping[str, Any] | None) -> float | None:
@@ -195,22 +218,6 @@ class LiveLoad:
 _LATENCY_KEYS = ("ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
 
 
-def _reservoir(kept: list[float], seen: int, values: Sequence[float], rng: random.Random) -> int:
-    """Adds `values` to `kept`, a uniform sample of at most MAX_SAMPLES of the `seen` values so
-    far (Algorithm R); returns the new `seen`."""
-    room = MAX_SAMPLES - len(kept)
-    if room > 0:
-        kept.extend(values[:room])
-        seen += min(room, len(values))
-        values = values[room:]
-    for v in values:
-        seen += 1
-        j = rng.randrange(seen)
-        if j < MAX_SAMPLES:
-            kept[j] = v
-    return seen
-
-
 def _gauges(stats: Mapping[str, Any] | None) -> tuple[int | None, int | None, float | None]:
     """(running, waiting, kv_cache_use) from the engine's stats; Nones without them."""
     if stats is None:
@@ -223,16 +230,16 @@ def _gauges(stats: Mapping[str, Any] | None) -> tuple[int | None, int | None, fl
     return running, waiting, (min(1.0, max(0.0, used / blocks)) if blocks > 0 else None)
 
 
-def _nearest_rank(ordered: list[float], q: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+def _totals(points: Sequence[_Point]) -> tuple[hist.Histogram, hist.Histogram]:
+    return hist.total([p.c.ttft_hist for p in points]), hist.total([p.c.gap_hist for p in points])
+
+
+def _quantiles(ttfts: hist.Histogram, gaps: hist.Histogram) -> tuple[float | None, ...]:
+    return tuple(hist.percentile(h, q) for h in (ttfts, gaps) for q in (50, 95))
 
 
 def _percentiles(points: Sequence[_Point]) -> tuple[float | None, ...]:
-    ttfts = sorted(v for p in points for v in p.c.ttfts)
-    gaps = sorted(v for p in points for v in p.c.gaps)
-    return tuple(_nearest_rank(s, q) for s in (ttfts, gaps) for q in (50, 95))
+    return _quantiles(*_totals(points))
 
 
 def _rate(count: int, point: _Point) -> float:

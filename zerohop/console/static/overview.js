@@ -3,6 +3,10 @@
 "use strict";
 
 const LIVE_URL = "/v1/admin/live?seconds=900";
+const MAX_POINTS = 900;
+const SERIES = ["t", "requests_per_s", "refusals_per_s", "output_tokens_per_s",
+  "input_tokens_per_s", "running", "waiting", "kv_cache_use", "prefix_hit_rate",
+  "ttft_p50", "ttft_p95", "itl_p50", "itl_p95"];
 const last = (values) => (values && values.length ? values[values.length - 1] : null);
 const scaled = (values, k) => (values || []).map((v) => (missing(v) ? null : v * k));
 const fmtMs = (v) => fmtSeconds(v === null ? null : v / 1000);
@@ -59,6 +63,28 @@ function renderStats(live) {
   for (const [id, text] of Object.entries(stats)) $(id).textContent = text;
 }
 
+// The points after the last one held, added to it (the server sends only those: the first
+// answer is the whole 15 minutes, each later one a second or two), the oldest dropped.
+function merge(state, delta) {
+  if (!state) return delta;
+  const before = state.t.length;
+  const added = (delta.t || []).length;
+  for (const key of SERIES) state[key] = state[key].concat(delta[key] || []);
+  const names = new Set([...Object.keys(state.tenants), ...Object.keys(delta.tenants || {})]);
+  const drop = Math.max(0, state.t.length - MAX_POINTS);
+  const tenants = {};
+  for (const name of names) {
+    const old = state.tenants[name] || new Array(before).fill(0);
+    const fresh = (delta.tenants || {})[name] || new Array(added).fill(0);
+    const series = old.concat(fresh).slice(drop);
+    if (series.some((v) => v > 0)) tenants[name] = series;
+  }
+  if (drop) for (const key of SERIES) state[key] = state[key].slice(drop);
+  state.tenants = tenants;
+  state.summary = delta.summary;
+  return state;
+}
+
 function overviewPage() {
   const charts = overviewCharts();
 
@@ -78,10 +104,14 @@ function overviewPage() {
   }
 
   // Every second, one request at a time (a slow answer delays the next, never piles up).
+  let state = null;
   async function poll() {
     const started = performance.now();
     try {
-      render(await api("GET", LIVE_URL));
+      const newest = state ? last(state.t) : null;
+      const url = newest === null ? LIVE_URL : `${LIVE_URL}&since=${newest}`;
+      state = merge(state, await api("GET", url));
+      render(state);
       clearError();
     } catch (error) {
       showError(error);
