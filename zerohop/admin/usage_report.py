@@ -52,8 +52,9 @@ def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
     limit_end = since + limit * width
     end = one(query, "ending_at")
     ending = parse_time(end, "ending_at") if end is not None else float("inf")
-    until = int(min(limit_end, ending))
     now = time.time() if now is None else now
+    current_end = (int(now) // width + 1) * width  # no bucket after the one under way
+    until = int(min(limit_end, ending, current_end))
     more = until == limit_end and ending > until and until < now
     groups = tuple(many(query, "group_by"))
     bad = [g for g in groups if g not in GROUPS]
