@@ -3,7 +3,7 @@ chromium` installs it; Playwright downloads nothing). Without /usr/bin/chromium 
 playwright package) the tests that use it skip, or fail where ZEROHOP_REQUIRE_BROWSER=1 (set
 by .ci/run), so CI cannot pass by skipping.
 
-`launch_browser` is the body of a session-scoped fixture; `ConsoleTab` is a page that logs
+`launch_browser` is the body of a module-scoped fixture; `ConsoleTab` is a page that logs
 every console message, page error and Content-Security-Policy violation it sees.
 """
 
@@ -49,7 +49,8 @@ def require_browser() -> None:
 
 
 def launch_browser() -> Iterator[Any]:
-    """The body of a session-scoped fixture: one headless chromium, closed at the end."""
+    """The body of a module-scoped fixture: one headless chromium, closed at the end (not
+    session-scoped: while Playwright's sync API is open, asyncio.run fails in this thread)."""
     require_browser()
     from playwright.sync_api import sync_playwright
 

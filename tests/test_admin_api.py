@@ -227,3 +227,43 @@ def test_batches_of_every_tenant_are_listed(server, admin, keys):
     assert (mine["api"], mine["api_key_id"], mine["workspace_id"]) == (
         "anthropic", keys["ids"]["data"], "acme")  # fmt: skip
     assert admin.get("/v1/admin/batches", params={"workspace_id": "nobody"}).json()["data"] == []
+
+
+def test_bad_values_are_refused_where_they_enter_never_with_a_500(admin):
+    bad = [
+        ("POST", "/v1/admin/keys", {"tenant": "t", "expires_at": 1e12}, "expires_at"),
+        ("POST", "/v1/admin/keys", {"tenant": "t", "expires_at": "10000-01-01"}, "expires_at"),
+        ("POST", "/v1/admin/keys", {"tenant": "t", "budget": {"tokens": 2**64 - 1}}, "tokens"),
+        ("POST", "/v1/admin/keys", {"tenant": "t\x00x"}, "tenant"),
+        ("POST", "/v1/admin/keys", {"tenant": "t", "admin": "yes"}, "admin"),
+        ("PUT", "/v1/admin/tenants/x", {"limits": {"rpm": 2**63}}, "limits.rpm"),
+        ("GET", "/v1/admin/live?seconds=1&seconds=2", None, "seconds"),
+        ("GET", "/v1/organizations/api_keys?limit=5&limit=6", None, "limit"),
+        ("GET", "/v1/organizations/api_keys?limit=" + "9" * 5000, None, "limit"),
+        ("GET", "/v1/admin/refusals?starting_at=1e300", None, "starting_at"),
+        ("GET", "/v1/admin/refusals?starting_at=100&ending_at=50", None, "ending_at"),
+        ("GET", "/v1/organizations/usage_report/messages?starting_at=1e300", None, "starting_at"),
+        ("GET", "/v1/organizations/usage_report/messages?starting_at=0001-01-01T00:00:00%2B01:00",
+         None, "starting_at"),
+        ("GET", "/v1/admin/audit?limit=" + "9" * 5000, None, "limit"),
+        ("POST", "/v1/admin/keys/zh-nothing1", {"name": "x"}, "no API key"),
+    ]  # fmt: skip
+    for method, path, body, field in bad:
+        answer = admin.request(method, path, json=body)
+        assert answer.status_code in (400, 404), (path, answer.status_code, answer.text)
+        assert field in answer.json()["error"]["message"], (path, answer.text)
+
+
+def test_paging_goes_on_past_a_cursor_key_that_no_longer_matches_the_filter(admin):
+    made = [admin.post("/v1/admin/keys", json={"tenant": "pages"}).json()["api_key"]["id"]
+            for _ in range(3)]  # fmt: skip
+    active = {"workspace_id": "pages", "status": "active", "limit": 1}
+    first = admin.get("/v1/organizations/api_keys", params=active).json()
+    assert first["data"][0]["id"] == made[-1] and first["has_more"]  # newest first
+    admin.post(f"/v1/organizations/api_keys/{made[-1]}", json={"status": "inactive"})
+    rest = admin.get("/v1/organizations/api_keys",
+                     params={**active, "limit": 5, "after_id": made[-1]}).json()  # fmt: skip
+    assert [k["id"] for k in rest["data"]] == made[-2::-1] and not rest["has_more"]
+    before = admin.get("/v1/organizations/api_keys",
+                       params={**active, "before_id": made[0]}).json()  # fmt: skip
+    assert [k["id"] for k in before["data"]] == [made[1]]

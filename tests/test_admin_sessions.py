@@ -61,6 +61,8 @@ def test_a_session_reads_but_changes_only_with_its_csrf_token_from_this_site(adm
     assert (status, body["error"]["type"]) == (403, "permission_error")
     wrong = cookie(session) | {"x-csrf-token": "forged"}
     assert call(context, "PUT", put, wrong, {"weight": 2})[0] == 403
+    scope_bytes = cookie(session) | {"x-csrf-token": "\u00e9t\u00e9"}  # not ASCII: 403, not 500
+    assert call(context, "PUT", put, scope_bytes, {"weight": 2})[0] == 403
     token = cookie(session) | {"x-csrf-token": session.csrf_token}
     cross = token | {"origin": "https://evil.example"}
     assert call(context, "PUT", put, cross, {"weight": 2})[0] == 403

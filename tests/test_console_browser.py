@@ -45,8 +45,10 @@ MOVES_WITHIN_MS = 2000  # the overview polls every second, usage reaches the sto
 REFUSED = ("status of 401", "status of 403")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module-scoped: Playwright's sync API runs an event loop in this thread while it is
+    # open, and every later test that calls asyncio.run would fail beside it.
     yield from launch_browser()
 
 

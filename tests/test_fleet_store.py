@@ -118,6 +118,8 @@ def test_the_admin_api_of_any_replica_sees_the_fleet(
     listed = httpx.get(fleet[1].url + "/v1/organizations/api_keys", headers=admin).json()
     assert key_id in [k["id"] for k in listed["data"]]
     assert _ask(fleet[0], admin_key).status_code == 403  # an admin key: not the model
+    budgets = httpx.get(fleet[1].url + "/v1/admin/budgets", headers=admin)
+    assert budgets.status_code == 200, budgets.text  # the fleet's spend: the store's
 
 
 def _usage(store_url: str, subject: str) -> tuple[int, int]:

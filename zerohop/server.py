@@ -284,13 +284,23 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
     store = BatchStore(b.db or keys_db.parent / "batches.db")
     if store.recovered:
         log.info("batches: %d lines left running by the last process run again", store.recovered)
-    identity_for = gateway.auth.identity_for if gateway is not None else lambda _: ANONYMOUS
+    identity_for = _model_identity(gateway) if gateway is not None else lambda _: ANONYMOUS
     from zerohop.engine.config import EngineConfig
 
     engine_options = options.engine_options or {}
     max_num_seqs = engine_options.get("max_num_seqs") or EngineConfig.max_num_seqs
     target = engine_options.get("inter_token_target", EngineConfig.inter_token_target)
     return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
+
+
+def _model_identity(gateway: Gateway):
+    """A batch line's key as the store has it now, None once it may not call the model."""
+
+    def identity_for(key_id: str):
+        identity = gateway.auth.identity_for(key_id)
+        return identity if identity is not None and identity.inference else None
+
+    return identity_for
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:

@@ -19,6 +19,7 @@ from zerohop.gateway.identity import Budget
 from zerohop.gateway.usage_sql import UsageRow
 
 HOUR = 3600
+HORIZON = 10 * 365 * 86400  # a budget in total lasting longer "does not run out"
 
 
 def period_end(period: str, now: float) -> float | None:
@@ -53,8 +54,8 @@ def budgets_report(
         ends = period_end(budget.period, now)
         per_hour = burn.get(subject, 0)
         runs_out = now + remaining / per_hour * HOUR if per_hour else None
-        if runs_out is not None and ends is not None and runs_out >= ends:
-            runs_out = None  # lasts the period at this rate
+        if runs_out is not None and runs_out >= (ends or now + HORIZON):
+            runs_out = None  # lasts the period (or, in total, the next ten years) at this rate
         data.append(
             {"subject": subject, "kind": kind, "name": name, "period": budget.period,
              "tokens": budget.tokens, "used": used, "remaining": remaining,

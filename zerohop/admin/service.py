@@ -79,7 +79,7 @@ class AdminService:
                 tenant, admin=admin, inference=inference, created_by=actor.key_id, **fields
             )
         )
-        await self._changed(actor, "key.create", record.key_id, None, record)
+        await self._changed(actor, "key.create", record.key_id, None, record, status=201)
         return secret, record
 
     async def update_key(self, actor: Identity, key_id: str, body: dict[str, Any]) -> KeyRecord:
@@ -91,7 +91,10 @@ class AdminService:
             fields |= _status_fields(before, body["status"])
         if not fields:
             return before
-        after = await self.run(lambda s: s.update_key(key_id, **fields))
+        try:
+            after = await self.run(lambda s: s.update_key(key_id, **fields))
+        except KeyError:
+            raise not_found(f"no API key {key_id!r}") from None
         await self._changed(actor, "key.update", key_id, before, after)
         return after
 
@@ -123,14 +126,18 @@ class AdminService:
 
     # -- what every change does ---------------------------------------------------------------
 
-    async def _changed(self, actor: Identity, action: str, target: str, before, after) -> None:
-        self.audit(actor, action, target, _shown(before), _shown(after))
+    async def _changed(
+        self, actor: Identity, action: str, target: str, before, after, status: int = 200
+    ) -> None:
+        self.audit(actor, action, target, _shown(before), _shown(after), status)
         version = await self.run(lambda s: s.version())
         deadline = time.monotonic() + SETTLE_SECONDS
         while self.gateway.auth.version < version and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    def audit(self, actor: Identity, action: str, target: str, before, after) -> None:
+    def audit(
+        self, actor: Identity, action: str, target: str, before, after, status: int = 200
+    ) -> None:
         log.info("admin: %s %s %s", actor.key_id, action, target)
         audit = self.gateway.audit
         if audit is None:
@@ -138,7 +145,7 @@ class AdminService:
         audit.record(
             {"kind": "admin", "request_id": new_request_id(), "actor": actor.key_id,
              "tenant": actor.tenant.name, "action": action, "target": target,
-             "before": before, "after": after, "status": 200}
+             "before": before, "after": after, "status": status}
         )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ class Session:
     last_seen: float
 
     def csrf_matches(self, token: str | None) -> bool:
-        return token is not None and hmac.compare_digest(token, self.csrf_token)
+        return token is not None and hmac.compare_digest(token.encode(), self.csrf_token.encode())
 
 
 class SessionStore:

@@ -52,6 +52,8 @@ def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
     limit_end = since + limit * width
     end = one(query, "ending_at")
     ending = parse_time(end, "ending_at") if end is not None else float("inf")
+    if ending <= parse_time(start_text, "starting_at"):
+        raise ValueError("ending_at must be after starting_at")
     now = time.time() if now is None else now
     current_end = (int(now) // width + 1) * width  # no bucket after the one under way
     until = int(min(limit_end, ending, current_end))
@@ -128,6 +130,8 @@ def time_range(query: Query, default_seconds: float, now: float | None = None) -
     until = parse_time(end, "ending_at") if end is not None else now + 60
     start = one(query, "starting_at")
     since = parse_time(start, "starting_at") if start is not None else now - default_seconds
+    if until <= since:
+        raise ValueError("ending_at must be after starting_at")
     return int(since // 60 * 60), int(until)
 
 

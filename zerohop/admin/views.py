@@ -16,6 +16,7 @@ from zerohop.admin.usage_report import (
     time_range,
     usage_report,
 )
+from zerohop.gateway.budget import BudgetLedger
 
 Answer = tuple[int, Any]
 
@@ -27,31 +28,35 @@ def _checked(parse: Any, *args: Any) -> Any:
         raise AdminError(400, "invalid_request_error", str(exc)) from None
 
 
+def _param(req: Any, name: str) -> str | None:
+    """A query parameter given at most once (400 otherwise)."""
+    return _checked(one, req.query, name)
+
+
 # -- Anthropic's shapes -----------------------------------------------------------------------
 
 
 async def list_api_keys(admin: AdminContext, req: Any) -> Answer:
-    q = req.query
-    limit = _checked(_limit, one(q, "limit"))
-    status, tenant = one(q, "status"), one(q, "workspace_id")
+    limit = _checked(_limit, _param(req, "limit"))
+    status, tenant = _param(req, "status"), _param(req, "workspace_id")
     if status is not None and status not in wire.LIST_STATUSES:
         raise invalid(f"status must be one of {', '.join(wire.LIST_STATUSES)}, not {status!r}")
     now = time.time()
-    records = sorted(await admin.service.keys(), key=lambda r: (-r.created, r.key_id))
-    keys = [
-        wire.api_key(r, now)
-        for r in records
+    ordered = sorted(await admin.service.keys(), key=lambda r: (-r.created, r.key_id))
+    shown = [
+        (i, wire.api_key(r, now))
+        for i, r in enumerate(ordered)
         if (status is None or wire.key_status(r, now) == status)
         and (tenant is None or r.tenant == tenant)
     ]
-    return 200, _page(keys, limit, one(q, "after_id"), one(q, "before_id"))
+    place = {r.key_id: i for i, r in enumerate(ordered)}
+    return 200, _page(shown, place, limit, _param(req, "after_id"), _param(req, "before_id"))
 
 
 def _integer(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, not {text!r}") from None
+    if len(text) > 18 or not text.strip().lstrip("-").isdigit():
+        raise ValueError(f"{name} must be an integer, not {text[:40]!r}")
+    return int(text)
 
 
 def _limit(text: str | None) -> int:
@@ -61,22 +66,28 @@ def _limit(text: str | None) -> int:
     return limit
 
 
-def _page(items: list[dict], limit: int, after: str | None, before: str | None) -> dict:
-    ids = [item["id"] for item in items]
+def _page(
+    shown: list[tuple[int, dict]], place: dict[str, int], limit: int,
+    after: str | None, before: str | None,
+) -> dict:  # fmt: skip
+    """A page of `shown` ((place in the whole list, key)) after or before a cursor key,
+    found by its place in the whole list, so a cursor that no longer matches the filter
+    (revoked between pages) still pages on, as Anthropic's do."""
     if after is not None and before is not None:
         raise invalid("give after_id or before_id, not both")
     for cursor in (after, before):
-        if cursor is not None and cursor not in ids:
+        if cursor is not None and cursor not in place:
             raise invalid(f"no API key {cursor!r} to page from")
     if before is not None:
-        end = ids.index(before)
-        page, more = items[max(end - limit, 0) : end], end > limit
+        items = [key for i, key in shown if i < place[before]]
+        page = items[-limit:]
     else:
-        start = 0 if after is None else ids.index(after) + 1
-        page, more = items[start : start + limit], start + limit < len(items)
+        start = -1 if after is None else place[after]
+        items = [key for i, key in shown if i > start]
+        page = items[:limit]
     return {
         "data": page,
-        "has_more": more,
+        "has_more": len(items) > limit,
         "first_id": page[0]["id"] if page else None,
         "last_id": page[-1]["id"] if page else None,
     }
@@ -139,12 +150,12 @@ async def budgets(admin: AdminContext, req: Any) -> Answer:
                     if r.budget is not None and wire.key_status(r, now) == "active"]  # fmt: skip
         subjects += [("tenant", t.name, t.budget) for t in store.tenants() if t.budget]
         spent = {(s, p): t for s, p, t in store.spend()}
-        return subjects, spent, store.usage(60, minute - HOUR, minute + 60)
+        return subjects, spent, store.usage(60, minute - HOUR + 60, minute + 60)
 
     subjects, spent, last_hour = await admin.service.run(read)
     ledger = admin.gateway.ledger
-    if ledger is not None:  # this replica's own ledger: current to the request
-        spent |= dict(ledger.spent)
+    if isinstance(ledger, BudgetLedger):  # one replica's own ledger: current to the request
+        spent |= dict(ledger.spent)  # (a fleet's leases: the store's settled + leased)
     return 200, budgets_report(subjects, spent, last_hour, now)
 
 
@@ -187,8 +198,8 @@ def _audit_log(admin: AdminContext) -> Any:
 async def live(admin: AdminContext, req: Any) -> Answer:
     if admin.gateway.live is None:
         raise not_found("live load is not kept on this server")
-    seconds = _checked(_seconds, one(req.query, "seconds"), admin.gateway.live)
-    since = one(req.query, "since")
+    seconds = _checked(_seconds, _param(req, "seconds"), admin.gateway.live)
+    since = _param(req, "since")
     since_t = None if since is None else _checked(wire.parse_time, since, "since")
     return 200, admin.gateway.live.window(seconds, since_t)
 
@@ -205,8 +216,8 @@ async def batches(admin: AdminContext, req: Any) -> Answer:
     store = admin.batches
     if store is None:
         raise not_found("this server serves no batches")
-    limit = _checked(_limit, one(req.query, "limit"))
-    tenant = one(req.query, "workspace_id")
+    limit = _checked(_limit, _param(req, "limit"))
+    tenant = _param(req, "workspace_id")
     records = await asyncio.to_thread(store.recent_batches, limit, tenant)
     return 200, {"data": [_batch_json(r) for r in records]}
 

@@ -20,9 +20,15 @@ LIST_STATUSES = (*KEY_STATUSES, "expired")
 
 
 def rfc3339(t: float | None) -> str | None:
+    """RFC 3339 in UTC; None for None, and for a time no datetime holds (a row written by
+    hand or an older zerohop: shown as no time rather than failing the whole answer)."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        moment = datetime.fromtimestamp(t, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def parse_time(value: Any, where: str) -> float:
@@ -40,9 +46,12 @@ def parse_time(value: Any, where: str) -> float:
             return float(validation.unix_time(number, where))
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"{where} is not an RFC 3339 time: {value!r}") from None
-        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+            return float(validation.unix_time(moment.timestamp(), where))
+        except (OverflowError, ValueError):
+            raise ValueError(
+                f"{where} is not an RFC 3339 time from 1970 on: {value[:40]!r}"
+            ) from None
     raise ValueError(f"{where} must be an RFC 3339 time or unix seconds, not {value!r}")
 
 
@@ -136,7 +145,7 @@ def text_field(value: Any, where: str, max_length: int = 200) -> str:
 def name_field(value: Any, where: str) -> str:
     """A tenant's name: what `zerohop keys` accepts, and not empty."""
     text = text_field(value, where, 100)
-    if not text.strip() or any(c in text for c in "/\\\n\r\t"):
+    if not text.strip() or any(c in "/\\" or not c.isprintable() for c in text):
         raise ValueError(f"{where} must be a non-empty name without slashes or control characters")
     return text
 

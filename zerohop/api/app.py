@@ -140,8 +140,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         except (ApiError, GatewayError) as exc:
             error = api_error(exc) if isinstance(exc, GatewayError) else exc
             error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"
-            if isinstance(exc, GatewayError):
-                call.refusal = exc.message
+            call.refusal = exc.message  # kept where the request was refused
             if not status:
                 await _send_error(tracking_send, error, shape, call.request_id)
         except Exception:

@@ -101,6 +101,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             await context.abort(self._code(error), error.message)
         except ApiError as exc:
             status, error_type = exc.status, "api_error"
+            call.refusal = exc.message  # kept where the request was refused (overload)
             if exc.headers:  # retry-after on an overload refusal
                 context.set_trailing_metadata(_trailers(exc, None, call))
             await context.abort(self._code(exc), exc.message)

@@ -92,6 +92,9 @@ async def _login(scope: Scope, receive: Receive, send: Send, admin: AdminContext
         identity = admin.admin_identity(form.get("key", "").strip())
     except AdminError as exc:
         return await _html(send, exc.status, render_login(exc.message))
+    if identity.source != "store":  # a session re-reads its key from the store each time
+        message = "A signed key cannot open a console session: use a stored admin key."
+        return await _html(send, 403, render_login(message))
     admin.sessions.end(session_cookie(scope["headers"]))  # a previous session, if any
     session = admin.sessions.create(identity.key_id)
     if admin.service is not None:

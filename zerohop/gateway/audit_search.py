@@ -115,7 +115,7 @@ def parse_query(params: Mapping[str, str]) -> AuditQuery:
         if field in ("since", "until"):
             fields[field] = _parse_time(name, value)
         elif field in ("limit", "before"):
-            if not value.isascii() or not value.isdigit():
+            if not value.isascii() or not value.isdigit() or len(value) > 18:
                 raise ValueError(f"{name}: {value!r} is not a non-negative integer")
             fields[field] = int(value)
         else:

@@ -110,7 +110,10 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
 
 def _add_key_columns(conn: sqlite3.Connection) -> None:
     have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    if all(column in have for column, _ in ADDED_KEY_COLUMNS):
+        return
     with immediate_transaction(conn):
+        have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}  # under the lock
         for column, decl in ADDED_KEY_COLUMNS:
             if column not in have:
                 conn.execute(f"ALTER TABLE keys ADD COLUMN {column} {decl}")

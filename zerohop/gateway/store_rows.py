@@ -134,7 +134,7 @@ def _models(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _flag(value: Any, where: str) -> bool:
-    # SQLite stores 0/1, PostgreSQL a boolean
+    # 0/1 in both stores' integer columns (a PostgreSQL boolean, True/False, reads the same)
     if value in (0, 1) and not isinstance(value, float):
         return bool(value)
     raise ValueError(f"{where} must be 0 or 1 (false or true), not {value!r}")

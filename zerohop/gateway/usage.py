@@ -123,9 +123,11 @@ class UsageRecorder:
                 mine = self._refusals.setdefault(key, [0, last_at, message])
                 mine[0] += count
             for table in (self._usage, self._refusals):
-                while len(table) > self.max_rows:
-                    del table[min(table)]  # the oldest minute goes first
-                    self.dropped += 1
+                extra = len(table) - self.max_rows
+                if extra > 0:  # the oldest minutes go first
+                    for key in sorted(table)[:extra]:
+                        del table[key]
+                    self.dropped += extra
 
 
 def _usage_rows(usage: dict[UsageKey, list[int]]) -> list[UsageRow]:

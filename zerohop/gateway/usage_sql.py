@@ -118,10 +118,11 @@ class UsageTables:
         self.last_message = sql(LAST_MESSAGE)
 
     def write(self, cursor: Any, usage: list[UsageRow], refusals: list[RefusalRow]) -> None:
+        # In key order, so replicas adding into the same rows lock them in the same order.
         if usage:
-            cursor.executemany(self.add_usage, [row.values() for row in usage])
+            cursor.executemany(self.add_usage, sorted(row.values() for row in usage))
         if refusals:
-            cursor.executemany(self.add_refusals, [row.values() for row in refusals])
+            cursor.executemany(self.add_refusals, sorted(row.values() for row in refusals))
 
     def usage(self, cursor: Any, width: int, since: int, until: int) -> list[UsageRow]:
         rows = cursor.execute(self.buckets, (width, width, since, until)).fetchall()

@@ -23,6 +23,8 @@ from typing import Any
 
 PRIORITY_CLASSES = ("interactive", "batch")
 BUDGET_PERIODS = ("day", "month", "total")
+MAX_INT = 2**63 - 1  # what a store column (SQLite INTEGER, PostgreSQL bigint) holds
+LATEST_TIME = 253_402_300_800.0  # 10000-01-01T00:00:00Z: datetime ends before it
 
 
 def _is_int(value: Any) -> bool:
@@ -30,16 +32,23 @@ def _is_int(value: Any) -> bool:
 
 
 def nonnegative_int(value: Any, where: str) -> int:
-    """`value` if it is an integer >= 0 (not a bool); ValueError naming `where` if not."""
+    """`value` if it is an integer >= 0 (not a bool) that a store column (64-bit signed)
+    holds; ValueError naming `where` if not."""
     if not _is_int(value) or value < 0:
         raise ValueError(f"{where} must be an integer >= 0, not {value!r}")
-    return value
+    return _at_most_max(value, where)
 
 
 def positive_int(value: Any, where: str) -> int:
-    """`value` if it is an integer > 0 (not a bool); ValueError naming `where` if not."""
+    """`value` if it is an integer > 0 (not a bool) that a store column holds."""
     if not _is_int(value) or value <= 0:
         raise ValueError(f"{where} must be an integer > 0, not {value!r}")
+    return _at_most_max(value, where)
+
+
+def _at_most_max(value: int, where: str) -> int:
+    if value > MAX_INT:
+        raise ValueError(f"{where} must be at most {MAX_INT} (what the store holds)")
     return value
 
 
@@ -73,12 +82,12 @@ def priority(value: Any, where: str) -> str:
 
 
 def unix_time(value: Any, where: str) -> float | None:
-    """A time in unix seconds (expiry), or None: a finite number."""
+    """A time in unix seconds (expiry), or None: a number from 1970 to the year 9999."""
     if value is None:
         return None
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value):
-        raise ValueError(f"{where} must be a time in unix seconds, not {value!r}")
+    if not number or not math.isfinite(value) or not 0 <= value < LATEST_TIME:
+        raise ValueError(f"{where} must be a time in unix seconds (1970-9999), not {value!r}")
     return float(value)
 
 

@@ -107,8 +107,9 @@ function tenantsPage() {
       tenant: $("#key-tenant").value.trim(),
       name: $("#key-name").value.trim(),
       priority: $("#key-priority").value,
-      inference: $("#key-inference").checked,
       admin: $("#key-admin").checked,
+      // A data-plane key calls the model; an admin key only when asked (the API's default).
+      inference: !$("#key-admin").checked || $("#key-inference").checked,
     };
     if (models.length) body.models = models;
     if (Object.keys(limits).length) body.limits = limits;

@@ -156,9 +156,14 @@ function usagePage() {
 
   $("#usage-view").addEventListener("change", renderUsage);
   $("#budget-select").addEventListener("change", renderBurndown);
-  const refresh = () => load().then(clearError, showError);
+  // Every second (use reaches the store within about a second), one load at a time: a slow
+  // answer delays the next, never piles up behind it.
+  async function refresh() {
+    const started = performance.now();
+    await load().then(clearError, showError);
+    setTimeout(refresh, Math.max(0, 1000 - (performance.now() - started)));
+  }
   refresh();
-  setInterval(refresh, 1000); // use reaches the store within about a second
 }
 
 usagePage();
