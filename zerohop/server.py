@@ -128,14 +128,19 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
+        # Installed for uvicorn's serve() and kept past it: the rest of the drain (gRPC
+        # streams, batches, the engine) runs after HTTP has stopped, and a second signal
+        # then must still cut it short rather than kill the process (`release_signals`).
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.begin_drain)
-        try:
-            yield
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+        yield
+
+    @staticmethod
+    def release_signals() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
     def begin_drain(self) -> None:
         again = self.ctx.draining
@@ -265,6 +270,7 @@ async def serve(options: ServeOptions) -> int:
             await sampler.stop()
         if gateway is not None:
             await gateway.close()  # after the streams: their audit records are flushed too
+        server.release_signals()
     if engine.gave_up is not None:  # the orchestrator restarts the pod on a non-zero exit
         print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)
         return 1
