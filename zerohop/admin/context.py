@@ -7,12 +7,15 @@ console session, so a session dies as soon as its key stops being an admin key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from zerohop.admin.sessions import Session, SessionStore
 from zerohop.gateway.auth import AuthenticationError, InvalidKeyConfiguration
 from zerohop.gateway.identity import Identity
+
+T = TypeVar("T")
 
 
 class AdminError(Exception):
@@ -29,6 +32,14 @@ def not_found(message: str) -> AdminError:
 
 def invalid(message: str) -> AdminError:
     return AdminError(400, "invalid_request_error", message)
+
+
+def checked(check: Callable[..., T], *args: Any) -> T:
+    """`check(*args)`, its ValueError (a value the caller sent) answered as a 400."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zerohop.admin import wire
-from zerohop.admin.context import AdminError, invalid, not_found
+from zerohop.admin.context import checked, invalid, not_found
 from zerohop.api.service import new_request_id
 from zerohop.gateway.identity import Identity, Limits
 from zerohop.gateway.store_api import Store, open_store
@@ -69,11 +69,11 @@ class AdminService:
         _known(body, allowed, "key")
         if "tenant" not in body:
             raise invalid("tenant: a key belongs to a tenant; give its name")
-        tenant = _checked(wire.name_field, body["tenant"], "tenant")
-        fields = _checked(wire.key_fields, body, Limits())
+        tenant = checked(wire.name_field, body["tenant"], "tenant")
+        fields = checked(wire.key_fields, body, Limits())
         fields.setdefault("limits", Limits())
-        admin = _checked(wire.bool_field, body.get("admin", False), "admin")
-        inference = _checked(wire.bool_field, body.get("inference", not admin), "inference")
+        admin = checked(wire.bool_field, body.get("admin", False), "admin")
+        inference = checked(wire.bool_field, body.get("inference", not admin), "inference")
         secret, record = await self.run(
             lambda s: s.create_key(
                 tenant, admin=admin, inference=inference, created_by=actor.key_id, **fields
@@ -86,7 +86,7 @@ class AdminService:
         allowed = {"name", "status", "models", "priority", "expires_at", "limits", "budget"}
         _known(body, allowed, "key")
         before = await self.key(key_id)
-        fields = _checked(wire.key_fields, body, before.limits)
+        fields = checked(wire.key_fields, body, before.limits)
         if "status" in body:
             fields |= _status_fields(before, body["status"])
         if not fields:
@@ -117,9 +117,9 @@ class AdminService:
         raise not_found(f"no tenant {name!r}")
 
     async def put_tenant(self, actor: Identity, name: str, body: dict[str, Any]) -> dict:
-        name = _checked(wire.name_field, name, "tenant name")
+        name = checked(wire.name_field, name, "tenant name")
         before = await self.run(lambda s: s.tenant(name))
-        tenant = _checked(wire.tenant_update, body, name, before)
+        tenant = checked(wire.tenant_update, body, name, before)
         await self.run(lambda s: s.upsert_tenant(tenant))
         await self._changed(actor, "tenant.update", name, before, tenant)
         return await self.tenant(name)
@@ -177,10 +177,3 @@ def _known(body: dict[str, Any], allowed: set[str], what: str) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise invalid(f"unknown {what} field {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
-
-
-def _checked(check: Callable[..., T], *args: Any) -> T:
-    try:
-        return check(*args)
-    except ValueError as exc:
-        raise AdminError(400, "invalid_request_error", str(exc)) from None

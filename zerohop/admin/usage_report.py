@@ -42,7 +42,8 @@ def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
         raise ValueError(f"bucket_width must be one of 1m, 1h, 1d, not {width_name!r}")
     width = WIDTHS[width_name]
     default, most = LIMITS[width_name]
-    limit = _int(one(query, "limit"), "limit", default)
+    limit_text = one(query, "limit")
+    limit = default if limit_text is None else integer(limit_text, "limit")
     if not 1 <= limit <= most:
         raise ValueError(f"limit must be 1-{most} for bucket_width {width_name}, not {limit}")
     start_text = one(query, "page") or one(query, "starting_at")
@@ -150,10 +151,8 @@ def many(query: Query, name: str) -> list[str]:
     return [part for value in values for part in value.split(",") if part]
 
 
-def _int(text: str | None, name: str, default: int) -> int:
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, not {text!r}") from None
+def integer(text: str, name: str) -> int:
+    """An integer parameter (at most 18 digits: what a store column holds)."""
+    if len(text) > 18 or not text.strip().lstrip("-").isdigit():
+        raise ValueError(f"{name} must be an integer, not {text[:40]!r}")
+    return int(text)

@@ -8,8 +8,9 @@ from typing import Any
 
 from zerohop.admin import wire
 from zerohop.admin.budgets import HOUR, budgets_report
-from zerohop.admin.context import AdminContext, AdminError, invalid, not_found
+from zerohop.admin.context import AdminContext, checked, invalid, not_found
 from zerohop.admin.usage_report import (
+    integer,
     one,
     parse_usage_query,
     refusals_report,
@@ -21,23 +22,16 @@ from zerohop.gateway.budget import BudgetLedger
 Answer = tuple[int, Any]
 
 
-def _checked(parse: Any, *args: Any) -> Any:
-    try:
-        return parse(*args)
-    except ValueError as exc:
-        raise AdminError(400, "invalid_request_error", str(exc)) from None
-
-
 def _param(req: Any, name: str) -> str | None:
     """A query parameter given at most once (400 otherwise)."""
-    return _checked(one, req.query, name)
+    return checked(one, req.query, name)
 
 
 # -- Anthropic's shapes -----------------------------------------------------------------------
 
 
 async def list_api_keys(admin: AdminContext, req: Any) -> Answer:
-    limit = _checked(_limit, _param(req, "limit"))
+    limit = checked(_limit, _param(req, "limit"))
     status, tenant = _param(req, "status"), _param(req, "workspace_id")
     if status is not None and status not in wire.LIST_STATUSES:
         raise invalid(f"status must be one of {', '.join(wire.LIST_STATUSES)}, not {status!r}")
@@ -53,14 +47,8 @@ async def list_api_keys(admin: AdminContext, req: Any) -> Answer:
     return 200, _page(shown, place, limit, _param(req, "after_id"), _param(req, "before_id"))
 
 
-def _integer(text: str, name: str) -> int:
-    if len(text) > 18 or not text.strip().lstrip("-").isdigit():
-        raise ValueError(f"{name} must be an integer, not {text[:40]!r}")
-    return int(text)
-
-
 def _limit(text: str | None) -> int:
-    limit = 20 if text is None else _integer(text, "limit")
+    limit = 20 if text is None else integer(text, "limit")
     if not 1 <= limit <= 1000:
         raise ValueError(f"limit must be 1-1000, not {limit}")
     return limit
@@ -106,7 +94,7 @@ async def update_api_key(admin: AdminContext, req: Any) -> Answer:
 
 
 async def messages_usage(admin: AdminContext, req: Any) -> Answer:
-    query = _checked(parse_usage_query, req.query)
+    query = checked(parse_usage_query, req.query)
     rows = await admin.service.run(lambda s: s.usage(query.width, query.since, query.until))
     return 200, usage_report(query, rows)
 
@@ -160,7 +148,7 @@ async def budgets(admin: AdminContext, req: Any) -> Answer:
 
 
 async def refusals(admin: AdminContext, req: Any) -> Answer:
-    since, until = _checked(time_range, req.query, 86400.0)
+    since, until = checked(time_range, req.query, 86400.0)
     rows = await admin.service.run(lambda s: s.refusals(since, until))
     return 200, refusals_report(rows)
 
@@ -169,7 +157,7 @@ async def audit_search(admin: AdminContext, req: Any) -> Answer:
     from zerohop.gateway.audit_search import parse_query, search
 
     log = _audit_log(admin)
-    query = _checked(parse_query, {k: v[-1] for k, v in req.query.items()})
+    query = checked(parse_query, {k: v[-1] for k, v in req.query.items()})
     page = await asyncio.to_thread(search, log.directory, query, log.include_content)
     return 200, {"data": page.records, "has_more": page.has_more, "next_before": page.next_before}
 
@@ -198,15 +186,15 @@ def _audit_log(admin: AdminContext) -> Any:
 async def live(admin: AdminContext, req: Any) -> Answer:
     if admin.gateway.live is None:
         raise not_found("live load is not kept on this server")
-    seconds = _checked(_seconds, _param(req, "seconds"), admin.gateway.live)
+    seconds = checked(_seconds, _param(req, "seconds"), admin.gateway.live)
     since = _param(req, "since")
-    since_t = None if since is None else _checked(wire.parse_time, since, "since")
+    since_t = None if since is None else checked(wire.parse_time, since, "since")
     return 200, admin.gateway.live.window(seconds, since_t)
 
 
 def _seconds(text: str | None, live: Any) -> int:
     capacity = live.capacity
-    seconds = capacity if text is None else _integer(text, "seconds")
+    seconds = capacity if text is None else integer(text, "seconds")
     if not 1 <= seconds <= capacity:
         raise ValueError(f"seconds must be 1-{capacity}, not {seconds}")
     return seconds
@@ -216,7 +204,7 @@ async def batches(admin: AdminContext, req: Any) -> Answer:
     store = admin.batches
     if store is None:
         raise not_found("this server serves no batches")
-    limit = _checked(_limit, _param(req, "limit"))
+    limit = checked(_limit, _param(req, "limit"))
     tenant = _param(req, "workspace_id")
     records = await asyncio.to_thread(store.recent_batches, limit, tenant)
     return 200, {"data": [_batch_json(r) for r in records]}
