@@ -143,7 +143,7 @@ def model_path(arg: str | Path | None) -> Path:
 
 def open_model(path: Path) -> tuple[Any, Any]:
     """A model's `ModelConfig` and tokenizer, read without loading its weights."""
-    from zerohop.engine.checkpoint import open_checkpoint
+    from zerohop.engine.loading.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(path)
     return checkpoint.config(), checkpoint.tokenizer()

@@ -39,11 +39,11 @@ from _common import ROOT, cpu_count, model_path, print_table, write_json
 from gateway import GatewayServer, warm_up
 from serve import CpuMeter, load_config, prompt_maker
 
-from zerohop.api.live_load import LiveLoad
+from zerohop.api.load.live_load import LiveLoad
 from zerohop.bench.load import run_benchmark
 from zerohop.gateway.gateway import Call
-from zerohop.gateway.identity import Identity, Tenant
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.keys.identity import Identity, Tenant
+from zerohop.gateway.store.sqlite import KeyStore
 from zerohop.gateway.usage import UsageRecorder
 
 MODES = ("closed", "open")

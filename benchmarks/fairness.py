@@ -274,7 +274,7 @@ SCENARIOS = ("idle", "flood", "batch", "weights", "fcfs", "refusals")
 
 
 def run(args: argparse.Namespace) -> dict:
-    from zerohop.engine.checkpoint import open_checkpoint
+    from zerohop.engine.loading.checkpoint import open_checkpoint
 
     wanted = set(args.only.split(",")) if args.only else set(SCENARIOS)
     prompts = TextPrompts.for_tokenizer(open_checkpoint(default_model()).tokenizer())

@@ -86,13 +86,13 @@ from tests.live_server import LiveServer
 from tests.pg_fixtures import fresh_database
 from tests.postgres_server import PostgresServer, require_postgres
 from zerohop.client import ReplicaPool, async_http_client
+from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
-from zerohop.gateway.identity import Budget, Limits, Tenant
-from zerohop.gateway.lease_options import LeaseOptions
-from zerohop.gateway.migrations import migrate
-from zerohop.gateway.pg_store import PostgresStore
-from zerohop.gateway.store import KeyStore
-from zerohop.gateway.store_spec import STORE_ENV, StoreSpec
+from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.store.pg_migrations import migrate
+from zerohop.gateway.store.postgres import PostgresStore
+from zerohop.gateway.store.spec import STORE_ENV, StoreSpec
+from zerohop.gateway.store.sqlite import KeyStore
 
 MODEL = "fleet-bench"
 OUT = ROOT / "bench-results" / "fleet.json"

@@ -60,18 +60,18 @@ from typing import Any
 from _common import ROOT, cpu_count, model_path, print_table, write_json
 from serve import SERVED_MODEL_NAME, CpuMeter, Server, free_port, load_config, prompt_maker
 
-from zerohop.api.rate_headers import openai_rate_headers
+from zerohop.api.http.rate_headers import openai_rate_headers
 from zerohop.api.service import new_request_id
 from zerohop.bench.load import run_benchmark
 from zerohop.bench.load_types import BenchConfig
-from zerohop.gateway import limits
-from zerohop.gateway.audit import AuditLog, verify
+from zerohop.gateway.audit.log import AuditLog, verify
 from zerohop.gateway.auth import Authenticator
-from zerohop.gateway.budget import BudgetLedger, Reservation
+from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger, Reservation
 from zerohop.gateway.gateway import Call, Gateway, audit_entry
-from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.limits import buckets as limits
 from zerohop.gateway.metrics import GatewayMetrics
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.store.sqlite import KeyStore
 
 MODES = ("off", "on")
 THROUGHPUT_TARGET = 0.98  # on / off at 32 streams

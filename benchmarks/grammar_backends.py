@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from zerohop.engine.byte_alphabet import byte_alphabet
-from zerohop.engine.checkpoint import open_checkpoint
+from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.models.default import default_model_path
 
 SCHEMA = {

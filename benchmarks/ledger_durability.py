@@ -31,10 +31,10 @@ from pathlib import Path
 
 from _common import ROOT, print_table, write_json
 
-from zerohop.gateway.budget import BudgetLedger
-from zerohop.gateway.identity import Budget, Identity, Tenant
-from zerohop.gateway.ledger_writer import DURABILITIES
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger
+from zerohop.gateway.budgets.sqlite_writer import DURABILITIES
+from zerohop.gateway.keys.identity import Budget, Identity, Tenant
+from zerohop.gateway.store.sqlite import KeyStore
 
 PROMPT, MAX_TOKENS, USED = 128, 64, 150
 OUT = ROOT / "bench-results" / "ledger_durability.json"

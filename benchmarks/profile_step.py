@@ -80,7 +80,7 @@ class StepTimers:
         return timed
 
     def install(self, engine: Any) -> None:
-        import zerohop.engine.model as model_module
+        import zerohop.engine.model.decoder as model_module
 
         model = engine.model
         for layer in model.layers:

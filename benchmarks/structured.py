@@ -163,7 +163,7 @@ def measure_throughput(url: str, args: argparse.Namespace) -> dict:
 def compile_times(model: Path, reps: int) -> dict:
     """Grammar text + compiled matcher, in-process (what a request costs the API process and
     the engine's compile worker): a new schema each time vs the same one again."""
-    from zerohop.engine.checkpoint import open_checkpoint
+    from zerohop.engine.loading.checkpoint import open_checkpoint
     from zerohop.engine.structured.compiler import GrammarCompiler
     from zerohop.engine.structured.grammar import json_schema_grammar
 

@@ -1,6 +1,6 @@
-"""Regenerate the committed gRPC code in zerohop/api/grpc_gen from proto/ (grpcio-tools).
+"""Regenerate the committed gRPC code in zerohop/grpc_gen from proto/ (grpcio-tools).
 
-    python scripts/gen_grpc.py [OUT_DIR]    # default: zerohop/api/grpc_gen
+    python scripts/gen_grpc.py [OUT_DIR]    # default: zerohop/grpc_gen
 
 protoc names modules after the proto path (`zerohop.v1.zerohop_pb2`), which would collide
 with our own `zerohop` package, so the generated `_pb2_grpc` import is rewritten to the
@@ -17,8 +17,8 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTOS = ["zerohop/v1/zerohop.proto"]
-PACKAGE = "zerohop.api.grpc_gen"  # the Python package OUT_DIR is
-DEFAULT_OUT = ROOT / "zerohop" / "api" / "grpc_gen"
+PACKAGE = "zerohop.grpc_gen"  # the Python package OUT_DIR is
+DEFAULT_OUT = ROOT / "zerohop" / "grpc_gen"
 GENERATED = [
     "zerohop/v1/zerohop_pb2.py",
     "zerohop/v1/zerohop_pb2.pyi",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.error_bodies import ErrorRecord
-from zerohop.api.error_record import ENV as ERROR_RECORD_ENV
+from zerohop.api.http.error_record import ENV as ERROR_RECORD_ENV
 
 TinyModelFactory = Callable[[str], Path]
 

@@ -1,6 +1,6 @@
 """What no error body may carry (the README's promise): a traceback, a file path or an
 internal exception's text. Every server the suite starts records the errors it sends
-(`ZEROHOP_ERROR_RECORD`, zerohop.api.error_record); conftest points them all at one file
+(`ZEROHOP_ERROR_RECORD`, zerohop.api.http.error_record); conftest points them all at one file
 and checks what each test added with `leaks`.
 
 The patterns are precise on purpose: API messages name fields, values and limits

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 
 from tests.postgres_server import PostgresServer, require_postgres
-from zerohop.gateway.migrations import migrate
+from zerohop.gateway.store.pg_migrations import migrate
 
 _numbers = itertools.count()
 

@@ -15,7 +15,7 @@ from zerohop.admin.context import AdminContext
 from zerohop.admin.service import AdminService
 from zerohop.admin.sessions import COOKIE, SessionStore
 from zerohop.gateway.gateway import Gateway
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.store.sqlite import KeyStore
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import msgspec
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api import anthropic_schema
-from zerohop.api.anthropic_tools import ToolEvents as ToolEventsFor
-from zerohop.api.anthropic_tools import ToolOutput, auto_grammar, neutral_turns, request_tools
+from zerohop.api.anthropic import schema as anthropic_schema
+from zerohop.api.anthropic.tools import ToolEvents as ToolEventsFor
+from zerohop.api.anthropic.tools import ToolOutput, auto_grammar, neutral_turns, request_tools
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser

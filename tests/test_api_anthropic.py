@@ -17,7 +17,7 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams, sse
-from zerohop.api import anthropic_schema
+from zerohop.api.anthropic import schema as anthropic_schema
 
 QUESTION = "Tell me a story about a lighthouse keeper."
 STREAM_EVENTS_ORDER = ["message_start", "content_block_start", "ping"]
@@ -437,10 +437,10 @@ def test_disconnect_mid_stream(slow_server) -> None:
 def test_disconnect_frees_the_requests_blocks(llama_dir: Path) -> None:
     """The app on a real engine process, driven through ASGI: a client that goes away after
     the first token gets its request aborted, and the engine's blocks_in_use drops to 0."""
-    from zerohop.api.app import create_app
     from zerohop.api.service import ServingContext
-    from zerohop.engine.async_engine import AsyncEngine
-    from zerohop.engine.tokenizer import Tokenizer
+    from zerohop.app import create_app
+    from zerohop.engine.process.async_engine import AsyncEngine
+    from zerohop.engine.text.tokenizer import Tokenizer
 
     payload = json.dumps({**stream_body("A very long story."), "max_tokens": 1500}).encode()
     scope = {

@@ -20,14 +20,14 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams, sse
-from zerohop.api import openai_schema
 from zerohop.api.errors import ApiError
-from zerohop.api.openai import OpenAIApi
-from zerohop.api.openai_stream import ChatStream
+from zerohop.api.openai import schema as openai_schema
+from zerohop.api.openai.chat import OpenAIApi
+from zerohop.api.openai.stream import ChatStream
 from zerohop.api.service import ServingContext
 from zerohop.engine.llm import RequestOutput
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.text.tokenizer import Tokenizer
 
 CHAT = [{"role": "user", "content": "Tell me about the quick brown fox."}]
 PROMPT = "The quick brown fox jumps over"

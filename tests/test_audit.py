@@ -22,10 +22,11 @@ import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.gateway import audit, audit_cli
-from zerohop.gateway.audit import CURRENT, ZERO_HASH, AuditLog, log_files, verify
-from zerohop.gateway.audit_failure import AuditFailures
-from zerohop.gateway.audit_heads import ChainHead, HeadStore, read_head
+from zerohop.cli import audit as audit_cli
+from zerohop.gateway.audit import log as audit
+from zerohop.gateway.audit.failure import AuditFailures
+from zerohop.gateway.audit.heads import ChainHead, HeadStore, read_head
+from zerohop.gateway.audit.log import CURRENT, ZERO_HASH, AuditLog, log_files, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -252,7 +253,7 @@ def test_close_without_start_writes_what_was_queued(tmp_path: Path) -> None:
 CHILD = """
 import signal, sys, time
 from pathlib import Path
-from zerohop.gateway.audit import AuditLog
+from zerohop.gateway.audit.log import AuditLog
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 log = AuditLog(Path(sys.argv[1]), flush_interval=0.2, max_bytes=16384)
 log.start()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from zerohop.gateway.audit import CURRENT, AuditLog, log_files
-from zerohop.gateway.audit_search import AuditPage, AuditQuery, parse_query, search
+from zerohop.gateway.audit.log import CURRENT, AuditLog, log_files
+from zerohop.gateway.audit.search import AuditPage, AuditQuery, parse_query, search
 
 BASE = 1_700_000_000  # 2023-11-14T22:13:20Z
 N = 30

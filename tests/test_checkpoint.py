@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from zerohop.engine.checkpoint import (
+from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.loading.checkpoint import (
     HFCheckpoint,
     model_name_from_file,
     open_checkpoint,
 )
-from zerohop.engine.errors import ModelLoadError
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.live_server import LiveServer, free_port
-from zerohop.cli_errors import TRACEBACK_ENV, failure_line
+from zerohop.cli.errors import TRACEBACK_ENV, failure_line
 
 
 def zerohop(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

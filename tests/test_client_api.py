@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, free_port
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client import ApiStatusError, Client, ReplicaPool, http_client
 from zerohop.client.surfaces import ChatCompletions, Completions, Messages
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 QUESTION = [{"role": "user", "content": "What is the sea?"}]
 

@@ -21,7 +21,7 @@ from zerohop.client import AsyncClient, ReplicaPool, async_http_client, http_cli
 from zerohop.client.affinity import rank
 from zerohop.client.surfaces import Messages
 from zerohop.engine.llm import LLM
-from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.sample.sampling_params import SamplingParams
 
 GREEDY = {"temperature": 0}
 MAX_TOKENS = 24

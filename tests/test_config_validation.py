@@ -33,8 +33,8 @@ import openai
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 CHAT = [{"role": "user", "content": "Hello"}]
 

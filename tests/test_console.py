@@ -22,11 +22,11 @@ import uvicorn
 
 from zerohop.admin.context import AdminContext
 from zerohop.admin.sessions import COOKIE
-from zerohop.api.asgi import Receive, Scope, Send, send_json
+from zerohop.api.http.asgi import Receive, Scope, Send, send_json
 from zerohop.console.routes import handle
 from zerohop.console.security import CONTENT_SECURITY_POLICY
 from zerohop.gateway.gateway import Gateway
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.store.sqlite import KeyStore
 
 PAGES = ("overview", "tenants", "usage", "refusals", "audit")
 SAFETY_TIMEOUT = 30.0

@@ -23,7 +23,7 @@ from tests.browser import ConsoleTab, distinct_colours, launch_browser, pixels_n
 from tests.live_server import MODEL_NAME, LiveServer
 from tests.test_gateway_auth import cli_json, headers_for
 from zerohop.admin.sessions import COOKIE
-from zerohop.gateway.store import KEY_ID_LENGTH
+from zerohop.gateway.store.sqlite import KEY_ID_LENGTH
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {  # a page, and what shows once its data has arrived

@@ -17,7 +17,7 @@ from tests.fixtures.tiny_gguf import hf_gguf_greedy, write_gguf
 from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
 from zerohop import LLM, SamplingParams
 from zerohop.engine import kernels
-from zerohop.engine.linear import kernel_weight
+from zerohop.engine.model.linear import kernel_weight
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, normalizers, trainers
 
-from zerohop.engine.detokenizer import IncrementalDetokenizer
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.text.detokenizer import IncrementalDetokenizer
+from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.models.toy_tokenizer import corpus, save_tokenizer
 
 MULTIBYTE = "Héllo 日本語 🙂🚀 👩‍💻 ❤️ привет, 中文。𝔘𝔫"

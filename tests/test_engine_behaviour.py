@@ -17,8 +17,8 @@ from tests.fixtures import drive_engine
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, hf_greedy, load_hf_model
 from zerohop import LLM, SamplingParams
 from zerohop.engine.errors import InvalidRequestError, ModelLoadError
-from zerohop.engine.fair_share import VTCPolicy
-from zerohop.engine.policy import FCFSPolicy
+from zerohop.engine.sched.fair_share import VTCPolicy
+from zerohop.engine.sched.policy import FCFSPolicy
 
 NUM_BLOCKS = 128
 
@@ -274,7 +274,7 @@ def test_nan_logits_fail_only_their_request(llama_dir: Path, monkeypatch) -> Non
 
 
 def test_sampler_exception_fails_only_its_request(llama_dir: Path, monkeypatch) -> None:
-    from zerohop.engine.sampler import Sampler
+    from zerohop.engine.sample.sampler import Sampler
 
     sample_row = Sampler._sample_row
 

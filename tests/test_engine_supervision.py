@@ -20,12 +20,12 @@ import openai
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.app import create_app
 from zerohop.api.service import ServingContext
-from zerohop.engine.async_engine import AsyncEngine
+from zerohop.app import create_app
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.sampling_params import SamplingParams
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.process.async_engine import AsyncEngine
+from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.text.tokenizer import Tokenizer
 
 STEP_DELAY = "0.05"  # a 400-token stream runs 20 s: the kill lands while it streams
 LONG = 400
@@ -236,7 +236,7 @@ class _GivenUp:
         self.latest_stats = None
 
     async def stats(self) -> dict:
-        from zerohop.engine.async_engine import EngineDeadError
+        from zerohop.engine.process.async_engine import EngineDeadError
 
         raise EngineDeadError(self.dead)
 

@@ -1,6 +1,6 @@
 """No error body carries a traceback, a file path or an internal exception's text.
 
-conftest checks every error the suite's servers record (zerohop.api.error_record) after each
+conftest checks every error the suite's servers record (zerohop.api.http.error_record) after each
 test; these tests show the record is written for each surface, so that check cannot pass by
 seeing nothing, and that the patterns tell a leak from an API message."""
 
@@ -18,9 +18,9 @@ from grpc_health.v1.health import aio as health_aio
 
 from tests.error_bodies import ErrorRecord, leaks, offenders, read_records
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api import grpc_error_record
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.api.grpc import error_record as grpc_error_record
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 # Messages the API sends: none is a leak.
 API_MESSAGES = [

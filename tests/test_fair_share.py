@@ -12,11 +12,11 @@ import pytest
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from tests.test_prefill_budget import run_step
 from zerohop import LLM, SamplingParams
-from zerohop.engine.block_pool import BlockPool
-from zerohop.engine.fair_share import BACKGROUND, BATCH, INTERACTIVE, VTCPolicy
-from zerohop.engine.policy import TokenUsage
-from zerohop.engine.scheduler import Scheduler
-from zerohop.engine.sequence import Sequence, Status
+from zerohop.engine.sched.block_pool import BlockPool
+from zerohop.engine.sched.fair_share import BACKGROUND, BATCH, INTERACTIVE, VTCPolicy
+from zerohop.engine.sched.policy import TokenUsage
+from zerohop.engine.sched.scheduler import Scheduler
+from zerohop.engine.sched.sequence import Sequence, Status
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -299,8 +299,8 @@ def test_a_new_background_prompt_lingers_too() -> None:
 def test_an_interactive_prompt_is_not_chunked_for_decodes_that_sit_out() -> None:
     # A prefill budget that allows no prompt token beside a decode: were the sitting-out
     # lines counted, the prompt would go one token a step.
-    from zerohop.engine.prefill_budget import PrefillBudget
-    from zerohop.engine.step_times import StepTimes
+    from zerohop.engine.sched.prefill_budget import PrefillBudget
+    from zerohop.engine.sched.step_times import StepTimes
 
     times = StepTimes()
     times.record(1, 0.2, 1)  # a decode step: over the target

@@ -1,4 +1,4 @@
-"""Per-minute limits shared by a fleet (zerohop.gateway.fleet_rates) on a real PostgreSQL:
+"""Per-minute limits shared by a fleet (zerohop.gateway.limits.fleet_shares) on a real PostgreSQL:
 shares never sum past 1, follow demand, and three replicas flooding one key admit no more
 than one replica holding the whole limit would."""
 
@@ -13,10 +13,10 @@ import pytest
 
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
-from zerohop.gateway import fleet_rates
-from zerohop.gateway.fleet_rates import FleetRates, allocate
-from zerohop.gateway.identity import Identity, Limits, Tenant
-from zerohop.gateway.limits import RateLimiter
+from zerohop.gateway.keys.identity import Identity, Limits, Tenant
+from zerohop.gateway.limits import fleet_shares as fleet_rates
+from zerohop.gateway.limits.buckets import RateLimiter
+from zerohop.gateway.limits.fleet_shares import FleetRates, allocate
 
 RPM = 60
 IDENTITY = Identity("zh-ratekey", Tenant("acme"), limits=Limits(rpm=RPM))

@@ -22,8 +22,8 @@ from tests.live_server import MODEL_NAME, LiveServer
 from tests.pg_fixtures import migrated_database, wait_until
 from tests.postgres_server import PostgresServer
 from zerohop.client import ReplicaPool, async_http_client
-from zerohop.gateway.identity import Budget, Tenant
-from zerohop.gateway.pg_store import PostgresStore
+from zerohop.gateway.keys.identity import Budget, Tenant
+from zerohop.gateway.store.postgres import PostgresStore
 
 LEASE_TTL = 3.0  # seconds: a killed replica's lease is charged this soon
 MAX_TOKENS = 16

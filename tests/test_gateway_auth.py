@@ -27,9 +27,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.gateway.store import hash_secret, new_key
+from zerohop.gateway.store.sqlite import hash_secret, new_key
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = [{"role": "user", "content": "hi"}]
@@ -191,9 +191,9 @@ def routes(llama_dir: Path) -> list[tuple[str, str]]:
     model's real tokenizer and no engine (nothing here handles a request). Enumerating
     `create_app(ctx).routes` rather than a list in this file means a route added later is
     checked here too (and fails until BODIES says how to call it)."""
-    from zerohop.api.app import create_app
     from zerohop.api.service import ServingContext
-    from zerohop.engine.tokenizer import Tokenizer
+    from zerohop.app import create_app
+    from zerohop.engine.text.tokenizer import Tokenizer
 
     ctx = ServingContext(
         engine=None,  # type: ignore[arg-type]
@@ -460,7 +460,7 @@ def test_no_keys_on_a_public_address_refuses_to_start_unless_allowed(llama_dir, 
 @pytest.fixture(scope="module")
 def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A server that knows no store key, only the operator's public key and a revoked list."""
-    from zerohop.gateway.signing_keys import sign
+    from zerohop.gateway.keys.operator_keys import sign
 
     d = tmp_path_factory.mktemp("signed")
     for pair in ("op", "other"):

@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import sse
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.cli import main as zerohop_main
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 STEP_DELAY = 0.05  # the slow server: 200 tokens take 10 s, far past every wait below
 CHAT = [{"role": "user", "content": "Tell me about the quick brown fox."}]

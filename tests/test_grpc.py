@@ -21,12 +21,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.api.grpc_service import start_grpc_server
+from zerohop.api.grpc.service import start_grpc_server
 from zerohop.api.service import ServingContext
-from zerohop.engine.async_engine import AsyncEngine
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.process.async_engine import AsyncEngine
+from zerohop.engine.text.tokenizer import Tokenizer
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [
@@ -364,7 +364,7 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     gen_grpc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_grpc)
     gen_grpc.generate(tmp_path)
-    committed = ROOT / "zerohop" / "api" / "grpc_gen"
+    committed = ROOT / "zerohop" / "grpc_gen"
     for name in gen_grpc.GENERATED:
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), (
             f"{name} is stale: run `python scripts/gen_grpc.py`"

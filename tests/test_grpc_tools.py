@@ -15,8 +15,8 @@ import pytest
 
 from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.live_server import MODEL_NAME
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 TOOLS = [

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer, started_together
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 ENHANCE_YOUR_CALM, REFUSED_STREAM = 0xB, 0x7
 MAX_RESETS, MAX_CONTROL_FRAMES = 200, 1000  # the server's defaults (guard.GuardLimits)

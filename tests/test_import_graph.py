@@ -92,7 +92,7 @@ def test_the_checker_finds_a_circle() -> None:
 def test_the_graph_is_read_from_the_package() -> None:
     graph = import_graph()
     assert "zerohop.cli" in graph
-    assert "zerohop.engine.scheduler" in graph["zerohop.engine.engine"]
+    assert "zerohop.engine.sched.scheduler" in graph["zerohop.engine.engine"]
 
 
 def test_the_package_has_no_import_circle() -> None:
@@ -104,3 +104,33 @@ def test_the_package_has_no_import_circle() -> None:
         for component in circles(graph)
     }
     assert edges == {}
+
+
+def package_of(name: str, files: dict[str, Path]) -> str:
+    return name if files[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def package_graph(graph: dict[str, set[str]], files: dict[str, Path]) -> dict[str, set[str]]:
+    """Packages and who imports whom between siblings: a child may use its parent's modules
+    and a parent its children's, but two sibling packages may not need each other."""
+    packages: dict[str, set[str]] = {package_of(name, files): set() for name in graph}
+    for name, targets in graph.items():
+        source = package_of(name, files)
+        for target in map(lambda t: package_of(t, files), targets):
+            related = source.startswith(target + ".") or target.startswith(source + ".")
+            if target != source and not related:
+                packages[source].add(target)
+    return packages
+
+
+def test_the_package_checker_allows_parents_and_finds_siblings() -> None:
+    files = {n: Path(n.replace(".", "/") + ".py") for n in ("p.a", "p.q.b", "p.r.c")}
+    files["p"] = Path("p/__init__.py")
+    graph = {"p": set(), "p.a": {"p.q.b"}, "p.q.b": {"p.a", "p.r.c"}, "p.r.c": {"p.q.b"}}
+    assert circles(package_graph(graph, files)) == [["p.q", "p.r"]]
+
+
+def test_no_two_packages_need_each_other() -> None:
+    files = module_files()
+    graph = package_graph(import_graph(), files)
+    assert circles(graph) == []

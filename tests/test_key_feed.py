@@ -1,4 +1,4 @@
-"""Key changes reach every replica within a second (zerohop.gateway.key_feed): two
+"""Key changes reach every replica within a second (zerohop.gateway.store.pg_key_feed): two
 Authenticators on one real PostgreSQL, as two replicas of a fleet, see a key created,
 revoked or changed; a change that sent no notification is reconciled; a listener whose
 connection is killed reconnects and catches up; through a PostgreSQL outage the last keys
@@ -15,11 +15,11 @@ import pytest
 from tests.pg_fixtures import migrated_database, sql, wait_until
 from tests.postgres_server import PostgresServer
 from zerohop.gateway.auth import AuthenticationError, Authenticator
-from zerohop.gateway.identity import Budget, Limits, Tenant
-from zerohop.gateway.key_feed import APPLICATION_NAME
-from zerohop.gateway.pg_store import PostgresStore
-from zerohop.gateway.store import KEY_ID_LENGTH
-from zerohop.gateway.store_api import StoreSpec
+from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.store.open_store import StoreSpec
+from zerohop.gateway.store.pg_key_feed import APPLICATION_NAME
+from zerohop.gateway.store.postgres import PostgresStore
+from zerohop.gateway.store.sqlite import KEY_ID_LENGTH
 
 WITHIN = 1.0  # seconds: the promise
 

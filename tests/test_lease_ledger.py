@@ -13,10 +13,10 @@ import psycopg
 
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
-from zerohop.gateway.budget import BudgetExhausted
-from zerohop.gateway.identity import Budget, Identity, Tenant
-from zerohop.gateway.lease_keeper import open_leased_ledger
-from zerohop.gateway.lease_ledger import LeasedLedger, LeaseUnavailable
+from zerohop.gateway.budgets.lease_keeper import open_leased_ledger
+from zerohop.gateway.budgets.leased_ledger import LeasedLedger, LeaseUnavailable
+from zerohop.gateway.budgets.sqlite_ledger import BudgetExhausted
+from zerohop.gateway.keys.identity import Budget, Identity, Tenant
 
 BUDGET = 30_000
 PROMPT, MAX_TOKENS = 40, 60

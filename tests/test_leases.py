@@ -1,4 +1,4 @@
-"""Budget lease transactions (zerohop.gateway.leases) against a real PostgreSQL: grants stay
+"""Budget lease transactions (gateway/budgets/pg_leases.py) on a real PostgreSQL: grants stay
 within the budget whatever replicas and sweeps interleave, reports and returns are exact,
 and an expired lease is charged, not freed."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
-from zerohop.gateway import leases
-from zerohop.gateway.leases import LeaseChange
+from zerohop.gateway.budgets import pg_leases as leases
+from zerohop.gateway.budgets.pg_leases import LeaseChange
 
 SUBJECT, PERIOD = "tenant:acme", "total"
 

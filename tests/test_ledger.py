@@ -41,11 +41,11 @@ from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import sse
 from zerohop.cli import main as zerohop_main
 from zerohop.gateway.auth import Authenticator
-from zerohop.gateway.budget import BudgetLedger, LedgerUnavailable, Reservation
+from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger, LedgerUnavailable, Reservation
+from zerohop.gateway.budgets.sqlite_writer import RETRY_SECONDS, LedgerWriter, SettleOp
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
-from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
-from zerohop.gateway.ledger_writer import RETRY_SECONDS, LedgerWriter, SettleOp
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.store.sqlite import KeyStore
 
 FSIZE = resource.RLIMIT_FSIZE
 BUDGETED = Identity("zh-budget1", Tenant("t-budget"), budget=Budget(100_000))

@@ -1,4 +1,4 @@
-"""zerohop.api.live_load: the per-second live load behind GET /v1/admin/live."""
+"""zerohop.api.load.live_load: the per-second live load behind GET /v1/admin/live."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from zerohop.api import latency_histogram as hist
-from zerohop.api import live_load
-from zerohop.api.live_load import LiveLoad
+from zerohop.api.load import latency_histogram as hist
+from zerohop.api.load import live_load
+from zerohop.api.load.live_load import LiveLoad
 
 
 def stats(

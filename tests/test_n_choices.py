@@ -1,5 +1,5 @@
 """`n` > 1 choices: the engine prefills the prompt once and forks the choices with shared KV
-blocks (zerohop/engine/fork.py); the OpenAI surfaces return, stream and count every choice."""
+blocks (zerohop/engine/sched/fork.py); the OpenAI surfaces return, stream and count every choice."""
 
 from __future__ import annotations
 

@@ -20,9 +20,9 @@ from tokenizers import Tokenizer
 
 from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.openai_output import LogprobFormatter
-from zerohop.api.openai_schema import ChatRequest
-from zerohop.api.openai_tools import ToolChatStream, check_forced, message_fields, tool_plan
+from zerohop.api.openai.output import LogprobFormatter
+from zerohop.api.openai.schema import ChatRequest
+from zerohop.api.openai.tools import ToolChatStream, check_forced, message_fields, tool_plan
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer, engine_has
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 MAX_WAITING = 4
 FLOOD = 200
@@ -168,7 +168,7 @@ def test_grpc_reports_load_and_refuses_with_unavailable(small_queue: LiveServer)
 def _engine_with_queue(queued: list[tuple[str, int, int]]):
     """A (never started) AsyncEngine holding this queue, idle, whose steps take 10 ms a token
     (100 tokens/s at any size) with 256 tokens a step."""
-    from zerohop.engine.async_engine import AsyncEngine, Queued
+    from zerohop.engine.process.async_engine import AsyncEngine, Queued
 
     engine = AsyncEngine()
     engine.queued = {
@@ -186,8 +186,8 @@ def _engine_with_queue(queued: list[tuple[str, int, int]]):
 
 def test_a_flooding_tenant_is_refused_and_the_others_are_not() -> None:
     from zerohop.api.errors import ApiError
-    from zerohop.api.overload import AdmissionControl
-    from zerohop.engine.async_engine import Queued
+    from zerohop.api.load.overload import AdmissionControl
+    from zerohop.engine.process.async_engine import Queued
 
     engine = _engine_with_queue([("flood", 100, 0)] * 10)
     control = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100)
@@ -209,8 +209,8 @@ def test_a_flooding_tenant_is_refused_and_the_others_are_not() -> None:
 
 def test_batch_work_queued_does_not_refuse_interactive_work() -> None:
     from zerohop.api.errors import ApiError
-    from zerohop.api.overload import AdmissionControl
-    from zerohop.engine.async_engine import Queued
+    from zerohop.api.load.overload import AdmissionControl
+    from zerohop.engine.process.async_engine import Queued
 
     engine = _engine_with_queue([("bulk", 500, 1)] * 4 + [("chat", 100, 0)])
     control = AdmissionControl(engine, max_queue_wait=5.0, max_waiting=100)

@@ -1,7 +1,7 @@
 """Streams keep flowing while new prompts prefill (issue 22, task 2).
 
 A step that carries running decodes takes only the prompt tokens the step-cost model says fit
-within the inter-token target (zerohop.engine.prefill_budget); a step with nothing decoding
+within the inter-token target (zerohop.engine.sched.prefill_budget); a step with nothing decoding
 keeps the whole max_num_batched_tokens. No timing is asserted: the step-cost model is fed
 known figures (exact binary fractions, so every budget below is exact), and the scheduler's
 chunks and the engine's per-step prompt tokens are checked against them.
@@ -22,12 +22,12 @@ import pytest
 
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from zerohop import LLM, SamplingParams
-from zerohop.engine.block_pool import BlockPool
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.prefill_budget import MAX_SHARE, PrefillBudget, PromptDemand
-from zerohop.engine.scheduler import Scheduler, SchedulerOutput
-from zerohop.engine.sequence import Sequence
-from zerohop.engine.step_times import StepCurve, StepTimes
+from zerohop.engine.sched.block_pool import BlockPool
+from zerohop.engine.sched.prefill_budget import MAX_SHARE, PrefillBudget, PromptDemand
+from zerohop.engine.sched.scheduler import Scheduler, SchedulerOutput
+from zerohop.engine.sched.sequence import Sequence
+from zerohop.engine.sched.step_times import StepCurve, StepTimes
 
 LIMIT = 2048
 

@@ -20,8 +20,8 @@ from tests.fixtures.tiny_gguf import quantize, write_gguf
 from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
 from zerohop import LLM, SamplingParams
 from zerohop.engine import kernels
-from zerohop.engine.linear import make_quantized_linear
-from zerohop.engine.quant import QuantizedWeight, from_gguf_blocks, quantize_q8_0
+from zerohop.engine.model.linear import make_quantized_linear
+from zerohop.engine.model.quant import QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
 QT = gguf.GGMLQuantizationType
 

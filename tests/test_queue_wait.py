@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.overload import AdmissionControl
-from zerohop.api.queue_model import Ahead, EngineView, queue_wait
-from zerohop.api.queue_timing import QueueTiming
-from zerohop.api.wait_correction import WaitCorrection
-from zerohop.engine.async_engine import AsyncEngine, Queued
-from zerohop.engine.step_times import StepCurve, StepTimes
+from zerohop.api.load.overload import AdmissionControl
+from zerohop.api.load.queue_model import Ahead, EngineView, queue_wait
+from zerohop.api.load.queue_timing import QueueTiming
+from zerohop.api.load.wait_correction import WaitCorrection
+from zerohop.engine.process.async_engine import AsyncEngine, Queued
+from zerohop.engine.sched.step_times import StepCurve, StepTimes
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 
 # What a light load of the default model on 2 threads shows (seconds): a 128-token prefill,

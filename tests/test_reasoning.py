@@ -13,11 +13,11 @@ import openai
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer, with_chat_template
-from zerohop.api.anthropic_schema import MessagesRequest, decode_messages
-from zerohop.api.anthropic_thinking import ThinkingEvents, ThinkingOutput, thinking_mode
-from zerohop.api.anthropic_tools import ToolOutput
+from zerohop.api.anthropic.schema import MessagesRequest, decode_messages
+from zerohop.api.anthropic.thinking import ThinkingEvents, ThinkingOutput, thinking_mode
+from zerohop.api.anthropic.tools import ToolOutput
+from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format, sign, verify
 from zerohop.api.errors import ApiError
-from zerohop.api.reasoning import ReasoningParser, has_reasoning_format, sign, verify
 
 THINK_MODEL = "tiny-qwen3-think"
 THINK_TEMPLATE = (

@@ -29,10 +29,10 @@ from tests.fixtures.tiny_models import BOS_ID, EOS_IDS, VOCAB_SIZE, load_hf_mode
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.logits_processors import LogitsProcessors, apply_min_p, check_token_ids
-from zerohop.engine.sampler import NO_TOKEN_LEFT, NON_FINITE, Sampler
-from zerohop.engine.sequence import Sequence
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.sample.logits_processors import LogitsProcessors, apply_min_p, check_token_ids
+from zerohop.engine.sample.sampler import NO_TOKEN_LEFT, NON_FINITE, Sampler
+from zerohop.engine.sched.sequence import Sequence
+from zerohop.engine.text.tokenizer import Tokenizer
 
 V = VOCAB_SIZE  # the tiny model's, so the toy tokenizer's ids are in range
 EOS = EOS_IDS

@@ -15,8 +15,8 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import sse
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 
 def _slow_server(llama_dir: Path, log: Path) -> LiveServer:

@@ -16,18 +16,23 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from zerohop.gateway import signed_keys, signing_keys
-from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
-from zerohop.gateway.keys_args import parse_budget, parse_duration_or_time
-from zerohop.gateway.keys_cli_signed import (
+from zerohop.cli.keys_args import parse_budget, parse_duration_or_time
+from zerohop.cli.keys_signed import (
     add_keygen_arguments,
     add_sign_arguments,
     cmd_keygen,
     cmd_sign,
 )
-from zerohop.gateway.signed_claims import claims_from_identity, identity_from_claims
-from zerohop.gateway.signed_keys import AuthenticationError, SignedKeyVerifier, looks_like_jwt
-from zerohop.gateway.signing_keys import generate_keypair, public_jwk, sign
+from zerohop.gateway.keys import operator_keys as signing_keys
+from zerohop.gateway.keys import signed_tokens as signed_keys
+from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.operator_keys import generate_keypair, public_jwk, sign
+from zerohop.gateway.keys.signed_claims import claims_from_identity, identity_from_claims
+from zerohop.gateway.keys.signed_tokens import (
+    AuthenticationError,
+    SignedKeyVerifier,
+    looks_like_jwt,
+)
 
 KINDS = ("ed25519", "es256")
 

@@ -16,8 +16,14 @@ from tests.fixtures.tiny_gguf import write_gguf
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.sequence import Sequence
-from zerohop.engine.speculative import MAX_BACKOFF, SpeculativeConfig, Speculator, propose, verify
+from zerohop.engine.sched.sequence import Sequence
+from zerohop.engine.sched.speculative import (
+    MAX_BACKOFF,
+    SpeculativeConfig,
+    Speculator,
+    propose,
+    verify,
+)
 
 
 def test_propose_takes_what_followed_the_latest_longest_ngram() -> None:

@@ -1,4 +1,4 @@
-"""The Store contract (zerohop.gateway.store_api): every method gives the same results on the
+"""The Store contract (zerohop.gateway.store.open_store): every method gives the same results on the
 SQLite file of one replica and on a fleet's PostgreSQL (a real server, a fresh database per
 test); a row written badly by hand is refused as InvalidKey in both; a PostgreSQL change is
 one transaction that bumps the version once, stamps its rows and notifies."""
@@ -17,11 +17,11 @@ import pytest
 
 from tests.pg_fixtures import migrated_database, sql, with_password
 from tests.postgres_server import PostgresServer
-from zerohop.cli_errors import failure_line
-from zerohop.gateway.identity import Budget, Identity, Limits, Tenant
-from zerohop.gateway.store import hash_secret
-from zerohop.gateway.store_api import Store, StoreSpec, StoreUnavailable, open_store
-from zerohop.gateway.store_rows import InvalidKey
+from zerohop.cli.errors import failure_line
+from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.store.open_store import Store, StoreSpec, StoreUnavailable, open_store
+from zerohop.gateway.store.rows import InvalidKey
+from zerohop.gateway.store.sqlite import hash_secret
 
 KINDS = ("sqlite", "postgresql")
 
@@ -252,7 +252,7 @@ def test_a_store_spec_never_shows_a_password(text: str, kind: str, described: st
 
 
 def test_usage_rows_add_up_and_are_bucketed_in_either_store(store: Store) -> None:
-    from zerohop.gateway.usage_sql import RefusalRow, UsageRow
+    from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
     day = 1_700_006_400  # a UTC midnight
     first = [UsageRow(day + 60, "zh-a", "t", "m", 1, 0, 10, 5, 20)]

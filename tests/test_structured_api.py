@@ -21,13 +21,14 @@ import pydantic
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api import anthropic_schema, openai_schema
-from zerohop.api.anthropic import output_grammar
-from zerohop.api.constraints import chat_grammar, completion_grammar
+from zerohop.api.anthropic import schema as anthropic_schema
+from zerohop.api.anthropic.messages import output_grammar
 from zerohop.api.errors import ApiError
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
-from zerohop.api.grpc_service import _sampling_params as grpc_sampling_params
+from zerohop.api.grpc.service import _sampling_params as grpc_sampling_params
+from zerohop.api.openai import schema as openai_schema
+from zerohop.api.openai.output_format import chat_grammar, completion_grammar
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Describe the weather as JSON."}]

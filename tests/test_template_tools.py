@@ -15,7 +15,7 @@ import pytest
 
 from tests.live_server import LiveServer, with_chat_template
 from zerohop.api.tools.prompt import PREAMBLE
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.text.tokenizer import Tokenizer
 
 MODEL = "tiny-qwen-tools"
 TEMPLATE = (

@@ -9,7 +9,7 @@ import pytest
 
 from zerohop import LLM, SamplingParams
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.thought_budget import ThoughtBudget, ThoughtTags
+from zerohop.engine.sample.thought_budget import ThoughtBudget, ThoughtTags
 
 TAGS = ThoughtTags(open_ids=(7, 8), close_ids=(9, 10, 11))
 PROMPT = [1, 2, 3]

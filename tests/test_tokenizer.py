@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from zerohop.engine.errors import InvalidRequestError, ModelLoadError
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.models.toy_tokenizer import save_tokenizer
 
 TEXTS = [

@@ -141,15 +141,15 @@ def test_parse_whole_joins_feed_and_finish():
 
 
 def test_the_cli_offers_every_parser():
-    from zerohop.cli_types import TOOL_CALL_PARSERS
+    from zerohop.cli.arg_types import TOOL_CALL_PARSERS
 
     assert TOOL_CALL_PARSERS == PARSER_CHOICES
 
 
 def test_a_forced_call_is_read_as_hermes_whatever_the_chosen_format():
     """As Hermes, as it is decoded (forced_stream.py)."""
-    from zerohop.api.openai_schema import ChatRequest
-    from zerohop.api.openai_tools import tool_plan
+    from zerohop.api.openai.schema import ChatRequest
+    from zerohop.api.openai.tools import tool_plan
 
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     messages = [{"role": "user", "content": "hi"}]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from zerohop.gateway.gateway import Call
-from zerohop.gateway.identity import Identity, Tenant
-from zerohop.gateway.store import KeyStore
+from zerohop.gateway.keys.identity import Identity, Tenant
+from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.usage_tables import UsageRow
 from zerohop.gateway.usage import UsageRecorder
-from zerohop.gateway.usage_sql import UsageRow
 
 MINUTE = 1_700_000_040  # a minute's start
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zerohop.admin.usage_report import parse_usage_query, usage_report
-from zerohop.gateway.usage_sql import UsageRow
+from zerohop.gateway.store.usage_tables import UsageRow
 
 DAY = 86400
 MIDNIGHT = 1_764_633_600  # 2025-12-02T00:00:00Z
@@ -86,8 +86,8 @@ def test_bad_parameters_name_themselves(params: dict, message: str) -> None:
 
 def test_budgets_report_what_remains_and_when_it_runs_out() -> None:
     from zerohop.admin.budgets import budgets_report
-    from zerohop.gateway.budget import period_key
-    from zerohop.gateway.identity import Budget
+    from zerohop.gateway.budgets.sqlite_ledger import period_key
+    from zerohop.gateway.keys.identity import Budget
 
     budgets = [("key", "zh-a", Budget(1000, "day")), ("tenant", "t1", Budget(10**6, "month")),
                ("tenant", "t2", Budget(500)), ("key", "zh-c", Budget(10**9, "day"))]  # fmt: skip

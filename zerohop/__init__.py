@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zerohop.engine.llm import LLM, RequestOutput
-    from zerohop.engine.sampling_params import SamplingParams
+    from zerohop.engine.sample.sampling_params import SamplingParams
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(llm, name)
     if name == "SamplingParams":
-        from zerohop.engine.sampling_params import SamplingParams
+        from zerohop.engine.sample.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'zerohop' has no attribute {name!r}")

@@ -22,24 +22,24 @@ from typing import Any
 
 import uvicorn
 
-from zerohop.api.app import create_app
-from zerohop.api.asgi import BodyDeadline
-from zerohop.api.error_record import recording_app
-from zerohop.api.guard import (
+from zerohop.api.http.asgi import BodyDeadline
+from zerohop.api.http.error_record import recording_app
+from zerohop.api.http.guard import (
     ConnectionGuard,
     GuardLimits,
     GuardMetrics,
     guarded_protocol,
     raise_file_limit,
 )
-from zerohop.api.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
+from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
-from zerohop.engine.checkpoint import open_checkpoint
-from zerohop.engine.supervisor import EngineSupervisor, RestartPolicy
+from zerohop.app import create_app
+from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
+from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.gateway import Gateway, GatewayStartError
-from zerohop.gateway.lease_options import LeaseOptions
-from zerohop.gateway.store import default_db_path
-from zerohop.gateway.store_api import StoreSpec, open_store
+from zerohop.gateway.store.open_store import StoreSpec, open_store
+from zerohop.gateway.store.sqlite import default_db_path
 
 log = logging.getLogger("zerohop")
 
@@ -225,7 +225,7 @@ async def serve(options: ServeOptions) -> int:
         gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
         gateway.metrics.register(EngineRestartMetrics(lambda: engine.restarts))
         if gateway.audit is not None:
-            from zerohop.gateway.audit_metrics import AuditMetrics
+            from zerohop.gateway.audit.metrics import AuditMetrics
 
             gateway.metrics.register(AuditMetrics(gateway.audit))
         if ctx.batches is not None:
@@ -244,7 +244,7 @@ async def serve(options: ServeOptions) -> int:
     server.should_exit = engine.gave_up is not None
     try:
         if options.grpc_port is not None:
-            from zerohop.api.grpc_service import GrpcDrain, start_grpc_server
+            from zerohop.api.grpc.service import GrpcDrain, start_grpc_server
 
             started, grpc_port = await start_grpc_server(
                 ctx, options.host, options.grpc_port, options.grpc_max_concurrent_streams
@@ -284,7 +284,7 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
         return None
     from zerohop.batches.runner import BatchRunner
     from zerohop.batches.store import BatchStore
-    from zerohop.gateway.identity import ANONYMOUS
+    from zerohop.gateway.keys.identity import ANONYMOUS
 
     keys_db = options.gateway.keys_db or default_db_path()
     store = BatchStore(b.db or keys_db.parent / "batches.db")
@@ -310,15 +310,15 @@ def _model_identity(gateway: Gateway):
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
-    from zerohop.gateway.audit import AuditLog
-    from zerohop.gateway.audit_heads import HeadStore
+    from zerohop.gateway.audit.heads import HeadStore
+    from zerohop.gateway.audit.log import AuditLog
     from zerohop.gateway.metrics import GatewayMetrics
 
     g = options.gateway
     keys_db = g.keys_db or default_db_path()
     verifier = None
     if g.jwt_public_key is not None:
-        from zerohop.gateway.signed_keys import SignedKeyVerifier
+        from zerohop.gateway.keys.signed_tokens import SignedKeyVerifier
 
         verifier = SignedKeyVerifier(
             g.jwt_public_key,

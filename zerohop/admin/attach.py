@@ -10,8 +10,8 @@ from typing import Any
 
 from zerohop.admin.context import AdminContext
 from zerohop.admin.service import AdminService
-from zerohop.api.live_load import LiveLoad
-from zerohop.gateway.store_api import open_store
+from zerohop.api.load.live_load import LiveLoad
+from zerohop.gateway.store.open_store import open_store
 from zerohop.gateway.usage import UsageRecorder
 
 

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from zerohop.admin.wire import rfc3339
-from zerohop.gateway.budget import period_key
-from zerohop.gateway.identity import Budget
-from zerohop.gateway.usage_sql import UsageRow
+from zerohop.gateway.budgets.sqlite_ledger import period_key
+from zerohop.gateway.keys.identity import Budget
+from zerohop.gateway.store.usage_tables import UsageRow
 
 HOUR = 3600
 HORIZON = 10 * 365 * 86400  # a budget in total lasting longer "does not run out"

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from zerohop.admin.sessions import Session, SessionStore
 from zerohop.gateway.auth import AuthenticationError, InvalidKeyConfiguration
-from zerohop.gateway.identity import Identity
+from zerohop.gateway.keys.identity import Identity
 
 T = TypeVar("T")
 

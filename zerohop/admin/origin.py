@@ -3,7 +3,7 @@ console's check, beside the session's CSRF token)."""
 
 from __future__ import annotations
 
-from zerohop.api.asgi import Scope, header
+from zerohop.api.http.asgi import Scope, header
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -20,7 +20,8 @@ from zerohop.admin import views
 from zerohop.admin.context import AdminContext, AdminError, invalid
 from zerohop.admin.origin import cross_site
 from zerohop.admin.sessions import session_cookie
-from zerohop.api.asgi import (
+from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import (
     ClientDisconnected,
     Receive,
     Scope,
@@ -30,8 +31,7 @@ from zerohop.api.asgi import (
     read_body,
     send_json,
 )
-from zerohop.api.errors import ApiError
-from zerohop.gateway.identity import Identity
+from zerohop.gateway.keys.identity import Identity
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 from zerohop.admin import wire
 from zerohop.admin.context import checked, invalid, not_found
 from zerohop.api.service import new_request_id
-from zerohop.gateway.identity import Identity, Limits
-from zerohop.gateway.store_api import Store, open_store
-from zerohop.gateway.store_rows import KeyRecord
+from zerohop.gateway.keys.identity import Identity, Limits
+from zerohop.gateway.store.open_store import Store, open_store
+from zerohop.gateway.store.rows import KeyRecord
 
 log = logging.getLogger(__name__)
 

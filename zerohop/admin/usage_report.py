@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerohop.admin.wire import parse_time, rfc3339
-from zerohop.gateway.usage_sql import USAGE_COUNTS, RefusalRow, UsageRow
+from zerohop.gateway.store.usage_tables import USAGE_COUNTS, RefusalRow, UsageRow
 
 WIDTHS = {"1m": 60, "1h": 3600, "1d": 86400}
 LIMITS = {"1m": (60, 1440), "1h": (24, 168), "1d": (7, 31)}  # (default, max) buckets

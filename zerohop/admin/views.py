@@ -17,7 +17,7 @@ from zerohop.admin.usage_report import (
     time_range,
     usage_report,
 )
-from zerohop.gateway.budget import BudgetLedger
+from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger
 
 Answer = tuple[int, Any]
 
@@ -154,7 +154,7 @@ async def refusals(admin: AdminContext, req: Any) -> Answer:
 
 
 async def audit_search(admin: AdminContext, req: Any) -> Answer:
-    from zerohop.gateway.audit_search import parse_query, search
+    from zerohop.gateway.audit.search import parse_query, search
 
     log = _audit_log(admin)
     query = checked(parse_query, {k: v[-1] for k, v in req.query.items()})
@@ -163,7 +163,7 @@ async def audit_search(admin: AdminContext, req: Any) -> Answer:
 
 
 async def audit_verify(admin: AdminContext, req: Any) -> Answer:
-    from zerohop.gateway.audit import verify
+    from zerohop.gateway.audit.log import verify
 
     log = _audit_log(admin)
 

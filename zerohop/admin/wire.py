@@ -2,7 +2,7 @@
 
 Keys take the shape of Anthropic's Admin API `api_key` object (a workspace is a zerohop
 tenant), with zerohop's own fields under "zerohop". Every field a request sends is checked
-here, where it enters, with `zerohop.gateway.validation` and its name in the message.
+here, where it enters, with `zerohop.gateway.keys.validation` and its name in the message.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from zerohop.gateway import validation
-from zerohop.gateway.identity import LIMIT_NAMES, Budget, Limits, Tenant
-from zerohop.gateway.store_rows import KeyRecord, TenantRow
+from zerohop.gateway.keys import validation
+from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Limits, Tenant
+from zerohop.gateway.store.rows import KeyRecord, TenantRow
 
 KEY_STATUSES = ("active", "inactive", "archived")  # what an update may set
 LIST_STATUSES = (*KEY_STATUSES, "expired")

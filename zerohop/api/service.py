@@ -3,7 +3,7 @@
 The gateway (keys, rate limits, budgets) sits between parsing a request and handing it to
 the engine: `admit` is that place, and `generate` charges each step's tokens.
 
-While the engine process restarts (see `zerohop.engine.supervisor`) a new request is refused
+While the engine process restarts (see `zerohop.engine.process.supervisor`) a new request is refused
 at once with Anthropic's 529, OpenAI's 503 or gRPC UNAVAILABLE and a `retry-after` of the
 expected restart time; a request in flight when the engine died ends with the same error.
 """
@@ -18,19 +18,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.api.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.errors import ApiError
-from zerohop.api.overload import AdmissionControl
-from zerohop.api.queue_timing import QueueTiming
+from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
+from zerohop.api.load.overload import AdmissionControl
+from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.tools.parsers import ParserFactory, parser_for
-from zerohop.engine.async_engine import EngineDeadError, Queued
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.fair_share import BACKGROUND, BATCH, INTERACTIVE
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.request_options import check_weight
-from zerohop.engine.sampling_params import SamplingParams
-from zerohop.engine.supervisor import EngineSupervisor
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.process.async_engine import EngineDeadError, Queued
+from zerohop.engine.process.supervisor import EngineSupervisor
+from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.sched.fair_share import BACKGROUND, BATCH, INTERACTIVE
+from zerohop.engine.sched.request_options import check_weight
+from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20  # the Anthropic API's request size limit

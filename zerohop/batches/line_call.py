@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from zerohop.api.asgi import Receive, Scope, Send
+from zerohop.api.http.asgi import Receive, Scope, Send
 from zerohop.api.service import new_request_id
 from zerohop.gateway.gateway import Call
-from zerohop.gateway.identity import Identity
+from zerohop.gateway.keys.identity import Identity
 
 RunLine = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 

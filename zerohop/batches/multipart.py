@@ -9,8 +9,8 @@ import python_multipart
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import parse_options_header
 
-from zerohop.api.asgi import BodyDeadline, Receive, Scope, header, read_body
 from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import BodyDeadline, Receive, Scope, header, read_body
 
 
 @dataclass(slots=True)

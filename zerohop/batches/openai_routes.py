@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from zerohop.api.asgi import Receive, Scope, Send, read_json_body, send_json
 from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import Receive, Scope, Send, read_json_body, send_json
 from zerohop.api.service import ServingContext
 from zerohop.batches import openai_wire as wire
 from zerohop.batches.multipart import read_upload

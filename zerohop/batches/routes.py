@@ -13,8 +13,8 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from zerohop.api.asgi import Receive, Scope, Send, header, read_json_body, send_json
 from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import Receive, Scope, Send, header, read_json_body, send_json
 from zerohop.api.service import ServingContext
 from zerohop.batches import wire
 from zerohop.batches.anthropic_input import parse_create

@@ -24,10 +24,10 @@ from zerohop.batches.line_call import Answer, RunLine, call_line, line_call
 from zerohop.batches.records import CANCELED, ERRORED, SUCCEEDED, RequestCounts, WaitingLine
 from zerohop.batches.results import api_of, end_batch, refused
 from zerohop.batches.store import BatchStore
-from zerohop.engine.fair_share import BACKGROUND
-from zerohop.engine.step_times import StepCurve
+from zerohop.engine.sched.fair_share import BACKGROUND
+from zerohop.engine.sched.step_times import StepCurve
 from zerohop.gateway.gateway import Call
-from zerohop.gateway.identity import Identity
+from zerohop.gateway.keys.identity import Identity
 
 log = logging.getLogger(__name__)
 

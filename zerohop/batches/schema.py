@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.batches.records import Api, BatchRecord, LineRecord, UnknownCursor
-from zerohop.gateway.store import immediate_transaction, open_wal
+from zerohop.gateway.store.sqlite import immediate_transaction, open_wal
 
 _BASE62 = string.digits + string.ascii_letters
 

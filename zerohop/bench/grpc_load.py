@@ -12,10 +12,10 @@ import time
 
 import grpc
 
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.bench.load_types import BenchConfig, Request, RequestResult, StreamTimes
 from zerohop.bench.prompts import make_prompts, output_lengths
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 
 class GrpcLoadClient:

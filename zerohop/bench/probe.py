@@ -7,7 +7,7 @@ alone), TCP connect, TLS handshake, request written, response headers (TTFB), fi
 every gap after it. Connect, TLS, request and headers come from httpcore's trace hooks;
 each body chunk is timed with `perf_counter` as httpcore hands it over and parsed only
 after the stream has ended. The probe always asks for the server's send-time stamps
-(zerohop.api.send_times) to tell an intermediary's buffering from the server's own pace.
+(zerohop.api.http.send_times) to tell an intermediary's buffering from the server's own pace.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Arrival is the client clock when the bytes that completed the event came off the socket
 (the caller feeds each chunk with its arrival time; `zerohop.sse` parses); the send time is
-the server's `: zerohop-sent <unix seconds>` comment (zerohop.api.send_times) that precedes
+the server's `: zerohop-sent <unix seconds>` comment (zerohop.api.http.send_times) that precedes
 the event's write, when the server stamps its writes.
 """
 

@@ -29,14 +29,14 @@ import grpc
 import httpx2
 import orjson
 
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
 from zerohop.client.failover import FailoverPolicy
 from zerohop.client.health import grpc_channel
 from zerohop.client.pool import ReplicaPool, Replicas, new_pool
 from zerohop.client.surfaces import event_data, sse_events
 from zerohop.client.transport import async_http_client
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 

@@ -18,12 +18,12 @@ import grpc
 import httpx2
 import orjson
 
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
-from zerohop.api.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 from zerohop.client.failover import AsyncUpstream, RawBytes
 from zerohop.client.health import grpc_channel
 from zerohop.client.replica import Replica
 from zerohop.client.surfaces import Completions, Messages, sse_event, surface_kind, text_of
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 _STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,

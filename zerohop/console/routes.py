@@ -1,4 +1,4 @@
-"""The console's routes: every path under /console (mounted by zerohop.api.app).
+"""The console's routes: every path under /console (mounted by zerohop.app).
 
 - `GET /console`: 303 to the overview;
 - `GET /console/login`: the login form; `POST /console/login` (form field `key`): an admin
@@ -20,8 +20,16 @@ from urllib.parse import parse_qs
 
 from zerohop.admin.context import AdminContext, AdminError
 from zerohop.admin.sessions import Session, cookie_header, session_cookie
-from zerohop.api.asgi import ClientDisconnected, Headers, Receive, Scope, Send, header, read_body
 from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import (
+    ClientDisconnected,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+)
 from zerohop.console.assets import MAX_AGE, asset_for
 from zerohop.console.pages import PAGES, Viewer, render_error, render_login, render_page
 from zerohop.console.security import PAGE_HEADERS, SECURITY_HEADERS, cross_site

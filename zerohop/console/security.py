@@ -11,7 +11,7 @@ browser sends no Sec-Fetch-Site); the session's CSRF token is checked on top of 
 from __future__ import annotations
 
 from zerohop.admin.origin import cross_site as cross_site  # re-exported: routes.py's check
-from zerohop.api.asgi import Headers
+from zerohop.api.http.asgi import Headers
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerohop.engine.errors import ModelLoadError
-from zerohop.engine.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
+from zerohop.engine.sched.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
 
 if TYPE_CHECKING:
-    from zerohop.engine.speculative import SpeculativeConfig
+    from zerohop.engine.sched.speculative import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -168,11 +168,11 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     # Seconds a step with running decodes aims to take: its prompt tokens are cut to what the
-    # measured step costs say fits (zerohop.engine.prefill_budget); 0: no limit.
+    # measured step costs say fits (zerohop.engine.sched.prefill_budget); 0: no limit.
     inter_token_target: float = DEFAULT_INTER_TOKEN_TARGET
     # Seconds background requests (batch lines) wait after foreground work before a step of
     # their own: a client's next request usually comes within it, and then it does not wait
-    # for their step (zerohop.engine.scheduler); 0: they step at once. benchmarks/batches.py,
+    # for their step (zerohop.engine.sched.scheduler); 0: they step at once. benchmarks/batches.py,
     # default model, one interactive client beside a batch: TTFT p50 1.44x idle at 0.05 s
     # (the next request came later than that under load), 1.11x at 0.15, 1.12x at 0.3.
     background_linger: float = 0.15
@@ -191,12 +191,12 @@ class EngineConfig:
     # Run every step through the Python forward pass, never the C++ decode step (vLLM's name
     # for not replaying captured graphs).
     enforce_eager: bool = False
-    # vtc: weighted fair share between tenants (zerohop.engine.fair_share); fcfs: arrival order.
+    # vtc: weighted fair share between tenants (sched/fair_share.py); fcfs: arrival order.
     scheduling_policy: str = "vtc"
     fair_share_token_weights: tuple[float, float] = (1.0, 2.0)  # input, output token
     seed: int = 0
     step_delay: float = 0.0  # seconds slept after each engine-process step (tests only)
-    # Speculative decoding by prompt lookup (zerohop.engine.speculative; vLLM's ngram
+    # Speculative decoding by prompt lookup (zerohop.engine.sched.speculative; vLLM's ngram
     # method): tokens proposed per step (0: off) and the n-gram sizes looked up.
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 2
@@ -236,7 +236,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}; got {self.dtype!r}")
 
     def speculative(self) -> SpeculativeConfig:
-        from zerohop.engine.speculative import SpeculativeConfig
+        from zerohop.engine.sched.speculative import SpeculativeConfig
 
         n, low, high = self.num_speculative_tokens, self.prompt_lookup_min, self.prompt_lookup_max
         return SpeculativeConfig(n, low, high)

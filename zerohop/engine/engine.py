@@ -18,28 +18,28 @@ from pathlib import Path
 import torch
 
 from zerohop.engine import kernels, omp
-from zerohop.engine.block_pool import BlockPool
-from zerohop.engine.checkpoint import open_checkpoint
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.detokenizer import IncrementalDetokenizer
 from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.fair_share import VTCPolicy
-from zerohop.engine.fork import Forks, check_n
-from zerohop.engine.logits_processors import check_token_ids
-from zerohop.engine.model import CausalLM
+from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.model.decoder import CausalLM
+from zerohop.engine.model.quant import needs_kernels
 from zerohop.engine.outputs import EngineStats, RequestDelta
-from zerohop.engine.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
-from zerohop.engine.prefill_budget import PrefillBudget
-from zerohop.engine.quant import needs_kernels
-from zerohop.engine.request_options import check_request_options
 from zerohop.engine.runner import ModelRunner
-from zerohop.engine.sampler import Sampler, SampleResult
-from zerohop.engine.sampling_params import SamplingParams
-from zerohop.engine.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
-from zerohop.engine.sequence import Sequence
-from zerohop.engine.speculative import Speculator, logits_rows, verify
+from zerohop.engine.sample.logits_processors import check_token_ids
+from zerohop.engine.sample.sampler import Sampler, SampleResult
+from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.sample.thought_budget import ThoughtBudget, ThoughtTags
+from zerohop.engine.sched.block_pool import BlockPool
+from zerohop.engine.sched.fair_share import VTCPolicy
+from zerohop.engine.sched.fork import Forks, check_n
+from zerohop.engine.sched.policy import FCFSPolicy, SchedulingPolicy, TokenUsage
+from zerohop.engine.sched.prefill_budget import PrefillBudget
+from zerohop.engine.sched.request_options import check_request_options
+from zerohop.engine.sched.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
+from zerohop.engine.sched.sequence import Sequence
+from zerohop.engine.sched.speculative import Speculator, logits_rows, verify
 from zerohop.engine.structured.constraints import Constraints
-from zerohop.engine.thought_budget import ThoughtBudget, ThoughtTags
+from zerohop.engine.text.detokenizer import IncrementalDetokenizer
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 from zerohop.engine.warmup import num_kv_blocks, warm_up
 

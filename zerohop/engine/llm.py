@@ -9,9 +9,9 @@ from pathlib import Path
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.engine import LLMEngine
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.policy import SchedulingPolicy
-from zerohop.engine.sampling_params import SamplingParams
-from zerohop.engine.tokenizer import Tokenizer
+from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.sched.policy import SchedulingPolicy
+from zerohop.engine.text.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 NEVER_STARTED = "this choice never started: its request failed before its first token"

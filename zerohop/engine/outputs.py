@@ -41,12 +41,12 @@ class EngineStats:
     max_num_seqs: int = 0
     block_size: int = 0
     # {"decode": [[requests, seconds], ...], "prefill": [[tokens, seconds], ...]}: the mean
-    # step of each size (zerohop.engine.step_times)
+    # step of each size (zerohop.engine.sched.step_times)
     step_times: dict[str, list[list[float]]] = field(default_factory=dict)
     step_seconds: float = 0.0  # the latest step's
     # Output tokens the running requests may still produce (max_tokens left), ascending,
     # at most 17 evenly spaced of them (throughput.quantiles)
     remaining_tokens: list[int] = field(default_factory=list)
-    # Speculative decoding (zerohop.engine.speculative): tokens proposed, and kept
+    # Speculative decoding (zerohop.engine.sched.speculative): tokens proposed, and kept
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0

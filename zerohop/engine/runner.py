@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from zerohop.engine.attention import AttentionBatch, DecodeGroup, PrefillChunk
-from zerohop.engine.decode_step import build_decode_step
-from zerohop.engine.model import CausalLM
-from zerohop.engine.scheduler import ScheduledChunk
+from zerohop.engine.model.attention import AttentionBatch, DecodeGroup, PrefillChunk
+from zerohop.engine.model.decode_step import build_decode_step
+from zerohop.engine.model.decoder import CausalLM
+from zerohop.engine.sched.scheduler import ScheduledChunk
 
 
 class ModelRunner:

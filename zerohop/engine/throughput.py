@@ -1,9 +1,9 @@
 """How fast the engine has been working: tokens per second of step time over the last
-seconds, the time of each size of decode and of prefill (zerohop.engine.step_times), and
+seconds, the time of each size of decode and of prefill (zerohop.engine.sched.step_times), and
 the last step's time.
 
 The API process predicts a new request's queue wait from the step times by size (see
-zerohop.api.queue_model), and measures the wait it actually had with the last step's time
+zerohop.api.load.queue_model), and measures the wait it actually had with the last step's time
 (the step that computed its first chunk). The recent rate is kept for /metrics only: the
 rate of a light load says nothing about the rate of a full batch.
 Busy time, not wall time, is the denominator: an idle gap says nothing about speed.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from zerohop.engine.step_times import StepTimes
+from zerohop.engine.sched.step_times import StepTimes
 
 
 class ThroughputMeter:

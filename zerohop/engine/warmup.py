@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from zerohop.engine.runner import ModelRunner
-from zerohop.engine.sampling_params import SamplingParams
+from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.throughput import ThroughputMeter
 
 if TYPE_CHECKING:
-    from zerohop.engine.block_pool import BlockPool
     from zerohop.engine.config import EngineConfig
-    from zerohop.engine.model import CausalLM
+    from zerohop.engine.model.decoder import CausalLM
     from zerohop.engine.outputs import RequestDelta
+    from zerohop.engine.sched.block_pool import BlockPool
 
 DEFAULT_CPU_KV_GIB = 1.0
 # Start-up times a prefill step of this many prompt tokens (at most the step budget; large
@@ -64,7 +64,7 @@ def num_kv_blocks(cfg: EngineConfig, model: CausalLM, max_model_len: int) -> int
 def warm_up(engine: Engine) -> None:
     """Run every code path once (prefill, chunk over cache, decode) before serving, then
     time a batch's steps: the queue-wait model's first figures for a burst (see
-    zerohop.engine.step_times), measured warm (first runs are slow, so not kept)."""
+    zerohop.engine.sched.step_times), measured warm (first runs are slow, so not kept)."""
     length = min(2 * engine.config.block_size + 3, engine.max_model_len - 2)
     _run(engine, {"__warmup__": [1] * length})
     engine.throughput = ThroughputMeter()

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerohop.gateway.identity import ANONYMOUS, Identity
-from zerohop.gateway.store import hash_secret
-from zerohop.gateway.store_api import Store, StoreSpec, open_store
-from zerohop.gateway.store_rows import InvalidKey
+from zerohop.gateway.keys.identity import ANONYMOUS, Identity
+from zerohop.gateway.store.open_store import Store, StoreSpec, open_store
+from zerohop.gateway.store.rows import InvalidKey
+from zerohop.gateway.store.sqlite import hash_secret
 
 if TYPE_CHECKING:
-    from zerohop.gateway.key_feed import KeyFeed
+    from zerohop.gateway.store.pg_key_feed import KeyFeed
 
 log = logging.getLogger(__name__)
 RELOAD_INTERVAL = 0.5  # seconds: store changes are live within a second
@@ -115,7 +115,7 @@ class Authenticator:
 
     def start_watching(self) -> None:
         if self.spec.kind == "postgresql":
-            from zerohop.gateway.key_feed import KeyFeed
+            from zerohop.gateway.store.pg_key_feed import KeyFeed
 
             self.close()  # the pool's work is done: the feed reads on a connection of its own
             self.feed = KeyFeed(self.spec.url, lambda: self._keys.version, self.apply)

@@ -7,10 +7,10 @@ import functools
 from typing import Any
 
 from zerohop import __version__
-from zerohop.gateway.fleet_rates import FleetRates
-from zerohop.gateway.lease_keeper import open_leased_ledger
-from zerohop.gateway.lease_options import LeaseOptions
-from zerohop.gateway.pg_store import connect
+from zerohop.gateway.budgets.lease_keeper import open_leased_ledger
+from zerohop.gateway.fleet_options import LeaseOptions
+from zerohop.gateway.limits.fleet_shares import FleetRates
+from zerohop.gateway.store.postgres import connect
 
 APPLICATION_NAME = "zerohop-leases"  # in pg_stat_activity
 
@@ -30,6 +30,6 @@ def join_fleet(gateway: Any, url: str, options: LeaseOptions) -> None:
     rates.keeper = ledger.keeper
     gateway.ledger, gateway.rates = ledger, rates
     if gateway.metrics is not None:
-        from zerohop.gateway.store_metrics import StoreMetrics
+        from zerohop.gateway.fleet_metrics import StoreMetrics
 
         gateway.metrics.register(StoreMetrics(ledger.keeper, gateway.auth, rates))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerohop.gateway import limits
 from zerohop.gateway.auth import (
     AuthenticationError,
     Authenticator,
@@ -21,13 +20,19 @@ from zerohop.gateway.auth import (
     PermissionDenied,
     check_model,
 )
-from zerohop.gateway.budget import BudgetExhausted, BudgetLedger, LedgerUnavailable, Reservation
-from zerohop.gateway.identity import ANONYMOUS, Identity
-from zerohop.gateway.lease_ledger import LeaseUnavailable
-from zerohop.gateway.lease_options import LeaseOptions
-from zerohop.gateway.ledger_writer import Durability
-from zerohop.gateway.limits import RateLimiter, RateState, Refusal, SubjectLimits
-from zerohop.gateway.store_spec import StoreSpec
+from zerohop.gateway.budgets.leased_ledger import LeaseUnavailable
+from zerohop.gateway.budgets.sqlite_ledger import (
+    BudgetExhausted,
+    BudgetLedger,
+    LedgerUnavailable,
+    Reservation,
+)
+from zerohop.gateway.budgets.sqlite_writer import Durability
+from zerohop.gateway.fleet_options import LeaseOptions
+from zerohop.gateway.keys.identity import ANONYMOUS, Identity
+from zerohop.gateway.limits import buckets as limits
+from zerohop.gateway.limits.buckets import RateLimiter, RateState, Refusal, SubjectLimits
+from zerohop.gateway.store.spec import StoreSpec
 
 # What requests without a token budget do while the ledger cannot be written: "open" serves
 # them (the ledger records nothing for them), "closed" refuses them too.
@@ -89,7 +94,7 @@ class Call:
     refusal: str | None = None  # the refusal's message (the admin API's refusals report)
     prompt_text: Any = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
-    queue_timing: Any = None  # zerohop.api.queue_timing.QueueTiming: set at admission
+    queue_timing: Any = None  # zerohop.api.load.queue_timing.QueueTiming: set at admission
 
     @property
     def ttft(self) -> float | None:
@@ -114,7 +119,7 @@ class Gateway:
         self.audit = audit
         self.metrics = metrics
         self.usage: Any = None  # zerohop.gateway.usage.UsageRecorder: the admin reports
-        self.live: Any = None  # zerohop.api.live_load.LiveLoad: the console's overview
+        self.live: Any = None  # zerohop.api.load.live_load.LiveLoad: the console's overview
 
     @classmethod
     def from_store(

@@ -5,7 +5,7 @@ Two sources. The API process records each request once, when it ends
 counters arrive as the `EngineStats` dict of `await engine.stats()` and are passed to
 `render`, which turns them into gauges and counters at scrape time. Other parts of the
 server add their own collectors with `register` (the HTTP connection guard's counters,
-`zerohop.api.guard.GuardMetrics`), so one registry holds every metric `/metrics` shows.
+`zerohop.api.http.guard.GuardMetrics`), so one registry holds every metric `/metrics` shows.
 
 The state is plain dicts and bucket lists under one lock, so recording a request costs a
 few microseconds (prometheus-client's `Histogram.observe` takes a lock and scans the buckets

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zerohop.gateway.usage_sql import USAGE_COUNTS, RefusalRow, UsageRow
+from zerohop.gateway.store.usage_tables import USAGE_COUNTS, RefusalRow, UsageRow
 
 log = logging.getLogger(__name__)
 

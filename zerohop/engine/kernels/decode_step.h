@@ -2,7 +2,7 @@
 // embedding, cache write and attention, then the final norm and the output layer. It is the
 // CPU counterpart of replaying a captured CUDA graph: the ~25 Python-level calls a layer makes
 // on the fused path (~2 ms a step at one sequence) collapse into one. Built once per model
-// (zerohop/engine/decode_step.py) from the same weight tensors the Python path uses.
+// (zerohop/engine/model/decode_step.py) from the same weight tensors the Python path uses.
 #pragma once
 
 #include <torch/extension.h>

@@ -20,7 +20,7 @@ import llguidance
 from zerohop.engine.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from zerohop.engine.tokenizer import Tokenizer
+    from zerohop.engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 CACHE_SIZE = 256  # grammars kept compiled (a matcher is a few KB to a few MB)

@@ -21,8 +21,8 @@ from zerohop.engine.structured.masking import GrammarMask
 if TYPE_CHECKING:
     import torch
 
-    from zerohop.engine.sequence import Sequence
-    from zerohop.engine.tokenizer import Tokenizer
+    from zerohop.engine.sched.sequence import Sequence
+    from zerohop.engine.text.tokenizer import Tokenizer
 
 COMPILE_FAILED = "the constraint could not be compiled"
 REFUSED_TOKEN = "the sampled token does not fit the request's constraint"

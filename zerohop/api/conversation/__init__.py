@@ -1,0 +1,3 @@
+"""The surface-neutral conversation: turns, tools, tool choice, output format, reasoning; one
+planner into the engine request and one event stream out of it. Imports api.tools and engine.
+"""

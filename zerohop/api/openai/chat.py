@@ -1,0 +1,328 @@
+"""The OpenAI API surface: chat completions, legacy completions and models, as vLLM serves them.
+
+Streams send one SSE chunk per engine step (one token, normally) the moment it arrives; each
+content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The first
+delta is awaited before the response starts, so engine-side rejections still get a real 400.
+A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE comment
+before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
+
+Chat takes vLLM's `chat_template_kwargs` (e.g. {"enable_thinking": false}): extra variables
+for the chat template's render, a JSON object whose keys may not replace the render's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from zerohop.api.conversation.reasoning import has_reasoning_format, opens_thought
+from zerohop.api.errors import ApiError, openai_body
+from zerohop.api.http.asgi import (
+    ClientDisconnected,
+    Receive,
+    Scope,
+    Send,
+    end_stream,
+    read_json_body,
+    request_id_headers,
+    send_chunk,
+    send_json,
+    start_stream,
+)
+from zerohop.api.http.send_times import with_send_times
+from zerohop.api.openai.choices import ChatAnswer, CompletionAnswer
+from zerohop.api.openai.output import LogprobFormatter, raise_failure
+from zerohop.api.openai.output_format import chat_grammar, completion_grammar
+from zerohop.api.openai.reasoning import ReasoningChatStream, with_thinking_budget
+from zerohop.api.openai.schema import (
+    ChatRequest,
+    CompletionRequest,
+    chat_max_tokens,
+    chat_messages,
+    check_chat,
+    check_completion,
+    completion_prompt,
+    decode,
+    sampling_params,
+)
+from zerohop.api.openai.stream import DONE, ChatStream, CompletionStream, Stream, sse
+from zerohop.api.openai.tools import (
+    ToolChatStream,
+    ToolPlan,
+    chat_prompt_messages,
+    check_forced,
+    has_tool_turns,
+    tool_plan,
+)
+from zerohop.api.service import ServingContext
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
+from zerohop.gateway.gateway import Call
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Scope, Receive, Send, str], Any]
+T = TypeVar("T")
+
+# Variables the render sets itself (zerohop.engine.text.tokenizer.apply_chat_template), or the
+# template's globals: a kwarg with one of these names would change what the request says
+# (its messages, its tools) or break the template, so it is refused.
+RENDER_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "raise_exception"}
+    | {"strftime_now", *(f"{name}_token" for name in SPECIAL_TOKEN_NAMES)}
+    | {"self"}  # ServingContext.encode_chat's own parameter: **kwargs would collide
+)
+
+
+class TemplatedChatRequest(ChatRequest, kw_only=True):
+    """A chat request with vLLM's `chat_template_kwargs`, which only this surface's chat
+    render reads (msgspec refuses a value that is not a JSON object)."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def template_kwargs(request: TemplatedChatRequest) -> dict[str, Any]:
+    """The request's extra template variables; one naming a render variable is a 400."""
+    kwargs = request.chat_template_kwargs or {}
+    if taken := sorted(RENDER_VARIABLES.intersection(kwargs)):
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {taken[0]!r} is set by the server's chat template render"
+            " and cannot be passed as a template kwarg",
+            param=f"chat_template_kwargs.{taken[0]}",
+        )
+    return kwargs
+
+
+def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
+    api = OpenAIApi(ctx)
+    return {
+        ("POST", "/v1/chat/completions"): api.chat,
+        ("POST", "/v1/completions"): api.completions,
+        ("GET", "/v1/models"): api.models,
+        ("GET", f"/v1/models/{ctx.model_name}"): api.model,
+    }
+
+
+class OpenAIApi:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.logprob_formatter = LogprobFormatter(ctx.tokenizer)
+        self.created = int(time.time())
+        self._model_card = {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "zerohop",
+            "root": ctx.model_name,
+            "parent": None,
+            "max_model_len": ctx.max_model_len,
+        }
+
+    # -- models ----------------------------------------------------------------------------
+
+    async def models(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        allowed = call.identity.allows_model(self.ctx.model_name)
+        body = {"object": "list", "data": [self._model_card] if allowed else []}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def model(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        self.ctx.check_model(self.ctx.model_name, call)
+        await send_json(send, 200, self._model_card, request_id_headers(call.request_id))
+
+    # -- shared request path ---------------------------------------------------------------
+
+    async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
+        ctx = self.ctx
+        body = await read_json_body(scope, receive, ctx.max_body_bytes, ctx.body_deadline)
+        return decode(body, kind)
+
+    # -- chat completions ------------------------------------------------------------------
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        request_id = call.request_id
+        request = await self._read(scope, receive, TemplatedChatRequest)
+        check_chat(request)
+        kwargs = template_kwargs(request)
+        self.ctx.check_model(request.model, call)
+        continues = request.continue_token_ids
+        plan = tool_plan(request, self.ctx.tool_parser)
+        prompt = self.ctx.continued(self._chat_prompt(request, plan, kwargs), continues)
+        max_tokens = chat_max_tokens(request)
+        self.ctx.check_lengths(len(prompt), max_tokens)
+        top = (request.top_logprobs or 0) if request.logprobs else None
+        response_format = chat_grammar(request)
+        grammar = check_forced(plan, response_format)
+        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
+        rid = "chatcmpl-" + request_id.removeprefix("req_")
+        call.wants_batch = request.wants_batch
+        constrained = plan.grammar is not None or response_format is not None
+        in_thought = None if constrained else self._in_thought(prompt)
+        if request.thinking_token_budget is not None:
+            params = self._with_budget(params, request.thinking_token_budget, prompt)
+        deltas = self.ctx.generate(call, prompt, params, receive, continues)
+        async with contextlib.aclosing(deltas):
+            if request.stream:
+                options = request.stream_options
+                usage = bool(options and options.include_usage)
+                head = (rid, request.model, usage, len(prompt), top, params.n)
+                stream = self._chat_stream(head, plan, in_thought)
+                stream.token_ids = request.return_token_ids
+                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
+            else:
+                formatter = self.logprob_formatter
+                answer = ChatAnswer(len(prompt), params.n, top, formatter, plan.names, plan.parser)
+                answer.in_thought = in_thought
+                await self._chat_once(rid, request.model, answer, deltas, send, request_id)
+
+    def _in_thought(self, prompt: list[int]) -> bool | None:
+        """None: no reasoning split (the model has no reasoning format); else whether the
+        output starts inside the thought (openai_reasoning.py). A forced call or a response
+        format is never split: its grammar writes the answer from the first token."""
+        if not has_reasoning_format(self.ctx.tokenizer.chat_template):
+            return None
+        return opens_thought(self.ctx.tokenizer, prompt)
+
+    def _with_budget(
+        self, params: SamplingParams, budget: int, prompt: list[int]
+    ) -> SamplingParams:
+        reasoning = has_reasoning_format(self.ctx.tokenizer.chat_template)
+        opened = reasoning and opens_thought(self.ctx.tokenizer, prompt)
+        return with_thinking_budget(params, budget, reasoning, opened)
+
+    def _chat_prompt(
+        self, request: ChatRequest, plan: ToolPlan, kwargs: dict[str, Any]
+    ) -> list[int]:
+        if not plan.tools and not has_tool_turns(request):
+            return self.ctx.encode_chat(chat_messages(request), **kwargs)
+        template = self.ctx.tokenizer.chat_template
+        messages, extra = chat_prompt_messages(request, plan, template)
+        return self.ctx.encode_chat(messages, **kwargs, **extra)
+
+    @staticmethod
+    def _chat_stream(
+        head: tuple[str, str, bool, int, int | None, int], plan: ToolPlan, in_thought: bool | None
+    ) -> ChatStream:
+        """The stream for a request's tools and reasoning; `head`: ChatStream's arguments."""
+        if plan.names is not None:
+            names, parser = plan.names, plan.parser
+            return ToolChatStream(*head, names=names, parser=parser, in_thought=in_thought)
+        if in_thought is not None:
+            return ReasoningChatStream(*head, in_thought=in_thought)
+        return ChatStream(*head)
+
+    async def _chat_once(
+        self,
+        rid: str,
+        model: str,
+        answer: ChatAnswer,
+        deltas: AsyncIterator[RequestDelta],
+        send: Send,
+        request_id: str,
+    ) -> None:
+        async for delta in deltas:
+            answer.add(delta)
+            if delta.finished:
+                raise_failure(delta)
+        body = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": answer.body(),
+            "usage": answer.usage(),
+        }
+        await send_json(send, 200, body, request_id_headers(request_id))
+
+    # -- completions -----------------------------------------------------------------------
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        request_id = call.request_id
+        request = await self._read(scope, receive, CompletionRequest)
+        check_completion(request)
+        self.ctx.check_model(request.model, call)
+        given = completion_prompt(request, self.ctx.vocab_size)
+        prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
+        continues = request.continue_token_ids
+        prompt = self.ctx.continued(prompt, continues)
+        self.ctx.check_lengths(len(prompt), request.max_tokens)
+        grammar = completion_grammar(request)
+        params = sampling_params(
+            request, request.max_tokens, request.logprobs, self.ctx.vocab_size, grammar
+        )
+        echo = ""
+        if request.echo:
+            echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
+        rid = "cmpl-" + request_id.removeprefix("req_")
+        call.wants_batch = request.wants_batch
+        deltas = self.ctx.generate(call, prompt, params, receive, continues)
+        async with contextlib.aclosing(deltas):
+            if request.stream:
+                options = request.stream_options
+                usage = bool(options and options.include_usage)
+                stream = CompletionStream(rid, request.model, usage, len(prompt), echo, params.n)
+                stream.token_ids = request.return_token_ids
+                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
+            else:
+                answer = CompletionAnswer(len(prompt), params.n, echo, self.logprob_formatter)
+                await self._complete_once(rid, request.model, answer, deltas, send, request_id)
+
+    async def _complete_once(
+        self,
+        rid: str,
+        model: str,
+        answer: CompletionAnswer,
+        deltas: AsyncIterator[RequestDelta],
+        send: Send,
+        request_id: str,
+    ) -> None:
+        async for delta in deltas:
+            answer.add(delta)
+            if delta.finished:
+                raise_failure(delta)
+        body = {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": answer.body(),
+            "usage": answer.usage(),
+        }
+        await send_json(send, 200, body, request_id_headers(request_id))
+
+    # -- streaming -------------------------------------------------------------------------
+
+    async def _stream(
+        self, stream: Stream, deltas: AsyncIterator[RequestDelta], send: Send, request_id: str
+    ) -> None:
+        first = await anext(deltas)  # engine rejections still get a proper status
+        if first.finished:
+            raise_failure(first)
+        await start_stream(send, request_id_headers(request_id))
+        data = stream.opening()  # goes out with the first token: one write, not two
+        try:
+            delta = first
+            while True:
+                if delta.finished and delta.finish_reason in ("abort", "error"):
+                    raise_failure(delta)
+                data += stream.step(self.logprob_formatter, delta)
+                if stream.done:  # every choice has finished
+                    return await end_stream(send, data + stream.closing() + DONE)
+                if data:
+                    await send_chunk(send, data)
+                    data = b""
+                delta = await anext(deltas)
+        except StopAsyncIteration:
+            await end_stream(send, data + DONE)
+        except ClientDisconnected:
+            await end_stream(send)
+        except ApiError as exc:
+            await end_stream(send, data + sse(openai_body(exc, request_id)) + DONE)
+        except Exception:
+            log.exception("stream %s failed", request_id)
+            error = ApiError(500, "internal server error")
+            await end_stream(send, data + sse(openai_body(error, request_id)) + DONE)

@@ -1,0 +1,88 @@
+"""Whole (not streamed) OpenAI answers: each of a request's `n` choices accumulated over its
+deltas, then as the response's `choices`, sorted by index, and its usage (the prompt once,
+the completion tokens of every choice)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerohop.api.openai.output import Choices, LogprobFormatter, Totals, legacy_columns
+from zerohop.api.openai.reasoning import reasoning_fields, split_reasoning
+from zerohop.api.openai.tools import message_fields
+from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.parsers import ParserFactory
+from zerohop.engine.outputs import RequestDelta
+
+
+class ChatAnswer:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        n: int,
+        top: int | None,
+        formatter: LogprobFormatter,
+        tool_names: set[str] | None = None,
+        tool_parser: ParserFactory = HermesParser,
+    ) -> None:
+        self.choices = Choices(prompt_tokens, n)
+        self.top, self.formatter = top, formatter
+        self.tool_names = tool_names  # parse each choice's tool calls (openai_tools.py)
+        self.tool_parser = tool_parser
+        self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        self.in_thought: bool | None = None  # set: split the thought out (openai_reasoning)
+
+    def add(self, delta: RequestDelta) -> None:
+        self.choices.add(delta)
+        if self.top is not None and delta.new_logprobs is not None:
+            self.logprobs[delta.index].extend(self.formatter.chat(delta, self.top))
+
+    def body(self) -> list[dict[str, Any]]:
+        return [self._choice(i, totals) for i, totals in enumerate(self.choices.totals)]
+
+    def _choice(self, i: int, totals: Totals) -> dict[str, Any]:
+        text, reason = "".join(totals.text), totals.finish_reason
+        if self.in_thought is not None:
+            thought, text = split_reasoning(text, self.in_thought)
+        message, reason = message_fields(text, self.tool_names, reason, self.tool_parser)
+        if self.in_thought is not None:
+            message.update(reasoning_fields(thought))
+        return {
+            "index": i,
+            "message": message,
+            "logprobs": None if self.top is None else {"content": self.logprobs[i]},
+            "finish_reason": reason,
+            "stop_reason": totals.stop_reason,
+        }
+
+    def usage(self) -> dict[str, Any]:
+        return self.choices.usage()
+
+
+class CompletionAnswer:
+    def __init__(self, prompt_tokens: int, n: int, echo: str, formatter: LogprobFormatter) -> None:
+        self.choices = Choices(prompt_tokens, n)
+        self.echo, self.formatter = echo, formatter
+        self.logprobs: list[dict[str, list] | None] = [None] * n
+        self.offsets = [0] * n  # each choice's text_offset so far
+
+    def add(self, delta: RequestDelta) -> None:
+        self.choices.add(delta)
+        if delta.new_logprobs is not None:
+            i = delta.index
+            columns = self.logprobs[i] = self.logprobs[i] or legacy_columns()
+            self.offsets[i] = self.formatter.legacy(delta, columns, self.offsets[i])
+
+    def body(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "index": i,
+                "text": self.echo + "".join(totals.text),
+                "logprobs": self.logprobs[i],
+                "finish_reason": totals.finish_reason,
+                "stop_reason": totals.stop_reason,
+            }
+            for i, totals in enumerate(self.choices.totals)
+        ]
+
+    def usage(self) -> dict[str, Any]:
+        return self.choices.usage()

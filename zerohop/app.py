@@ -1,0 +1,247 @@
+"""The ASGI application: a small router over the Anthropic and OpenAI surfaces and health."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from zerohop.admin import routes as admin_routes
+from zerohop.api.anthropic import messages as anthropic
+from zerohop.api.errors import ApiError, anthropic_body, openai_body
+from zerohop.api.http.asgi import ClientDisconnected, Receive, Scope, Send, api_key, send_json
+from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_headers
+from zerohop.api.openai import chat as openai
+from zerohop.api.service import ServingContext, api_error, new_request_id
+from zerohop.engine.process.async_engine import EngineDeadError
+from zerohop.gateway.gateway import Call, GatewayError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
+ErrorShape = Callable[[ApiError, str], dict]
+Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
+SURFACES = {anthropic_body: "anthropic", openai_body: "openai"}
+OPENAI_PATHS = ("/v1/chat", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
+
+_HEALTHY = b'{"status":"ok"}'
+_NOT_READY = b'{"status":"unavailable"}'
+_FAILED = b'{"status":"failed"}'
+
+
+def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    routes: Routes = {
+        **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx).items()},
+        **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
+    }
+    if ctx.batches is not None:  # mounted only where a batch store runs
+        from zerohop.batches import openai_routes
+        from zerohop.batches import routes as batch_routes
+
+        routes.update({k: (h, anthropic_body) for k, h in batch_routes.anthropic(ctx).items()})
+        routes.update({k: (h, openai_body) for k, h in openai_routes.openai(ctx).items()})
+    paths = {path for _, path in routes}
+    templates = [(method, path.split("/")) for method, path in routes if "{" in path]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await _http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        # Health first and cheapest: it never touches the engine or the scheduler. /health
+        # is 200 while the process can serve or is recovering (an engine restart), 503 once
+        # the engine cannot be restarted (the process then exits non-zero); /ready is 200
+        # only while requests are served (see deploy/kubernetes/README.md).
+        if path == "/health":
+            ok = ctx.alive
+            return await send_json(send, 200 if ok else 503, None, raw=_HEALTHY if ok else _FAILED)
+        if path == "/ready":
+            ok = ctx.ready
+            return await send_json(
+                send, 200 if ok else 503, None, raw=_HEALTHY if ok else _NOT_READY
+            )
+        if path == "/engine/stats" and scope["method"] == "GET":
+            if ctx.metrics_token and api_key(scope) != ctx.metrics_token:
+                return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
+            try:
+                return await send_json(send, 200, await ctx.engine.stats())
+            except EngineDeadError:
+                return await send_json(send, 503, None, raw=_NOT_READY)
+        if path == "/metrics" and scope["method"] == "GET":
+            return await _metrics(scope, send)
+        request_id = new_request_id()
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > ctx.max_header_bytes:
+            error = ApiError(431, f"request headers are larger than {ctx.max_header_bytes} bytes")
+            _, shape = _route_miss(scope["method"], path, True)
+            return await _send_error(send, error, shape, request_id)
+        if ctx.admin is not None and (admin_routes.is_admin_path(path) or _console(path)):
+            return await _operator(scope, receive, send)
+        key = (scope["method"], path)
+        if key not in routes and templates:
+            key = _match(templates, scope, key)
+        route = routes.get(key)
+        if route is None:
+            known = key[1] in paths or _match(templates, scope, ("", path)) != ("", path)
+            error, shape = _route_miss(scope["method"], path, known)
+            return await _send_error(send, error, shape, request_id)
+        handler, shape = route
+        call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
+        await _handle(scope, receive, send, handler, shape, call)
+
+    async def _operator(scope: Scope, receive: Receive, send: Send) -> None:
+        """The admin API and the console (zerohop.admin, zerohop.console)."""
+        if _console(scope["path"]):
+            from zerohop.console.routes import handle
+
+            return await handle(scope, receive, send, ctx.admin)
+        await admin_routes.handle(scope, receive, send, ctx.admin)
+
+    async def run_line(scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        """A batch line through the route an HTTP request to its path takes, as the identity
+        the runner set on `call` (no key to check): the same admission, charging and audit."""
+        route = routes.get((scope["method"], scope["path"]))
+        if route is None:
+            error = ApiError(404, f"no such endpoint: {scope['path']}")
+            return await _send_error(send, error, anthropic_body, call.request_id)
+        handler, shape = route
+        await _handle(scope, receive, send, handler, shape, call, authenticate=False)
+
+    async def _handle(
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        handler: Handler,
+        shape: ErrorShape,
+        call: Call,
+        authenticate: bool = True,
+    ) -> None:
+        gateway = ctx.gateway
+        rate_headers = anthropic_rate_headers if shape is anthropic_body else openai_rate_headers
+        status, error_type = 0, None
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = ctx.load_headers(call)
+                if gateway is not None:
+                    extra += rate_headers(gateway, call) + _clamp_header(call)
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        try:
+            if gateway is not None and authenticate:
+                gateway.authenticate(call, api_key(scope))
+            await handler(scope, receive, tracking_send, call)
+        except ClientDisconnected:
+            status, error_type = status or 499, "client_disconnected"
+        except (ApiError, GatewayError) as exc:
+            error = api_error(exc) if isinstance(exc, GatewayError) else exc
+            error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"
+            call.refusal = exc.message  # kept where the request was refused
+            if not status:
+                await _send_error(tracking_send, error, shape, call.request_id)
+        except Exception:
+            log.exception("request %s failed", call.request_id)
+            error_type = "internal"
+            if not status:
+                error = ApiError(500, "internal server error")
+                await _send_error(tracking_send, error, shape, call.request_id)
+        finally:
+            if gateway is not None:
+                gateway.finish(call, status or 499, error_type)
+
+    async def _metrics(scope: Scope, send: Send) -> None:
+        gateway = ctx.gateway
+        if gateway is None or gateway.metrics is None:
+            return await send_json(send, 404, {"error": "metrics are off"})
+        if ctx.metrics_token and api_key(scope) != ctx.metrics_token:
+            return await send_json(send, 401, {"error": "this endpoint needs the metrics key"})
+        engine = ctx.engine
+        stats = None
+        with contextlib.suppress(EngineDeadError):  # it may die while it answers
+            stats = None if engine.dead else (engine.latest_stats or await engine.stats())
+        body, content_type = gateway.metrics.render(stats)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    app.routes = routes  # type: ignore[attr-defined]  # what tests enumerate (auth on each)
+    app.run_line = run_line  # type: ignore[attr-defined]  # the batch runner's way in
+    return app
+
+
+def _console(path: str) -> bool:
+    return path == "/console" or path.startswith("/console/")
+
+
+def _match(
+    templates: list[tuple[str, list[str]]], scope: Scope, key: tuple[str, str]
+) -> tuple[str, str]:
+    """The route template (`/v1/messages/batches/{id}`) a path fills, its parameters put in
+    `scope["path_params"]`; `key` itself when none does. An empty method matches any."""
+    method, path = key
+    parts = path.split("/")
+    for template_method, template in templates:
+        if (method and method != template_method) or len(template) != len(parts):
+            continue
+        params = {}
+        for want, got in zip(template, parts, strict=True):
+            if want.startswith("{"):
+                if not got:
+                    break
+                params[want.strip("{}")] = got
+            elif want != got:
+                break
+        else:
+            scope["path_params"] = params
+            return (template_method if method else "", "/".join(template))
+    return key
+
+
+def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, ErrorShape]:
+    openai_path = path.startswith(OPENAI_PATHS)
+    shape = openai_body if openai_path else anthropic_body
+    if known_path:
+        return ApiError(405, f"{method} {path} is not supported"), shape
+    if path.startswith("/v1/models/"):
+        model = path.removeprefix("/v1/models/")
+        return ApiError(404, f"The model `{model}` does not exist.", code="model_not_found"), shape
+    return ApiError(404, f"no such endpoint: {path}"), shape
+
+
+async def _send_error(send: Send, error: ApiError, shape: ErrorShape, request_id: str) -> None:
+    ids = request_id.encode()
+    headers = [(b"request-id", ids), (b"x-request-id", ids), *(error.headers or ())]
+    await send_json(send, error.status, shape(error, request_id), headers)
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+def _clamp_header(call: Call) -> list[tuple[bytes, bytes]]:
+    reservation = call.reservation
+    if reservation is None or not reservation.clamped:
+        return []
+    return [(b"x-zerohop-max-tokens-clamped", str(reservation.max_tokens).encode())]
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    # The engine is started before the server and stopped after it (see zerohop.server).
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,3 @@
+"""The Llama-family decoder and its parts: attention over the paged cache, rotary embeddings,
+linear layers (dense and block-quantized), fused kernels, and the runner of one forward pass.
+"""

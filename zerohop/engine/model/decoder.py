@@ -1,0 +1,309 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache.
+
+Plain tensors and functional ops rather than nn.Modules: the weights are views into the
+memory-mapped safetensors files (or dequantized GGUF tensors), and a forward pass is a short,
+flat sequence of kernels: torch ops, or (where they are built) zerohop's CPU kernels with each
+layer's small operations fused (fused.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from zerohop.engine.config import ModelConfig
+from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.kernels import cpu_kernel
+from zerohop.engine.kernels import load as load_kernels
+from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_attention
+from zerohop.engine.model.fused import FusedOps
+from zerohop.engine.model.linear import (
+    Linear,
+    make_dense_linear,
+    make_onednn_linear,
+    make_plain_linear,
+    make_quantized_linear,
+    onednn_available,
+)
+from zerohop.engine.model.quant import BLOCK, QuantizedWeight, quantize_q8_0
+from zerohop.engine.model.rope import RotaryEmbedding, apply_rotary
+
+Rope = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+_Matrix = tuple["torch.Tensor | QuantizedWeight", "torch.Tensor | None"]
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv_proj: Linear  # q, k and v stacked: one product instead of three
+    qkv_sizes: tuple[int, int, int]
+    o_proj: Linear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_proj: Linear  # gate and up stacked
+    down_proj: Linear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same order of operations as transformers' LlamaRMSNorm.
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    variance = x32.pow(2).mean(-1, keepdim=True)
+    return weight * (x32 * torch.rsqrt(variance + eps)).to(dtype)
+
+
+class CausalLM:
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device,
+        source: str = "the checkpoint",
+        name_in_file: Callable[[str], str] = str,
+        quantization: str = "none",
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.quantization = quantization
+        weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
+        kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
+        self.cache_kernels = (
+            CacheKernels(kernels.write_kv, kernels.decode_attention) if kernels else None
+        )
+        self.fused_ops = FusedOps.from_kernels(kernels) if kernels else None
+        if self.fused_ops is not None:
+            self.float_linear = make_dense_linear  # faster than oneDNN at 1-2,048 rows here
+        elif onednn_available(dtype, self.device):
+            self.float_linear = make_onednn_linear
+        else:
+            self.float_linear = make_plain_linear
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
+        self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
+        self.norm = weights.take("model.norm.weight", (hidden,))
+        if config.tie_word_embeddings:
+            self.lm_head = self.linear(self.embed_tokens, None)
+        else:
+            self.lm_head = self.linear(weights.take_matrix("lm_head.weight", (vocab, hidden)), None)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
+        )
+        self.scale = config.head_dim**-0.5
+
+    def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:
+        c = self.config
+        p = f"model.layers.{i}."
+        hidden, inter, head = c.hidden_size, c.intermediate_size, c.head_dim
+        q_dim, kv_dim = c.num_heads * head, c.num_kv_heads * head
+        bias, qk_norm = c.attention_bias, c.qk_norm
+
+        def matrix(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> _Matrix:
+            weight = w.take_matrix(f"{p}{name}.weight", (out_dim, in_dim))
+            return weight, w.take(f"{p}{name}.bias", (out_dim,)) if has_bias else None
+
+        qkv = [
+            matrix("self_attn.q_proj", q_dim, hidden, bias),
+            matrix("self_attn.k_proj", kv_dim, hidden, bias),
+            matrix("self_attn.v_proj", kv_dim, hidden, bias),
+        ]
+        gate_up = [matrix("mlp.gate_proj", inter, hidden), matrix("mlp.up_proj", inter, hidden)]
+        return LayerWeights(
+            input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
+            qkv_proj=self.stacked_linear(qkv),
+            qkv_sizes=(q_dim, kv_dim, kv_dim),
+            o_proj=self.linear(*matrix("self_attn.o_proj", hidden, q_dim)),
+            q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
+            k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
+            post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
+            gate_up_proj=self.stacked_linear(gate_up),
+            down_proj=self.linear(*matrix("mlp.down_proj", hidden, inter)),
+        )
+
+    def stacked_linear(self, parts: list[_Matrix]) -> Linear:
+        """One product for matrices that read the same input: their outputs side by side."""
+        weights = [weight for weight, _ in parts]
+        biases = [bias for _, bias in parts]
+        bias = None if biases[0] is None else torch.cat(biases)
+        if all(isinstance(weight, torch.Tensor) for weight in weights):
+            return self.linear(torch.cat(weights), bias)
+        if len({getattr(weight, "kind", None) for weight in weights}) == 1:
+            return self.linear(QuantizedWeight.concat(weights), bias)
+        linears = [self.linear(weight, b) for weight, b in parts]  # mixed types in one file
+        return lambda x: torch.cat([linear(x) for linear in linears], dim=-1)
+
+    def linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> Linear:
+        if isinstance(weight, QuantizedWeight):
+            return make_quantized_linear(weight, bias)
+        if weight.dtype != self.dtype:  # kept at 16 bits (_WeightSource.keeps_16_bit)
+            return make_dense_linear(weight, bias)
+        return self.float_linear(weight, bias)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.embed_tokens, QuantizedWeight):
+            return self.embed_tokens.dequantize(input_ids)
+        return F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the flat batch; return float32 logits for the rows in `logits_rows`."""
+        if self.fused_ops is not None:
+            # Decode rows come first (ModelRunner.order_chunks); the rest are prompt rows.
+            self.fused_ops.set_decode_rows(attn.decode.num_seqs if attn.decode else 0)
+            try:
+                return self._fused_forward(
+                    self.fused_ops, input_ids, positions, attn, kv_caches, logits_rows
+                )
+            finally:
+                self.fused_ops.set_decode_rows(-1)
+        eps = self.config.rms_norm_eps
+        hidden = self.embed(input_ids)
+        rotary = self.rotary.lookup(positions)
+
+        def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return apply_rotary(q, k, *rotary)
+
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            normed = rms_norm(hidden, layer.input_norm, eps)
+            hidden = hidden + self.attention(layer, normed, rope, attn, k_cache, v_cache)
+            normed = rms_norm(hidden, layer.post_norm, eps)
+            gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
+            gate = F.silu(gate) * up
+            hidden = hidden + layer.down_proj(gate)
+        last = rms_norm(hidden[logits_rows], self.norm, eps)
+        return self.lm_head(last).float()
+
+    def kernel_inputs(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the kernels take for a step: contiguous hidden states, and cos and sin [T, D]."""
+        hidden = self.embed(input_ids).contiguous()
+        cos = self.rotary.cos.index_select(0, positions)
+        sin = self.rotary.sin.index_select(0, positions)
+        return hidden, cos, sin
+
+    def _fused_forward(
+        self,
+        ops: FusedOps,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` on zerohop's CPU kernels: the same math, with each layer's small
+        operations fused (fused.py), so a decode step is ~10 kernel calls a layer instead of
+        ~40 torch ops."""
+        eps = self.config.rms_norm_eps
+        hidden, cos, sin = self.kernel_inputs(input_ids, positions)
+        layers = self.layers
+
+        def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ops.rotate(q, cos, sin)  # in place: q and k are fresh views of this layer's qkv
+            ops.rotate(k, cos, sin)
+            return q, k
+
+        normed = ops.rms_norm(hidden, layers[0].input_norm, eps, None)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
+            attended = self.attention(layer, normed, rope, attn, k_cache, v_cache)
+            normed = ops.rms_norm(attended, layer.post_norm, eps, hidden)  # hidden += attended
+            mlp = layer.down_proj(ops.silu_mul(layer.gate_up_proj(normed)))
+            if i + 1 < len(layers):
+                normed = ops.rms_norm(mlp, layers[i + 1].input_norm, eps, hidden)  # hidden += mlp
+            else:
+                hidden += mlp
+        last = ops.rms_norm(hidden.index_select(0, logits_rows), self.norm, eps, None)
+        return self.lm_head(last)
+
+    def attention(
+        self,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        rope: Rope,
+        attn: AttentionBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer's attention block; `rope(q, k)` returns q and k rotated."""
+        cfg = self.config
+        n = x.shape[0]
+        q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        q, k = rope(q, k)
+        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.cache_kernels)
+        return layer.o_proj(out)
+
+
+class _WeightSource:
+    """Hands out named tensors in the model's dtype and device, with clear errors; matrices
+    stay (or become) block-quantized as the quantization mode says."""
+
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor | QuantizedWeight],
+        dtype,
+        device,
+        source: str,
+        name_in_file: Callable[[str], str],
+        quantization: str,
+    ) -> None:
+        self.tensors, self.dtype, self.device, self.source = tensors, dtype, device, source
+        self.name_in_file = name_in_file
+        self.quantization = quantization
+
+    def take_matrix(self, name: str, shape: tuple[int, int]) -> torch.Tensor | QuantizedWeight:
+        weight = self._find(name, shape)
+        if isinstance(weight, QuantizedWeight):
+            if self.quantization == "none":
+                return weight.dequantize().to(dtype=self.dtype, device=self.device)
+            return weight
+        if self.quantization == "q8_0" and shape[1] % BLOCK == 0:
+            return quantize_q8_0(weight)
+        if self.keeps_16_bit(weight):
+            return weight.contiguous()
+        return self.take(name, shape)
+
+    def keeps_16_bit(self, weight: torch.Tensor) -> bool:
+        """A float16/bfloat16 matrix stays at 16 bits where the dense kernel (widening in
+        registers, exact) multiplies it: half the memory and the bytes a decode reads."""
+        return (
+            weight.dtype in (torch.float16, torch.bfloat16)
+            and self.quantization == "auto"
+            and weight.shape[-1] % 8 == 0
+            and cpu_kernel("dense_linear", self.device, self.dtype) is not None
+        )
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        tensor = self._find(name, shape)
+        assert isinstance(tensor, torch.Tensor), f"{name} is a matrix: use take_matrix"
+        # No copy when dtype and device already match: the tensor stays a view of the file.
+        return tensor.to(dtype=self.dtype, device=self.device)
+
+    def _find(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | QuantizedWeight:
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{self.source}: weight '{self.name_in_file(name)}' not found")
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(
+                f"{self.source}: weight '{self.name_in_file(name)}' has shape"
+                f" {tuple(tensor.shape)}, but"
+                f" the model config implies {shape}"
+            )
+        return tensor

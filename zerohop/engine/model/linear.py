@@ -1,0 +1,104 @@
+"""Linear layers. On CPU with zerohop's kernels built: their dense GEMM for float32, float16
+and bfloat16 weights (packed once into its panels) and their block-quantized products
+(`zerohop.engine.model.quant`). Without the kernels: oneDNN's prepacked float32 GEMM, or plain
+`F.linear` elsewhere.
+
+`F.linear` on CPU re-packs the weight matrix on every call; for the small row counts of a
+decode step that packing costs more than the multiply. The packed copy replaces the
+memory-mapped view, so weights stay in memory once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from zerohop.engine.model.quant import QuantizedWeight
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True, frozen=True)
+class KernelWeight:
+    """A linear layer as zerohop's C++ kernels hold it, for the C++ decode step to run."""
+
+    kind: str  # "dense" (panels of W), "q8_0" (qs, scales) or "q4_1" (qs, scales, mins)
+    tensors: tuple[torch.Tensor, ...]
+    bias: torch.Tensor | None
+    out_features: int = 0  # dense: N (the panels pad it to a multiple of 16)
+
+
+def kernel_weight(linear: Linear) -> KernelWeight | None:
+    """The weight behind a linear layer when zerohop's kernels run it, else None."""
+    return getattr(linear, "kernel_weight", None)
+
+
+def _with_kernel_weight(linear: Linear, weight: KernelWeight) -> Linear:
+    linear.kernel_weight = weight  # type: ignore[attr-defined]
+    return linear
+
+
+def onednn_available(dtype: torch.dtype, device: torch.device) -> bool:
+    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        probe = make_onednn_linear(torch.ones(8, 4), torch.zeros(8))
+        return bool(torch.allclose(probe(torch.ones(3, 4)), torch.full((3, 8), 4.0)))
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def make_onednn_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    pointwise = torch.ops.mkldnn._linear_pointwise
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return pointwise(x, packed, bias, "none", [], "")
+
+    return linear
+
+
+def make_plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    return linear
+
+
+def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) -> Linear:
+    """x @ W.T + bias straight from the blocks (float32 x on CPU); never a dequantized copy."""
+    from zerohop.engine import kernels
+
+    ops = kernels.load()
+    qs, scales, mins = weight.qs, weight.scales, weight.mins
+    if weight.kind == "q8_0":
+        product = lambda x: ops.q8_0_linear(x, qs, scales)  # noqa: E731
+        tensors = (qs, scales)
+    else:
+        product = lambda x: ops.q4_1_linear(x, qs, scales, mins)  # noqa: E731
+        tensors = (qs, scales, mins)
+    if bias is None:
+        linear = lambda x: product(x.contiguous())  # noqa: E731
+    else:
+        linear = lambda x: product(x.contiguous()).add_(bias)  # noqa: E731
+    return _with_kernel_weight(linear, KernelWeight(weight.kind, tensors, bias))
+
+
+def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """x @ W.T + bias on zerohop's dense kernel (kernels/dense_gemm.h), for a float32,
+    float16 or bfloat16 W at any row count: W is packed once into the kernel's panels, and a
+    16-bit W stays at 16 bits (widened in registers, exactly)."""
+    from zerohop.engine import kernels
+
+    ops = kernels.load()
+    out_features = weight.shape[0]
+    packed = ops.dense_pack(weight.contiguous())
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        out = ops.dense_linear(x.contiguous(), packed, out_features)
+        return out if bias is None else out.add_(bias)
+
+    return _with_kernel_weight(linear, KernelWeight("dense", (packed,), bias, out_features))

@@ -1,0 +1,260 @@
+"""The engine as the server sees it: `async for delta in engine.generate(...)`.
+
+The model and step loop run in a separate process (see DESIGN.md: an engine thread next to
+a busy event loop loses most of its steps to the GIL). This side owns one socket to it,
+read by the event loop, and routes each step's deltas to the waiting streams. One
+`AsyncEngine` is one engine process's life: when it dies, every stream and call fails with
+`EngineDeadError`; `zerohop.engine.process.supervisor` starts the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from zerohop.engine.errors import InvalidRequestError, RequestFailedError
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.process.wire import HEADER, delta_from_wire, pack, params_to_wire, unpack
+from zerohop.engine.sample.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RequestFailedError):
+    """The engine process has exited; no request can be served."""
+
+
+@dataclass(slots=True, frozen=True)
+class Queued:
+    """A request sent to the engine whose first delta has not come back."""
+
+    prompt_tokens: int
+    tenant: str
+    weight: float
+    priority: int
+
+
+@dataclass(slots=True)
+class _Stream:
+    queue: asyncio.Queue
+    finished: bool = False
+
+
+class AsyncEngine:
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}
+        # The engine's counters (EngineStats as a dict) after its latest step: current
+        # within one step, and read without asking the engine process (which answers calls
+        # only between steps, seconds apart during a long prefill).
+        self.latest_stats: dict[str, Any] | None = None
+        self.dead: str | None = None
+        self._streams: dict[str, _Stream] = {}
+        # Requests sent whose first delta has not come back: the queue as this side sees it,
+        # current to the moment (the engine's own counters are a step old).
+        self.queued: dict[str, Queued] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+        self._process: subprocess.Popen | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+
+    @classmethod
+    async def start(cls, model_path: str, **engine_options: Any) -> AsyncEngine:
+        """Spawn the engine process and wait until it has loaded and warmed up the model."""
+        self = cls()
+        parent, child = socket.socketpair()
+        # A fresh interpreter (not multiprocessing's spawn, which re-imports __main__).
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "zerohop.engine.process.engine_process", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=_engine_environment(),
+        )
+        child.close()
+        try:
+            reader, self._writer = await asyncio.open_connection(sock=parent)
+            self._send(["start", str(model_path), engine_options])
+            first = await _read_frame(reader)
+        except BaseException:  # cancelled (the server stops while it starts): no orphan
+            self._process.kill()
+            await asyncio.to_thread(self._process.wait)
+            raise
+        if first is None or first[0] != "ready":
+            await self.shutdown()
+            reason = first[1] if first else "the engine process exited during start-up"
+            raise RuntimeError(f"engine failed to start: {reason}")
+        self.info = first[1]
+        self._reader_task = asyncio.create_task(self._read_loop(reader))
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    async def wait_closed(self) -> str:
+        """Wait until the engine process has gone (exited, killed or shut down): why."""
+        task = self._reader_task
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():  # this waiter was cancelled, not the reader
+                    raise
+            except Exception:
+                log.exception("engine reader failed")
+        return self.dead or "the engine process exited"
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        **options: Any,  # tenant, weight, priority, cache_salt
+    ) -> AsyncIterator[RequestDelta]:
+        """Yield each step's delta for this request; leaving early aborts it in the engine.
+
+        With `params.n` > 1 the deltas of every choice come here (`delta.index`); the stream
+        ends when each has finished, or at the first that failed or was aborted (the
+        others are then aborted)."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        if request_id in self._streams:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        stream = _Stream(asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send(["add", request_id, prompt_token_ids, params_to_wire(params), options])
+        self.queued[request_id] = Queued(
+            len(prompt_token_ids),
+            options.get("tenant", "default"),
+            options.get("weight", 1.0),
+            options.get("priority", 0),
+        )
+        unfinished = set(range(params.n))
+        try:
+            while True:
+                item = await stream.queue.get()
+                self._dequeue(request_id)
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    unfinished.discard(item.index)
+                    stream.finished = not unfinished
+                    if stream.finished or item.finish_reason in ("abort", "error"):
+                        return
+        finally:
+            self._dequeue(request_id)
+            self._streams.pop(request_id, None)
+            if not stream.finished and not self.dead:
+                self._send(["abort", request_id])
+
+    def _dequeue(self, request_id: str) -> None:
+        self.queued.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        if not self.dead:
+            self._send(["abort", request_id])
+
+    async def call(self, name: str) -> Any:
+        """Ask the engine process for something (`stats`)."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        self._send(["call", call_id, name])
+        return await future
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.call("stats")
+
+    def _send(self, message: list) -> None:
+        assert self._writer is not None
+        self._writer.write(pack(message))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        reason = "the engine process exited"
+        try:
+            while (message := await _read_frame(reader)) is not None:
+                if message[0] == "fatal":
+                    reason = f"the engine process failed: {message[1]}"
+                    break
+                self._dispatch(message)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            reason = f"lost the engine process: {exc}"
+        except Exception as exc:  # a message this side cannot read: the process is no use
+            log.exception("engine process: unreadable message")
+            reason = f"lost the engine process: {type(exc).__name__}"
+        self._mark_dead(reason)
+
+    def _dispatch(self, message: list) -> None:
+        kind = message[0]
+        if kind == "deltas":
+            if len(message) > 2:
+                self.latest_stats = message[2]
+            for values in message[1]:
+                delta = delta_from_wire(values)
+                stream = self._streams.get(delta.request_id)
+                if stream is not None:
+                    stream.queue.put_nowait(delta)
+        elif kind == "rejected":
+            stream = self._streams.get(message[1])
+            if stream is not None:
+                stream.finished = True
+                stream.queue.put_nowait(InvalidRequestError(message[2]))
+        elif kind == "reply":
+            future = self._calls.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_result(message[2])
+
+    def _mark_dead(self, reason: str, expected: bool = False) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        if not expected:
+            log.error("%s", reason)
+        for stream in self._streams.values():
+            stream.queue.put_nowait(EngineDeadError(reason))
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+        self._calls.clear()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        if self._writer is not None and not self.dead:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self._send(["shutdown"])
+                await self._writer.drain()
+        self._mark_dead("the engine was shut down", expected=True)
+        if self._process is not None:
+            try:
+                await asyncio.to_thread(self._process.wait, timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _engine_environment() -> dict[str, str]:
+    # OpenMP threads that spin while they wait lose their time slices to the API process
+    # on a small machine: measured 5-10x slower steps under load. Sleeping waits don't.
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Any | None:
+    try:
+        header = await reader.readexactly(HEADER.size)
+        (size,) = HEADER.unpack(header)
+        return unpack(await reader.readexactly(size))
+    except asyncio.IncompleteReadError:
+        return None

@@ -1,0 +1,3 @@
+"""The scheduler: continuous batching over the paged block pool with prefix caching, fair share
+between tenants, the prefill budget, n-choice forks. Imports engine.sample's parameters.
+"""

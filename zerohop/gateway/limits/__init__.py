@@ -1,0 +1,3 @@
+"""Rate limits: per-minute token buckets (Anthropic's semantics) and a fleet replica's shares.
+Imports gateway.keys and gateway.store.
+"""

@@ -1,0 +1,176 @@
+"""Per-minute rate limits across a fleet: each replica holds a share of each limit.
+
+For every limited key and tenant a replica serves, PostgreSQL holds its share w (its
+`rate_shares` row) and the sum of the live shares stays <= 1, under the `rate_subjects`
+row's lock. A replica's buckets hold w times the limit and refill at w times its rate
+(`limits.set_share`). At every heartbeat each replica reports its demand (what it was
+asked for lately, in parts of the limit: refused requests count, so a starved replica asks
+for more) and takes the share that demand earns it, out of what the others leave free:
+shares follow use within a couple of heartbeats, and a replica that stops asking gives its
+share back after IDLE seconds.
+
+Accuracy: capacity a replica gains starts empty, so the fleet's buckets together never
+hold more than one limit's worth, and in any interval T the fleet admits at most L + L·T/60
+requests (or input tokens): the bound of one replica with the whole limit. What can go
+past it: a share taken back is applied here one round trip after PostgreSQL frees it; a
+replica cut off from PostgreSQL keeps serving at min(its share, 1/N) while the others may
+grow into its expired row; output tokens are charged as they are produced, as on one
+replica. `max_concurrency` stays per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from zerohop.gateway.keys.identity import Identity
+from zerohop.gateway.limits import buckets as limits
+from zerohop.gateway.limits.buckets import RateLimiter, SubjectLimits
+
+FLOOR = 0.05  # of each limit, split between the replicas using it: none ever starves
+IDLE = 60.0  # seconds without a request: the share goes back
+DEMAND_HALF_LIFE = 5.0  # seconds
+FORGET_AFTER = 60.0  # seconds an expired row is kept: the fleet's bucket was not idle
+
+
+def allocate(demands: dict[str, float], me: str) -> float:
+    """My share: a floor for each replica using the subject, the rest by demand."""
+    n = len(demands)
+    total = sum(demands.values())
+    if total <= 0:
+        return 1.0 / n
+    return FLOOR / n + (1.0 - FLOOR) * demands[me] / total
+
+
+def rebalance(
+    conn: psycopg.Connection, replica_id: str, subject: str, demand: float, ttl: float
+) -> tuple[float, bool]:
+    """Take the share `demand` earns, from what the others leave free; (share, fresh):
+    fresh when no replica had held a share lately (the fleet's bucket is full)."""
+    with conn.transaction():
+        conn.execute("INSERT INTO rate_subjects VALUES (%s) ON CONFLICT DO NOTHING", (subject,))
+        conn.execute("SELECT 1 FROM rate_subjects WHERE subject = %s FOR UPDATE", (subject,))
+        rows = conn.execute(
+            "SELECT replica_id, share, demand, expires_at > now() FROM rate_shares"
+            " WHERE subject = %s",
+            (subject,),
+        ).fetchall()
+        live = {r[0]: (r[1], r[2]) for r in rows if r[3] and r[0] != replica_id}
+        others = sum(share for share, _ in live.values())
+        demands = {r: d for r, (_, d) in live.items()} | {replica_id: demand}
+        share = max(0.0, min(allocate(demands, replica_id), 1.0 - others - 1e-9))
+        conn.execute(
+            "INSERT INTO rate_shares (subject, replica_id, share, demand, expires_at)"
+            " VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s))"
+            " ON CONFLICT (subject, replica_id) DO UPDATE SET share = excluded.share,"
+            " demand = excluded.demand, expires_at = excluded.expires_at",
+            (subject, replica_id, share, demand, ttl),
+        )
+    return share, not rows
+
+
+def give_back(conn: psycopg.Connection, replica_id: str, subject: str) -> None:
+    conn.execute(
+        "DELETE FROM rate_shares WHERE subject = %s AND replica_id = %s", (subject, replica_id)
+    )
+
+
+@dataclass(slots=True)
+class Demand:
+    asked: float = 0.0  # SubjectLimits.asked at the last heartbeat
+    rate: float = 0.0  # parts of the limit asked per minute, decaying average
+    at: float = 0.0
+
+
+class FleetRates:
+    """This replica's shares: renewed by the lease keeper's heartbeat (its thread), applied
+    on the event loop."""
+
+    def __init__(self, limiter: RateLimiter, wait: float) -> None:
+        limiter.fleet = True
+        self.limiter = limiter
+        self.wait = wait
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.keeper = None  # the LeaseKeeper whose heartbeat runs `beat`
+        self.replicas = 1  # live replicas at the last heartbeat
+        self._demand: dict[str, Demand] = {}
+        self._granted: dict[str, float] = {}  # subject -> share PostgreSQL last gave
+        self._waiting: dict[str, asyncio.Event] = {}
+
+    def shares(self) -> dict[str, float]:
+        """subject -> the share PostgreSQL last granted this replica."""
+        return dict(self._granted)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    async def prepare(self, identity: Identity) -> None:
+        """Before a subject's first request here, wait (at most `wait`) for its share."""
+        missing = [name for name, state in self.limiter.peek(identity) if name not in self._granted]
+        if not missing or self.keeper is None or self.keeper.failing:
+            return
+        events = [self._waiting.setdefault(name, asyncio.Event()) for name in missing]
+        self.keeper.poke()
+        with contextlib.suppress(TimeoutError):  # then the limiter refuses, retryable
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), self.wait)
+
+    # -- the keeper's thread -------------------------------------------------------------------
+
+    def waiting(self) -> bool:
+        """A request waits for a share this replica does not hold yet."""
+        return bool(self._waiting)
+
+    def beat(
+        self,
+        conn: psycopg.Connection,
+        replica_id: str,
+        ttl: float,
+        now: float,
+        only_waiting: bool = False,
+    ) -> None:
+        subjects = dict(self.limiter.subjects())  # a copy: the loop may add meanwhile
+        for name, state in subjects.items():
+            if only_waiting and name not in self._waiting:
+                continue
+            idle = now - state.asked_at > IDLE
+            if idle and name in self._granted:
+                give_back(conn, replica_id, name)
+                self._post(name, 0.0, False, forget=True)
+            elif not idle or name in self._waiting:
+                share, fresh = rebalance(conn, replica_id, name, self._rate(name, state, now), ttl)
+                self._post(name, share, fresh and name not in self._granted)
+
+    def fall_back(self) -> None:
+        """Cut off from PostgreSQL past the shares' deadline: others may take our rows."""
+        floor = 1.0 / max(1, self.replicas)
+        for name, share in list(self._granted.items()):
+            if share > floor:
+                self._post(name, floor, False)
+
+    def _rate(self, name: str, state: SubjectLimits, now: float) -> float:
+        d = self._demand.setdefault(name, Demand(state.asked, 0.0, now))
+        elapsed = max(now - d.at, 1e-3)
+        decay = 0.5 ** (elapsed / DEMAND_HALF_LIFE)
+        d.rate = d.rate * decay + (1 - decay) * (state.asked - d.asked) * 60.0 / elapsed
+        d.asked, d.at = state.asked, now
+        return max(d.rate, 1e-6)  # asked lately: worth a share, if only the floor
+
+    def _post(self, name: str, share: float, fresh: bool, forget: bool = False) -> None:
+        if forget:
+            self._granted.pop(name, None)
+            self._demand.pop(name, None)
+        else:
+            self._granted[name] = share
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._apply, name, share, fresh)
+
+    def _apply(self, name: str, share: float, fresh: bool) -> None:
+        state = self.limiter.subjects().get(name)
+        if state is not None:
+            limits.set_share(state, share, time.monotonic(), fill=fresh)
+        if (event := self._waiting.pop(name, None)) is not None:
+            event.set()

@@ -1,0 +1,86 @@
+"""The key store as the server and the CLI use it, whichever holds it: one SQLite file per
+replica (`KeyStore`, `--keys-db`) or a fleet's PostgreSQL (`PostgresStore`, `--store URL`).
+
+Both read rows back through `store_rows`, so a key or tenant means the same in either, and
+both bump a version on every change that a server compares with the one it loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.store.rows import InvalidKey, KeyRecord, TenantRow
+from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
+from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
+
+__all__ = ["SchemaMismatch", "Store", "StoreSpec", "StoreUnavailable", "open_store"]
+
+
+class Store(Protocol):
+    """Tenants and keys (the CLI writes them, the server snapshots them) and token spend."""
+
+    def upsert_tenant(self, tenant: Tenant) -> None: ...
+
+    def tenant(self, name: str) -> Tenant | None: ...
+
+    def tenant_row(self, name: str) -> TenantRow | None: ...
+
+    def tenants(self) -> list[Tenant]: ...
+
+    def tenant_rows(self) -> list[TenantRow]: ...
+
+    def ensure_tenant(self, name: str) -> None: ...
+
+    def create_key(
+        self,
+        tenant: str,
+        *,
+        name: str = "",
+        expires: float | None = None,
+        models: list[str] | None = None,
+        priority: str = "interactive",
+        limits: Limits = ...,
+        budget: Budget | None = None,
+        admin: bool = False,
+        inference: bool = True,
+        created_by: str | None = None,
+    ) -> tuple[str, KeyRecord]: ...
+
+    def update_key(self, key_id: str, **fields: Any) -> KeyRecord: ...
+
+    def revoke_key(self, key_id: str) -> bool: ...
+
+    def key(self, key_id: str) -> KeyRecord | None: ...
+
+    def list_keys(self) -> list[KeyRecord]: ...
+
+    def has_keys(self) -> bool: ...
+
+    def version(self) -> int: ...
+
+    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]: ...
+
+    def spend(self) -> list[tuple[str, str, int]]: ...
+
+    def add_usage(self, usage: list[UsageRow], refusals: list[RefusalRow]) -> None: ...
+
+    def usage(self, width: int, since: int, until: int) -> list[UsageRow]: ...
+
+    def refusals(self, since: int, until: int) -> list[RefusalRow]: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+def open_store(spec: StoreSpec) -> Store:
+    """The store `spec` names, opened: StoreUnavailable where a PostgreSQL store cannot be
+    reached or its schema is missing or too old (a SQLite file gets today's schema)."""
+    if spec.kind == "postgresql":
+        from zerohop.gateway.store.postgres import PostgresStore
+
+        return PostgresStore(spec.url)
+    from zerohop.gateway.store.sqlite import KeyStore
+
+    return KeyStore(spec.path)

@@ -1,0 +1,88 @@
+"""The fleet store's schema in PostgreSQL, as numbered migrations (`zerohop store migrate`).
+
+Each step runs in its own transaction; steps are only ever added, never edited, and stay
+additive (new tables, new nullable columns) so replicas one version behind keep working
+during a rolling upgrade. `MIN_READER[v]` is the oldest zerohop schema version that may
+still serve against a store at version v.
+
+Keys and tenants have the SQLite store's columns (`zerohop.gateway.store.sqlite.SCHEMA`), so
+`store_rows` reads a row of either; `change_version` stamps each row with the
+`keys_version` of the change that last wrote it. Budgets are held as leases (see
+`zerohop.gateway.budgets.pg_leases`): `budget_state` per (subject, period) has `settled` (spend
+reported final) and `leased` (granted to replicas and not yet reported), and every
+transaction that touches them keeps settled + leased <= the budget.
+"""
+
+from __future__ import annotations
+
+from zerohop.gateway.store.usage_tables import POSTGRES_SCHEMA
+
+_KEYS_V1 = """
+CREATE TABLE store_meta (name text PRIMARY KEY, value bigint NOT NULL);
+INSERT INTO store_meta VALUES ('keys_version', 0);
+CREATE TABLE tenants (
+    name text PRIMARY KEY, weight double precision NOT NULL DEFAULT 1.0,
+    rpm bigint, itpm bigint, otpm bigint, max_concurrency bigint,
+    budget_tokens bigint, budget_period text, created double precision NOT NULL,
+    change_version bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE keys (
+    key_id text PRIMARY KEY, secret_sha256 text NOT NULL UNIQUE,
+    tenant text NOT NULL REFERENCES tenants(name), name text NOT NULL DEFAULT '',
+    created double precision NOT NULL, expires double precision, revoked double precision,
+    models text NOT NULL DEFAULT '[]', priority text NOT NULL DEFAULT 'interactive',
+    rpm bigint, itpm bigint, otpm bigint, max_concurrency bigint,
+    budget_tokens bigint, budget_period text,
+    change_version bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX keys_tenant ON keys (tenant);
+"""
+
+_LEASES_V1 = """
+CREATE TABLE budget_state (
+    subject text NOT NULL, period text NOT NULL,
+    settled bigint NOT NULL DEFAULT 0, leased bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (subject, period), CHECK (settled >= 0 AND leased >= 0)
+);
+CREATE TABLE leases (
+    lease_id bigserial PRIMARY KEY, replica_id text NOT NULL,
+    subject text NOT NULL, period text NOT NULL,
+    granted bigint NOT NULL, settled bigint NOT NULL DEFAULT 0,
+    state text NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'returned', 'expired')),
+    granted_at timestamptz NOT NULL DEFAULT now(), expires_at timestamptz NOT NULL,
+    CHECK (settled >= 0 AND settled <= granted)
+);
+CREATE UNIQUE INDEX leases_one_active ON leases (replica_id, subject, period)
+    WHERE state = 'active';
+CREATE INDEX leases_due ON leases (expires_at) WHERE state = 'active';
+CREATE TABLE replicas (
+    replica_id text PRIMARY KEY, host text NOT NULL DEFAULT '', zerohop text NOT NULL DEFAULT '',
+    started_at timestamptz NOT NULL DEFAULT now(), heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);
+CREATE TABLE rate_subjects (subject text PRIMARY KEY);
+CREATE TABLE rate_shares (
+    subject text NOT NULL REFERENCES rate_subjects(subject), replica_id text NOT NULL,
+    share double precision NOT NULL CHECK (share >= 0 AND share <= 1),
+    demand double precision NOT NULL DEFAULT 0, expires_at timestamptz NOT NULL,
+    PRIMARY KEY (subject, replica_id)
+);
+"""
+
+# Issue 25: admin keys, and usage per minute for the admin API. A zerohop of version 1
+# would serve an admin-only key as a data-plane key, so version 2's readers start at 2.
+_ADMIN_V2 = (
+    """
+ALTER TABLE keys ADD COLUMN admin integer NOT NULL DEFAULT 0;
+ALTER TABLE keys ADD COLUMN inference integer NOT NULL DEFAULT 1;
+ALTER TABLE keys ADD COLUMN archived double precision;
+ALTER TABLE keys ADD COLUMN created_by text;
+"""
+    + POSTGRES_SCHEMA
+)
+
+# (version, SQL): applied in order, each in one transaction.
+PG_MIGRATIONS: list[tuple[int, str]] = [(1, _KEYS_V1 + _LEASES_V1), (2, _ADMIN_V2)]
+MIN_READER: dict[int, int] = {1: 1, 2: 2}
+SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
+KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

@@ -1,0 +1,341 @@
+"""The key store: tenants and API keys in SQLite, and the token-spend ledger beside them.
+
+One file (`--keys-db`, default `$XDG_DATA_HOME/zerohop/keys.db`) shared by the server and
+the `zerohop keys` CLI. Secrets are never stored: a key is `zh-` + 32 random bytes
+(URL-safe base64) and the store keeps its SHA-256. The key id is the key's first 11
+characters, public, shown in logs and the audit trail. Every change to keys or tenants bumps
+`meta.keys_version`, which the server polls to reload its in-memory index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.store import usage_tables as usage_sql
+from zerohop.gateway.store.rows import (
+    InvalidKey,
+    KeyRecord,
+    TenantRow,
+    key_identity,
+    key_record,
+    tenant_row,
+)
+from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
+
+KEY_PREFIX = "zh-"
+KEY_ID_LENGTH = len(KEY_PREFIX) + 8
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('keys_version', 0);
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY, weight REAL NOT NULL DEFAULT 1.0,
+    rpm INTEGER, itpm INTEGER, otpm INTEGER, max_concurrency INTEGER,
+    budget_tokens INTEGER, budget_period TEXT, created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS keys (
+    key_id TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL UNIQUE,
+    tenant TEXT NOT NULL REFERENCES tenants(name), name TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, expires REAL, revoked REAL,
+    models TEXT NOT NULL DEFAULT '[]', priority TEXT NOT NULL DEFAULT 'interactive',
+    rpm INTEGER, itpm INTEGER, otpm INTEGER, max_concurrency INTEGER,
+    budget_tokens INTEGER, budget_period TEXT,
+    admin INTEGER NOT NULL DEFAULT 0, inference INTEGER NOT NULL DEFAULT 1,
+    archived REAL, created_by TEXT
+);
+CREATE TABLE IF NOT EXISTS spend (
+    subject TEXT NOT NULL, period TEXT NOT NULL, tokens INTEGER NOT NULL,
+    PRIMARY KEY (subject, period)
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    request_id TEXT PRIMARY KEY, charges TEXT NOT NULL, created REAL NOT NULL
+);
+"""
+# Columns added to `keys` after its first release: a file made before gets them on open.
+ADDED_KEY_COLUMNS = (
+    ("admin", "INTEGER NOT NULL DEFAULT 0"),
+    ("inference", "INTEGER NOT NULL DEFAULT 1"),
+    ("archived", "REAL"),
+    ("created_by", "TEXT"),
+)
+LIMIT_COLUMNS = LIMIT_NAMES  # the limit columns of `tenants` and `keys` (SCHEMA spells them)
+_LIMIT_SQL = ", ".join(LIMIT_COLUMNS)
+_UPSERT_TENANT = (
+    f"INSERT INTO tenants (name, weight, {_LIMIT_SQL}, budget_tokens, budget_period, created)"
+    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 5))})"
+    " ON CONFLICT(name) DO UPDATE SET weight=excluded.weight,"
+    f" {', '.join(f'{c}=excluded.{c}' for c in LIMIT_COLUMNS)},"
+    " budget_tokens=excluded.budget_tokens, budget_period=excluded.budget_period"
+)
+_INSERT_KEY = (
+    "INSERT INTO keys (key_id, secret_sha256, tenant, name, created, expires, models,"
+    f" priority, {_LIMIT_SQL}, budget_tokens, budget_period, admin, inference, created_by)"
+    f" VALUES ({','.join('?' * (len(LIMIT_COLUMNS) + 13))})"
+)
+NO_LIMITS = Limits()
+_USAGE = usage_sql.UsageTables(postgres=False)
+
+
+def default_db_path() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "zerohop" / "keys.db"
+
+
+def hash_secret(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
+    """The store in WAL mode. `synchronous`: FULL (the key store's own changes, rare: a
+    revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
+    committed when the process is killed, only on an OS crash or power loss (the budget
+    ledger's `--durability normal`)."""
+    conn = open_wal(path, SCHEMA + usage_sql.SQLITE_SCHEMA, synchronous)
+    _add_key_columns(conn)
+    return conn
+
+
+def _add_key_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    if all(column in have for column, _ in ADDED_KEY_COLUMNS):
+        return
+    with immediate_transaction(conn):
+        have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}  # under the lock
+        for column, decl in ADDED_KEY_COLUMNS:
+            if column not in have:
+                conn.execute(f"ALTER TABLE keys ADD COLUMN {column} {decl}")
+
+
+@contextmanager
+def immediate_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT on a connection opened by `open_wal`; ROLLBACK on any
+    exception, which is raised on."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def open_wal(path: Path, schema: str, synchronous: str) -> sqlite3.Connection:
+    """A SQLite file in WAL mode with foreign keys on and `schema` applied; transactions are
+    explicit (`BEGIN IMMEDIATE`), and the connection may be shared by threads under a lock."""
+    assert synchronous in ("NORMAL", "FULL"), synchronous
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.executescript(schema)
+    return conn
+
+
+class TenantReads:
+    """What both stores derive from their `tenant_row` and `tenant_rows`."""
+
+    def tenant_row(self, name: str) -> TenantRow | None:
+        raise NotImplementedError
+
+    def tenant_rows(self) -> list[TenantRow]:
+        raise NotImplementedError
+
+    def tenant(self, name: str) -> Tenant | None:
+        """The tenant (an invalid field of its row read as a placeholder: see tenant_row)."""
+        row = self.tenant_row(name)
+        return None if row is None else row.tenant
+
+    def tenants(self) -> list[Tenant]:
+        return [r.tenant for r in self.tenant_rows()]
+
+
+class KeyStore(TenantReads):
+    """Reads and writes keys and tenants (the CLI), and snapshots them (the server)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = connect(path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    @contextmanager
+    def _change(self) -> Iterator[sqlite3.Connection]:
+        with self._transaction() as conn:
+            yield conn
+            conn.execute("UPDATE meta SET value = value + 1 WHERE name = 'keys_version'")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with immediate_transaction(self.conn) as conn:
+            yield conn
+
+    # -- tenants ------------------------------------------------------------------------------
+
+    def upsert_tenant(self, tenant: Tenant) -> None:
+        with self._change() as conn:
+            conn.execute(
+                _UPSERT_TENANT,
+                (tenant.name, tenant.weight, *tenant.limits.values(),
+                 *budget_values(tenant.budget), time.time()),
+            )  # fmt: skip
+
+    def tenant_row(self, name: str) -> TenantRow | None:
+        """The tenant and the invalid fields of its row (`zerohop.gateway.store.rows`)."""
+        row = self.conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
+        return None if row is None else tenant_row(row)
+
+    def tenant_rows(self) -> list[TenantRow]:
+        return [tenant_row(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
+
+    def ensure_tenant(self, name: str) -> None:
+        with self._change() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO tenants (name, created) VALUES (?, ?)", (name, time.time())
+            )
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def create_key(
+        self,
+        tenant: str,
+        *,
+        name: str = "",
+        expires: float | None = None,
+        models: list[str] | None = None,
+        priority: str = "interactive",
+        limits: Limits = NO_LIMITS,
+        budget: Budget | None = None,
+        admin: bool = False,
+        inference: bool = True,
+        created_by: str | None = None,
+    ) -> tuple[str, KeyRecord]:
+        """A new key: returns the secret (shown once, never stored) and its record."""
+        self.ensure_tenant(tenant)
+        key = new_key()
+        key_id = key[:KEY_ID_LENGTH]
+        with self._change() as conn:
+            conn.execute(
+                _INSERT_KEY,
+                (key_id, hash_secret(key), tenant, name, time.time(), expires,
+                 json.dumps(models or []), priority, *limits.values(),
+                 *budget_values(budget), int(admin), int(inference), created_by),
+            )  # fmt: skip
+        record = self.key(key_id)
+        assert record is not None
+        return key, record
+
+    def update_key(self, key_id: str, **fields: Any) -> KeyRecord:
+        """Change some of: tenant, name, expires, models, priority, limits, budget, admin,
+        inference, revoked, archived."""
+        record = self.key(key_id)
+        if record is None:
+            raise KeyError(key_id)
+        columns = key_columns(fields)
+        if "tenant" in columns:
+            self.ensure_tenant(columns["tenant"])
+        if columns:
+            assignments = ", ".join(f"{c} = ?" for c in columns)
+            with self._change() as conn:
+                conn.execute(
+                    f"UPDATE keys SET {assignments} WHERE key_id = ?", (*columns.values(), key_id)
+                )
+        updated = self.key(key_id)
+        assert updated is not None
+        return updated
+
+    def revoke_key(self, key_id: str) -> bool:
+        with self._change() as conn:
+            done = conn.execute(
+                "UPDATE keys SET revoked = ? WHERE key_id = ? AND revoked IS NULL",
+                (time.time(), key_id),
+            )
+        return done.rowcount == 1
+
+    def key(self, key_id: str) -> KeyRecord | None:
+        row = self.conn.execute("SELECT * FROM keys WHERE key_id = ?", (key_id,)).fetchone()
+        return None if row is None else key_record(row)
+
+    def list_keys(self) -> list[KeyRecord]:
+        rows = self.conn.execute("SELECT * FROM keys ORDER BY tenant, created")
+        return [key_record(r) for r in rows]
+
+    # -- what the server loads ----------------------------------------------------------------
+
+    def has_keys(self) -> bool:
+        """Any key at all, revoked ones included: the store is in use, the server is not open."""
+        return self.conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
+
+    def version(self) -> int:
+        row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
+        return int(row[0])
+
+    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]:
+        """(version, secret hash -> Identity) of every key that is not revoked; a key whose
+        row or tenant row holds an invalid value maps to an InvalidKey instead."""
+        with self._transaction() as conn:
+            version = self.version()
+            tenants = {t.tenant.name: t for t in self.tenant_rows()}
+            rows = conn.execute("SELECT * FROM keys WHERE revoked IS NULL").fetchall()
+        index = {}
+        for row in rows:
+            record = key_record(row)
+            index[row["secret_sha256"]] = key_identity(record, tenants.get(record.tenant))
+        return version, index
+
+    def spend(self) -> list[tuple[str, str, int]]:
+        """(subject, period, tokens) of every ledger row, reservations included."""
+        rows = self.conn.execute("SELECT subject, period, tokens FROM spend ORDER BY 1, 2")
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    # -- usage (zerohop.gateway.store.usage_tables) ------------------------------------
+
+    def add_usage(self, usage: list[UsageRow], refusals: list[RefusalRow]) -> None:
+        with self._transaction() as conn:
+            _USAGE.write(conn, usage, refusals)
+
+    def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
+        return _USAGE.usage(self.conn, width, since, until)
+
+    def refusals(self, since: int, until: int) -> list[RefusalRow]:
+        return _USAGE.refusal_totals(self.conn, since, until)
+
+
+SqliteStore = KeyStore  # the Store (zerohop.gateway.store.open_store) of one replica's own file
+
+
+def key_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """The `keys` columns (and values) that `update_key(**fields)` sets, in either store."""
+    plain = ("tenant", "name", "expires", "priority", "revoked", "archived")
+    columns = {k: fields[k] for k in plain if k in fields}
+    columns |= {k: int(fields[k]) for k in ("admin", "inference") if k in fields}
+    if "models" in fields:
+        columns["models"] = json.dumps(fields["models"] or [])
+    if "limits" in fields:
+        columns |= dict(zip(LIMIT_COLUMNS, fields["limits"].values(), strict=True))
+    if "budget" in fields:
+        tokens, period = budget_values(fields["budget"])
+        columns |= {"budget_tokens": tokens, "budget_period": period}
+    return columns
+
+
+def budget_values(budget: Budget | None) -> tuple[int | None, str | None]:
+    return (None, None) if budget is None else (budget.tokens, budget.period)
