@@ -16,11 +16,14 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic import schema as anthropic_schema
-from zerohop.api.anthropic.tools import ToolEvents as ToolEventsFor
-from zerohop.api.anthropic.tools import ToolOutput, auto_grammar, neutral_turns, request_tools
+from zerohop.api.anthropic.blocks import ContentBlocks
+from zerohop.api.anthropic.turns import conversation, request_tools
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.planner import strict_grammar
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser
+from zerohop.api.tools.spec import ToolSet
 
 WEATHER = {
     "name": "get_weather",
@@ -168,19 +171,22 @@ STRICT_BOOK = {**BOOK, "strict": True}
 def test_strict_tools_in_auto_mode_decode_by_grammar(live_server) -> None:
     """Only when every tool is strict, in auto mode, read as Hermes, without a format, a
     prefill or thinking; then the model may write text but only valid calls."""
+
+    def grammar(request: Any, parser: Any = HermesParser, think: bool | None = None) -> Any:
+        conv = conversation(request, None, MODEL_NAME)
+        conv.reasoning.think = think
+        return strict_grammar(conv, parser)
+
     request = decoded(tools=[STRICT_BOOK])
-    tools = request_tools(request)
-    assert auto_grammar(request, tools, HermesParser, None) is not None
-    assert auto_grammar(request, tools, MistralParser, None) is None
-    assert auto_grammar(request, tools, HermesParser, True) is None
-    mixed = decoded(tools=[STRICT_BOOK, CLOCK])
-    assert auto_grammar(mixed, request_tools(mixed), HermesParser, None) is None
+    assert grammar(request) is not None
+    assert grammar(request, MistralParser) is None
+    assert grammar(request, think=True) is None
+    assert grammar(decoded(tools=[STRICT_BOOK, CLOCK])) is None
     prefilled = decoded(
         tools=[STRICT_BOOK], messages=[*USER, {"role": "assistant", "content": "I"}]
     )
-    assert auto_grammar(prefilled, tools, HermesParser, None) is None
-    forced = decoded(tools=[STRICT_BOOK], tool_choice={"type": "any"})
-    assert auto_grammar(forced, tools, HermesParser, None) is None
+    assert grammar(prefilled) is None
+    assert grammar(decoded(tools=[STRICT_BOOK], tool_choice={"type": "any"})) is None
     message = client(live_server).messages.create(
         model=MODEL_NAME, max_tokens=24, messages=USER, tools=[STRICT_BOOK]
     )
@@ -289,6 +295,13 @@ def decoded(**fields: Any) -> anthropic_schema.MessagesRequest:
     return anthropic_schema.decode_messages(json.dumps(body).encode())
 
 
+def tool_reader(request: anthropic_schema.MessagesRequest) -> tuple[OutputReader, ContentBlocks]:
+    """The reader and blocks of a request in auto mode, calls read as Hermes."""
+    conv = conversation(request, None, MODEL_NAME)
+    calls = HermesParser(ToolSet(conv.tools))
+    return OutputReader(None, calls, not conv.tool_choice.parallel), ContentBlocks(False, True)
+
+
 def test_neutral_turns_and_parsing() -> None:
     messages = [
         *USER,
@@ -297,9 +310,9 @@ def test_neutral_turns_and_parsing() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                       "content": "12:00"}]},
     ]  # fmt: skip
-    turns, prefill = neutral_turns(decoded(messages=messages, system="Be brief."))
-    assert prefill is None
-    assert turns == [
+    conv = conversation(decoded(messages=messages, system="Be brief."), None, MODEL_NAME)
+    assert conv.prefill is None
+    assert [turn.as_template() for turn in conv.turns] == [
         {"role": "system", "content": "Be brief."},
         USER[0],
         {"role": "assistant", "content": "", "tool_calls": [
@@ -307,11 +320,11 @@ def test_neutral_turns_and_parsing() -> None:
         {"role": "tool", "content": "12:00", "name": "get_time"},
     ]  # fmt: skip
     request = decoded(tool_choice={"type": "auto", "disable_parallel_tool_use": True})
-    output = ToolOutput.of(request, request_tools(request))
+    reader, output = tool_reader(request)
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>'
     for piece in ["Sure.\n", call[:7], call[7:], "\n", call, " after"]:
-        output.feed(piece)
-    output.feed("", final=True)
+        output.events(reader.feed(piece))
+    output.events(reader.feed("", final=True), final=True)
     content = output.content()
     assert [b["type"] for b in content] == ["text", "tool_use"]  # one call only, then no text
     assert content[0]["text"] == "Sure.\n" and content[1]["input"] == {"zone": "cet"}
@@ -324,13 +337,13 @@ def test_stream_events_accumulate_to_the_content() -> None:
     the non-streaming response, block indexes consecutive, each block stopped once."""
     from anthropic.lib.streaming._messages import accumulate_event
 
-    request = decoded(tool_choice={"type": "auto"})
-    output, blocks = ToolOutput.of(request, request_tools(request)), ToolEventsFor()
+    reader, blocks = tool_reader(decoded(tool_choice={"type": "auto"}))
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>'
     raw = b""
     pieces = ["\n", "Sure", ".\n", call[:5], call[5:], "\n", call]
     for i, piece in enumerate(pieces):
-        raw += blocks.events(*output.feed(piece, final=i == len(pieces) - 1))
+        final = i == len(pieces) - 1
+        raw += blocks.events(reader.feed(piece, final=final), final=final)
     raw += blocks.end()
     events = sse_events(raw.decode().splitlines())
     kinds = [(n, d.get("index")) for n, d in events if n != "content_block_delta"]
@@ -344,7 +357,7 @@ def test_stream_events_accumulate_to_the_content() -> None:
     for data in [start] + [d for _, d in events]:
         snapshot = accumulate_event(event=data, current_snapshot=snapshot, json_bufs=bufs)
     got = [b.model_dump(exclude_none=True) for b in snapshot.content]
-    want = output.content()
+    want = blocks.content()
     assert [{k: b[k] for k in w} for b, w in zip(got, want, strict=True)] == want
     assert want[0] == {"type": "text", "text": "\nSure.\n"} and len(want) == 3
 

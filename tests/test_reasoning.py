@@ -13,9 +13,10 @@ import openai
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer, with_chat_template
+from zerohop.api.anthropic.blocks import ContentBlocks
 from zerohop.api.anthropic.schema import MessagesRequest, decode_messages
-from zerohop.api.anthropic.thinking import ThinkingEvents, ThinkingOutput, thinking_mode
-from zerohop.api.anthropic.tools import ToolOutput
+from zerohop.api.anthropic.turns import conversation
+from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format, sign, verify
 from zerohop.api.errors import ApiError
 
@@ -164,8 +165,9 @@ def test_no_reasoning_format() -> None:
     body = {"model": MODEL_NAME, "max_tokens": MAX, "messages": USER, "thinking": THINK}
     request = decode_messages(json.dumps(body).encode())
     with pytest.raises(ApiError, match="no reasoning format"):
-        thinking_mode(request, "{{ messages }}", MODEL_NAME)
-    assert thinking_mode(dict_request(body, thinking=None), "{{ messages }}", MODEL_NAME) is None
+        conversation(request, "{{ messages }}", MODEL_NAME)
+    unasked = conversation(dict_request(body, thinking=None), "{{ messages }}", MODEL_NAME)
+    assert unasked.reasoning.think is None
 
 
 def dict_request(body: dict, **fields) -> MessagesRequest:
@@ -238,10 +240,10 @@ def event_list(chunk: bytes) -> list[dict]:
 
 @pytest.mark.parametrize("tools", [False, True])
 def test_thinking_events(tools: bool) -> None:
-    output = ThinkingOutput(ReasoningParser(True), ToolOutput(None, False) if tools else None)
-    events = ThinkingEvents(output)
-    chunk = events.events("a thought</thi", False) + events.events("nk>\n\nhi", False)
-    chunk += events.events("!", True) + events.end()
+    reader, output = OutputReader(ReasoningParser(True)), ContentBlocks(True, tools)
+    assert event_list(output.opening())[0]["content_block"]["type"] == "thinking"
+    chunk = output.events(reader.feed("a thought</thi")) + output.events(reader.feed("nk>\n\nhi"))
+    chunk += output.events(reader.feed("!", True), True) + output.end()
     got = [(e["type"], e["index"], e.get("delta", {}).get("type")) for e in event_list(chunk)]
     assert got == [
         ("content_block_delta", 0, "thinking_delta"),

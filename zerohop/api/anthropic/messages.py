@@ -28,33 +28,17 @@ from typing import Any
 
 import orjson
 
+from zerohop.api.anthropic.blocks import ContentBlocks
 from zerohop.api.anthropic.schema import (
     CountTokensRequest,
     MessagesRequest,
-    TextBlock,
     decode_count_tokens,
     decode_messages,
 )
-from zerohop.api.anthropic.thinking import (
-    START,
-    ThinkingEvents,
-    ThinkingOutput,
-    check_thinking,
-    thinking_mode,
-    with_budget,
-)
-from zerohop.api.anthropic.tools import (
-    ToolEvents,
-    ToolOutput,
-    auto_grammar,
-    check_content,
-    forced_grammar,
-    neutral_turns,
-    request_tools,
-    uses_tools,
-    with_system_and_prefill,
-)
-from zerohop.api.conversation.reasoning import ReasoningParser, opens_thought
+from zerohop.api.anthropic.turns import conversation
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.planner import plan, prompt_ids
+from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError, anthropic_body
 from zerohop.api.http.asgi import (
     Receive,
@@ -69,12 +53,8 @@ from zerohop.api.http.asgi import (
 )
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
-from zerohop.api.tools.prompt import render_messages
-from zerohop.api.tools.spec import Tool
-from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
-from zerohop.engine.structured.grammar import json_schema_grammar
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
@@ -112,7 +92,7 @@ class AnthropicSurface:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
-        prompt = self.prompt(request, self.thinking(request))
+        prompt = prompt_ids(self.conversation(request), self.ctx)
         headers = request_id_headers(call.request_id)
         await send_json(send, 200, {"input_tokens": len(prompt)}, headers)
 
@@ -120,25 +100,17 @@ class AnthropicSurface:
         request = decode_messages(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        thinks = self.thinking(request)
-        prompt = self.ctx.continued(self.prompt(request, thinks), continues)
-        self.ctx.check_lengths(len(prompt), request.max_tokens)
-        tools = request_tools(request)
-        if tools and (request.return_token_ids or continues):
+        conv = self.conversation(request)
+        if conv.tools and (request.return_token_ids or continues):
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
-        params = _sampling_params(request, tools)
-        params.grammar = params.grammar or auto_grammar(
-            request, tools, self.ctx.tool_parser, thinks
-        )
+        planned = plan(conv, self.ctx, _sampling_params(request), continues)
+        prompt = planned.prompt
+        self.ctx.check_lengths(len(prompt), request.max_tokens)
         state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
-        if tools:
-            state.tools = ToolOutput.of(request, tools, self.ctx.tool_parser)
-        if thinks:
-            check_thinking(request, params.grammar)
-            opened = opens_thought(self.ctx.tokenizer, prompt)
-            params = with_budget(params, request, opened)
-            state.thinking = ThinkingOutput(ReasoningParser(in_thought=opened), state.tools)
-        generation = self.ctx.generate(call, prompt, params, receive, continues)
+        if conv.tools or planned.in_thought is not None:
+            state.reader = planned.reader()
+            state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
+        generation = self.ctx.generate(call, prompt, planned.params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
                 await state.stream(deltas, with_send_times(scope, send))
@@ -148,29 +120,8 @@ class AnthropicSurface:
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
-    def thinking(self, request: CountTokensRequest) -> bool | None:
-        """Whether to think (None: the model has no reasoning format); anthropic_thinking.py."""
-        template = self.ctx.tokenizer.chat_template
-        return thinking_mode(request, template, self.ctx.model_name)
-
-    def prompt(self, request: CountTokensRequest, thinks: bool | None = None) -> list[int]:
-        extra: dict[str, Any] = {}
-        if uses_tools(request):
-            tools = request_tools(request)
-            turns, prefill = neutral_turns(request)
-            turns, extra = render_messages(turns, tools, self.ctx.tokenizer.chat_template)
-        else:
-            turns, prefill = chat_turns(request)
-        if thinks is not None:
-            extra = {**extra, "enable_thinking": thinks}
-        if prefill is None and not extra:
-            return self.ctx.encode_chat(turns)
-        tokenizer = self.ctx.tokenizer
-        try:
-            text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, **extra)
-        except InvalidRequestError as exc:
-            raise ApiError(400, str(exc), param="messages") from exc
-        return tokenizer.encode(text + (prefill or ""), add_special_tokens=False)
+    def conversation(self, request: CountTokensRequest) -> Conversation:
+        return conversation(request, self.ctx.tokenizer.chat_template, self.ctx.model_name)
 
 
 class _Run:
@@ -182,26 +133,22 @@ class _Run:
         self.num_prompt = len(prompt)
         self.cached = 0
         self.output_tokens = 0
-        self.tools: ToolOutput | None = None  # set when the request has tools
-        self.thinking: ThinkingOutput | None = None  # set when the request thinks
+        # Set when the request has tools or thinks: the output read as events, into blocks.
+        self.reader: OutputReader | None = None
+        self.blocks: ContentBlocks | None = None
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []
         async for delta in deltas:
             self._count(delta)
             pieces.append(delta.new_text)
-            if self.thinking is not None:
-                self.thinking.feed(delta.new_text, final=delta.finished)
-            elif self.tools is not None:
-                self.tools.feed(delta.new_text, final=delta.finished)
+            self._blocks(delta)
             if delta.finished:
                 break
         stop_reason, stop_sequence = self._finish(delta)
         content = [{"type": "text", "text": "".join(pieces)}]
-        if self.thinking is not None:
-            content = self.thinking.content()
-        elif self.tools is not None:
-            content = self.tools.content()
+        if self.blocks is not None:
+            content = self.blocks.content()
         body = {
             **self._message(),
             "content": content,
@@ -218,20 +165,12 @@ class _Run:
         await start_stream(send, request_id_headers(self.rid))
         start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = self._usage()
-        first = _BLOCK_START if self.tools is None else _PING
-        if self.thinking is not None:
-            first = START + _PING
+        first = _BLOCK_START if self.blocks is None else self.blocks.opening() + _PING
         await send_chunk(send, _event("message_start", {"message": start}) + first)
-        blocks = ToolEvents()
-        thoughts = None if self.thinking is None else ThinkingEvents(self.thinking)
         try:
             while True:
-                if thoughts is not None:
-                    if chunk := thoughts.events(delta.new_text, delta.finished):
-                        await send_chunk(send, chunk)
-                elif self.tools is not None:
-                    new = self.tools.feed(delta.new_text, final=delta.finished)
-                    if chunk := blocks.events(*new):
+                if self.blocks is not None:
+                    if chunk := self._blocks(delta):
                         await send_chunk(send, chunk)
                 elif delta.new_token_ids:  # one event per token, even one with no text yet
                     await send_chunk(send, self._delta_event(delta))
@@ -248,10 +187,15 @@ class _Run:
             return await end_stream(send, _event("error", anthropic_body(error, self.rid)))
         end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
         end["usage"] = self._usage()
-        stop = _BLOCK_STOP if self.tools is None else blocks.end()
-        if thoughts is not None:
-            stop = thoughts.end()
+        stop = _BLOCK_STOP if self.blocks is None else self.blocks.end()
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
+
+    def _blocks(self, delta: RequestDelta) -> bytes:
+        """The step's output through the reader into the content blocks (their events)."""
+        if self.reader is None or self.blocks is None:
+            return b""
+        events = self.reader.feed(delta.new_text, final=delta.finished)
+        return self.blocks.events(events, final=delta.finished)
 
     def _delta_event(self, delta: RequestDelta) -> bytes:
         text = orjson.dumps(delta.new_text)
@@ -271,7 +215,7 @@ class _Run:
         if reason not in _STOP_REASONS:  # "abort"
             # Not the client's doing (it would not be listening): drain or engine trouble.
             raise ApiError(529, "the server cancelled this request (shutting down or overloaded)")
-        if self.tools is not None and self.tools.calls:
+        if self.blocks is not None and self.blocks.calls:
             return "tool_use", None
         if reason == "stop" and isinstance(delta.stop_reason, str):
             return "stop_sequence", delta.stop_reason
@@ -294,61 +238,14 @@ class _Run:
         }
 
 
-def chat_turns(request: CountTokensRequest) -> tuple[list[dict[str, str]], str | None]:
-    """Chat-template messages (system first, same-role turns merged) and the prefill, if any."""
-    if not request.messages:
-        raise ApiError(400, "messages: at least one message is required", param="messages")
-    turns: list[dict[str, str]] = []
-    last = len(request.messages) - 1
-    for i, message in enumerate(request.messages):
-        text = _text(message.content)
-        check_content(i, message.role, bool(text), last)
-        if turns and turns[-1]["role"] == message.role:
-            turns[-1]["content"] += "\n\n" + text
-        else:
-            turns.append({"role": message.role, "content": text})
-    system = _text(request.system) if request.system is not None else ""
-    return with_system_and_prefill(turns, system)
-
-
-def _text(content: str | list[TextBlock]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(b.text for b in content if isinstance(b, TextBlock))
-
-
-def _sampling_params(request: MessagesRequest, tools: list[Tool]) -> SamplingParams:
-    grammar = forced_grammar(request, tools) or output_grammar(request)
+def _sampling_params(request: MessagesRequest) -> SamplingParams:
     return sampling_params(
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         max_tokens=request.max_tokens,
         stop=request.stop_sequences,
-        grammar=grammar,
     )
-
-
-def output_grammar(request: MessagesRequest) -> str | None:
-    """The grammar of `output_config.format` (or the beta's `output_format`), or None."""
-    config = request.output_config.format if request.output_config is not None else None
-    if config is not None and request.output_format is not None:
-        raise ApiError(
-            400, "output_format: use output_config.format (output_format is deprecated), not both"
-        )
-    where = "output_config.format" if config is not None else "output_format"
-    output_format = config or request.output_format
-    if output_format is None:
-        return None
-    last = request.messages[-1] if request.messages else None
-    if last is not None and last.role == "assistant" and _text(last.content):
-        raise ApiError(
-            400, f"{where}: structured outputs cannot continue a prefilled assistant message"
-        )
-    try:
-        return json_schema_grammar(output_format.schema)
-    except InvalidRequestError as exc:
-        raise ApiError(400, f"{where}.schema: {exc}") from None
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

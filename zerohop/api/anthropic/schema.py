@@ -150,7 +150,7 @@ class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=T
     cache_control: Any = None  # accepted and ignored, as in TextBlock
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None  # anthropic_thinking.py
+    thinking: Thinking | None = None  # anthropic/turns.py
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):

@@ -61,6 +61,7 @@ class ReasoningParser:
         self.state = "thought_lead" if in_thought else "start"
         self.buffer = ""
         self.thought_done = False  # `</think>` seen (or the output had no thought)
+        self.opened = in_thought  # the output has a thought (`<think>` seen or prompted)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         self.buffer += text
@@ -76,6 +77,7 @@ class ReasoningParser:
         stripped = self.buffer.lstrip()
         if stripped.startswith(OPEN):
             self.buffer, self.state = stripped[len(OPEN) :], "thought_lead"
+            self.opened = True
             return "", ""
         if (not stripped or OPEN.startswith(stripped)) and not final:
             return None

@@ -1,0 +1,249 @@
+"""A Messages request as the neutral conversation (api/conversation/request.py).
+
+Decisions where the API leaves room:
+- Text blocks of one message are concatenated as they are (blocks are often split only to
+  place cache breakpoints); consecutive same-role turns are joined with a blank line.
+- A final assistant message without tool_use is a prefill; as in the API it may not end
+  with whitespace.
+- A `tool_result` with `is_error` reaches the model as "Error: " + its content; each must
+  answer a tool_use of an earlier turn. tool_use / tool_result blocks need `tools`.
+- `tool_choice` none keeps the tools in the prompt and parses no call; any / tool force one
+  call; `disable_parallel_tool_use` keeps the first call only.
+- `thinking` on a model without a reasoning format is a 400; `enabled` (with its budget,
+  >= 1024 and < max_tokens) or `adaptive` think, `disabled` or none do not. A `thinking`
+  block in an assistant turn must carry the signature this server gave it (a forged or
+  edited thought is a 400); past thoughts are then left out of the prompt, as Qwen3-style
+  templates leave out the thoughts of earlier turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerohop.api.anthropic.schema import (
+    ChoiceAny,
+    ChoiceNone,
+    ChoiceTool,
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    ThinkingBlock,
+    ThinkingDisabled,
+    ThinkingEnabled,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from zerohop.api.conversation.reasoning import has_reasoning_format, verify
+from zerohop.api.conversation.request import (
+    CallTurn,
+    Conversation,
+    Reasoning,
+    ToolChoice,
+    Turn,
+)
+from zerohop.api.errors import ApiError
+from zerohop.api.tools.spec import Tool, checked_tools
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.structured.grammar import json_schema_grammar
+
+MIN_BUDGET = 1024
+
+
+def conversation(
+    request: CountTokensRequest, chat_template: str | None, model: str
+) -> Conversation:
+    """The request's conversation; every check of what it says is made here."""
+    turns, prefill = _turns(request)
+    conv = Conversation(turns, prefill, tools=request_tools(request))
+    conv.tool_choice = _tool_choice(request)
+    conv.reasoning = _reasoning(request, chat_template, model)
+    if isinstance(request, MessagesRequest):
+        _check_thinking(request, conv.reasoning)
+        conv.output_grammar, conv.output_field = _output_format(request, prefill)
+    return conv
+
+
+def request_tools(request: CountTokensRequest) -> list[Tool]:
+    """The request's tools, checked: client tools only, valid names and schemas."""
+    tools = []
+    for i, spec in enumerate(request.tools or []):
+        if spec.type != "custom":
+            message = (
+                f"tools.{i}.type: server tools ({spec.type!r}) are not supported by this server"
+            )
+            raise ApiError(400, message, param="tools")
+        if spec.input_schema is None:
+            raise ApiError(400, f"tools.{i}.input_schema: Field required", param="tools")
+        tools.append(Tool(spec.name, spec.description or "", spec.input_schema, spec.strict))
+    try:
+        return checked_tools(tools, at="tools.{}", schema_key="input_schema")
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="tools") from None
+
+
+def _tool_choice(request: CountTokensRequest) -> ToolChoice:
+    choice = request.tool_choice
+    if choice is None:
+        return ToolChoice()
+    if isinstance(choice, ChoiceNone):
+        return ToolChoice("none")
+    parallel = not choice.disable_parallel_tool_use
+    if isinstance(choice, ChoiceTool):
+        return ToolChoice("named", choice.name, parallel)
+    if isinstance(choice, ChoiceAny) and not request.tools:
+        raise ApiError(400, "tool_choice: 'any' needs at least one tool", "tool_choice")
+    return ToolChoice("required" if isinstance(choice, ChoiceAny) else "auto", None, parallel)
+
+
+# -- turns ---------------------------------------------------------------------------------
+
+
+def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
+    if not request.messages:
+        raise ApiError(400, "messages: at least one message is required", param="messages")
+    turns: list[Turn] = []
+    calls: dict[str, str] = {}  # tool_use id -> tool name, of the turns so far
+    last = len(request.messages) - 1
+    for i, message in enumerate(request.messages):
+        blocks = _blocks(message.content)
+        _check_content(i, message.role, bool(blocks), last)
+        for turn in _message_turns(i, message.role, blocks, calls, bool(request.tools)):
+            _append(turns, turn)
+    prefill = None
+    if turns[-1].role == "assistant" and not turns[-1].calls:
+        prefill = turns.pop().text
+        if prefill != prefill.rstrip():
+            raise ApiError(
+                400, "messages: final assistant content cannot end with trailing whitespace"
+            )
+    system = _join(request.system) if request.system is not None else ""
+    return ([Turn("system", system)] if system else []) + turns, prefill
+
+
+def _message_turns(
+    i: int, role: str, blocks: list[Any], calls: dict[str, str], has_tools: bool
+) -> list[Turn]:
+    """One message's turns: its text (and calls) and, in a user message, each tool result."""
+    turns = [Turn("assistant" if role == "assistant" else "user")]
+    for j, block in enumerate(blocks):
+        at = f"messages.{i}.content.{j}"
+        if isinstance(block, ToolUseBlock | ToolResultBlock) and not has_tools:
+            raise ApiError(
+                400, "Requests which include `tool_use` or `tool_result` blocks must define tools."
+            )
+        if isinstance(block, ThinkingBlock):
+            _check_thought(block, role, at)
+            turns[-1].thought = block.thinking
+        elif isinstance(block, ToolUseBlock):
+            if role != "assistant":
+                raise ApiError(400, f"{at}: tool_use blocks are for assistant turns")
+            calls[block.id] = block.name
+            turns[-1].calls.append(CallTurn(block.name, block.input))
+        elif isinstance(block, ToolResultBlock):
+            turns += [_tool_result(block, calls, at), Turn("user")]
+        else:
+            turns[-1].text += block.text
+    return [t for t in turns if t.text or t.calls or t.role == "tool"] or turns[:1]
+
+
+def _append(turns: list[Turn], turn: Turn) -> None:
+    """Add a turn, joining it to the previous one of the same role with a blank line."""
+    last = turns[-1] if turns else None
+    if last is None or last.role != turn.role or turn.role == "tool":
+        turns.append(turn)
+        return
+    last.text += ("\n\n" if last.text and turn.text else "") + turn.text
+    last.calls += turn.calls
+
+
+def _tool_result(block: ToolResultBlock, calls: dict[str, str], at: str) -> Turn:
+    name = calls.get(block.tool_use_id)
+    if name is None:
+        raise ApiError(
+            400,
+            f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}."
+            " Each `tool_result` block must have a corresponding `tool_use` block before it.",
+        )
+    content = _join(block.content or "")
+    return Turn("tool", "Error: " + content if block.is_error else content, tool_name=name)
+
+
+def _check_content(index: int, role: str, has_content: bool, last: int) -> None:
+    """The API's rule: every message has content, but a final assistant one (a prefill)."""
+    if not has_content and not (index == last and role == "assistant"):
+        raise ApiError(
+            400,
+            f"messages.{index}: all messages must have non-empty content except for the"
+            " optional final assistant message",
+        )
+
+
+def _blocks(content: str | list[Any]) -> list[Any]:
+    if isinstance(content, str):
+        return [TextBlock(content)] if content else []
+    return [b for b in content if not (isinstance(b, TextBlock) and not b.text)]
+
+
+def _join(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(b.text for b in content)
+
+
+# -- thinking and output format ------------------------------------------------------------
+
+
+def _reasoning(request: CountTokensRequest, chat_template: str | None, model: str) -> Reasoning:
+    reasoning = has_reasoning_format(chat_template)
+    config = request.thinking
+    if config is None:
+        return Reasoning(False if reasoning else None)
+    if not reasoning:
+        raise ApiError(
+            400,
+            f"thinking: not supported by the model {model}: it has no reasoning format"
+            " (its chat template has no <think>)",
+            param="thinking",
+        )
+    budget = config.budget_tokens if isinstance(config, ThinkingEnabled) else None
+    return Reasoning(not isinstance(config, ThinkingDisabled), budget)
+
+
+def _check_thinking(request: MessagesRequest, reasoning: Reasoning) -> None:
+    if not reasoning.think:
+        return
+    if reasoning.budget is not None:
+        if reasoning.budget < MIN_BUDGET:
+            raise ApiError(400, f"thinking.budget_tokens: must be >= {MIN_BUDGET}")
+        if reasoning.budget >= request.max_tokens:
+            raise ApiError(400, "max_tokens: must be greater than thinking.budget_tokens")
+    if request.messages and request.messages[-1].role == "assistant":
+        raise ApiError(400, "thinking: may not be enabled with a prefilled assistant message")
+    if request.return_token_ids or request.continue_token_ids:
+        raise ApiError(400, "thinking: not supported with return_token_ids or continue_token_ids")
+
+
+def _check_thought(block: ThinkingBlock, role: str, at: str) -> None:
+    if role != "assistant":
+        raise ApiError(400, f"{at}: thinking blocks are for assistant turns")
+    if not verify(block.thinking, block.signature):
+        raise ApiError(400, f"{at}.signature: invalid signature for this thinking block")
+
+
+def _output_format(request: MessagesRequest, prefill: str | None) -> tuple[str | None, str]:
+    """The grammar of `output_config.format` (or the beta's `output_format`), and its field."""
+    config = request.output_config.format if request.output_config is not None else None
+    if config is not None and request.output_format is not None:
+        raise ApiError(
+            400, "output_format: use output_config.format (output_format is deprecated), not both"
+        )
+    where = "output_format" if request.output_format is not None else "output_config.format"
+    output_format = config or request.output_format
+    if output_format is None:
+        return None, where
+    if prefill:
+        raise ApiError(
+            400, f"{where}: structured outputs cannot continue a prefilled assistant message"
+        )
+    try:
+        return json_schema_grammar(output_format.schema), where
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"{where}.schema: {exc}") from None

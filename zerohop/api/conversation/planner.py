@@ -1,0 +1,170 @@
+"""The planner: one `Conversation` into the engine request, the same rules on every surface.
+
+- The prompt is the chat template's rendering of the turns (tools through the template's
+  `tools` variable or tools/prompt.py's Hermes fallback), with `enable_thinking` when the
+  request says whether to think and the model has a reasoning format, followed by the
+  prefill (the answer continues it).
+- The grammar: a forced call's (required: any tool, named: that tool; streamed as it is
+  decoded), else the output format's, else, in auto mode with only strict tools read as
+  Hermes and no thought asked for nor prefill, free text whose calls follow the tools'
+  schemas. A forced call refuses an output format and a prefill.
+- A thought is split off the answer when the model has a reasoning format, the request does
+  not say not to think, and the output is not constrained by a forced call or an output
+  format: a constrained output is written by its grammar from the first token, so it has no
+  thought. Whichever the surface, asking for a thought (thinking on, or a thinking budget)
+  together with a forced call or an output format is therefore a 400, and a thought the
+  model would only have written on its own is skipped.
+- Calls are parsed unless tool choice is none; with `parallel` off, the first call only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.reasoning import (
+    ReasoningParser,
+    has_reasoning_format,
+    opens_thought,
+)
+from zerohop.api.conversation.request import Conversation
+from zerohop.api.errors import ApiError
+from zerohop.api.service import ServingContext
+from zerohop.api.tools.forced import auto_call_grammar, forced_call_grammar
+from zerohop.api.tools.forced_stream import ForcedCallParser
+from zerohop.api.tools.hermes import HermesParser
+from zerohop.api.tools.parsers import ParserFactory
+from zerohop.api.tools.prompt import render_messages
+from zerohop.api.tools.spec import Tool, ToolSet
+from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.sample.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class Plan:
+    """What the engine runs and how its output is read back."""
+
+    prompt: list[int]
+    params: SamplingParams
+    in_thought: bool | None  # None: no thought is split off; else the output starts in one
+    parser: ParserFactory | None  # None: calls are not parsed
+    tools: ToolSet
+    single: bool = False
+    forced: bool = False
+
+    def reader(self) -> OutputReader:
+        """A reader for one choice of the output."""
+        thoughts = None if self.in_thought is None else ReasoningParser(self.in_thought)
+        calls = None if self.parser is None else self.parser(self.tools)
+        return OutputReader(thoughts, calls, self.single)
+
+
+def plan(
+    conv: Conversation,
+    ctx: ServingContext,
+    params: SamplingParams,
+    continues: list[int] | None = None,
+) -> Plan:
+    """The engine request of `conv`; `params`: the surface's sampling parameters (no grammar),
+    `continues`: tokens a failed-over stream already produced (service.continued)."""
+    prompt = ctx.continued(prompt_ids(conv, ctx), continues)
+    forced = forced_grammar(conv)
+    grammar = forced or conv.output_grammar or strict_grammar(conv, ctx.tool_parser)
+    in_thought = _thought_start(conv, ctx, prompt, constrained=(forced or conv.output_grammar))
+    params = replace(params, grammar=grammar)
+    budget = conv.reasoning.budget
+    if budget is not None and in_thought is not None:
+        params = replace(params, thinking_budget=budget, thought_open=in_thought)
+    choice = conv.tool_choice
+    parser = None
+    if conv.tools and choice.mode != "none":
+        parser = ForcedCallParser if choice.forced else ctx.tool_parser
+    tools = ToolSet(conv.tools)
+    return Plan(prompt, params, in_thought, parser, tools, not choice.parallel, choice.forced)
+
+
+def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:
+    """The prompt's tokens (count_tokens counts these)."""
+    turns = [t.as_template() for t in conv.turns]
+    extra = dict(conv.template_kwargs)
+    template = ctx.tokenizer.chat_template
+    if conv.tools or conv.has_tool_turns:
+        turns, variables = render_messages(turns, conv.tools, template)
+        extra.update(variables)
+    if conv.reasoning.think is not None and has_reasoning_format(template):
+        extra["enable_thinking"] = conv.reasoning.think
+    if conv.prefill is None:
+        return ctx.encode_chat(turns, **extra)
+    tokenizer = ctx.tokenizer
+    try:
+        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, **extra)
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="messages") from exc
+    return tokenizer.encode(text + conv.prefill, add_special_tokens=False)
+
+
+def forced_grammar(conv: Conversation) -> str | None:
+    """The grammar of exactly one call when tool choice is required or named, else None."""
+    choice = conv.tool_choice
+    if not choice.forced:
+        return None
+    chosen = _chosen(conv.tools, choice.name)
+    if conv.output_grammar is not None:
+        raise ApiError(
+            400,
+            f"tool_choice: a forced tool call cannot be combined with {conv.output_field}",
+            param="tool_choice",
+        )
+    if conv.prefill is not None:
+        raise ApiError(400, "tool_choice: a forced tool call cannot continue a prefill")
+    return forced_call_grammar(chosen)
+
+
+def _chosen(tools: list[Tool], name: str | None) -> list[Tool]:
+    if not tools:
+        raise ApiError(400, "tool_choice: forcing a call requires tools", param="tool_choice")
+    if name is None:
+        return tools
+    chosen = [t for t in tools if t.name == name]
+    if not chosen:
+        raise ApiError(400, f"tool_choice: no tool named {name!r} in tools", param="tool_choice")
+    return chosen
+
+
+def strict_grammar(conv: Conversation, parser: ParserFactory) -> str | None:
+    """In auto mode with only strict tools, free text whose calls follow the tools' schemas
+    (forced.auto_call_grammar): only when calls are read as Hermes (the format it writes),
+    and not with a prefill or a thought asked for (each is decoded freely, its calls
+    validated)."""
+    tools = conv.tools
+    if conv.tool_choice.mode != "auto" or not tools or not all(t.strict for t in tools):
+        return None
+    if parser is not HermesParser or conv.prefill is not None or conv.reasoning.think:
+        return None
+    return auto_call_grammar(tools)
+
+
+def _thought_start(
+    conv: Conversation, ctx: ServingContext, prompt: list[int], constrained: str | None
+) -> bool | None:
+    """None: no thought is split off (see the module docstring); else whether the output
+    starts inside the thought (the prompt opened it)."""
+    reasoning = has_reasoning_format(ctx.tokenizer.chat_template)
+    if conv.reasoning.budget is not None and not reasoning:
+        raise ApiError(
+            400,
+            f"{conv.reasoning.budget_field}: the model has no reasoning format (no <think> in"
+            " its chat template)",
+            param=conv.reasoning.budget_field,
+        )
+    asked = conv.reasoning.think or conv.reasoning.budget is not None
+    if constrained is not None and asked:
+        field = "thinking" if conv.reasoning.think else conv.reasoning.budget_field
+        raise ApiError(
+            400,
+            f"{field}: may not be enabled with a forced tool call or {conv.output_field}",
+            param=field,
+        )
+    if not reasoning or constrained is not None or conv.reasoning.think is False:
+        return None
+    return opens_thought(ctx.tokenizer, prompt)

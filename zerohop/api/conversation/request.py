@@ -1,0 +1,91 @@
+"""One conversation request, whichever surface it came in on: what each surface decodes into.
+
+A surface maps its wire shapes here and nothing else decides for it: the planner
+(planner.py) turns a `Conversation` into the engine request, and the output reader
+(events.py) turns the engine's deltas back into neutral events for the surface to encode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from zerohop.api.tools.spec import Tool
+
+Role = Literal["system", "user", "assistant", "tool"]
+ChoiceMode = Literal["auto", "none", "required", "named"]
+
+
+@dataclass(slots=True)
+class CallTurn:
+    """A tool call an earlier assistant turn made (its arguments a JSON object)."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Turn:
+    """A turn: text, plus an assistant's calls, or a tool result (`tool_name` set)."""
+
+    role: Role
+    text: str = ""
+    calls: list[CallTurn] = field(default_factory=list)
+    tool_name: str | None = None  # role "tool": the tool whose call this answers
+    thought: str | None = None  # an assistant turn's verified thought (not rendered today)
+
+    def as_template(self) -> dict[str, Any]:
+        """The turn in tools/prompt.py's neutral message shape."""
+        if self.role == "tool":
+            return {"role": "tool", "content": self.text, "name": self.tool_name}
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.calls:
+            message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.calls]
+        return message
+
+
+@dataclass(slots=True)
+class ToolChoice:
+    """auto: the model may call; none: it may not (nothing is parsed); required: exactly one
+    call of any tool; named: exactly one call of `name`. `parallel` False: the first call
+    only (Anthropic's disable_parallel_tool_use, OpenAI's parallel_tool_calls: false)."""
+
+    mode: ChoiceMode = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "named")
+
+
+@dataclass(slots=True)
+class Reasoning:
+    """think: True to think, False not to, None as the model and its template decide.
+    budget: the most thought tokens (the engine closes the thought at that count)."""
+
+    think: bool | None = None
+    budget: int | None = None
+    budget_field: str = "thinking.budget_tokens"  # named in the budget's errors
+
+
+@dataclass(slots=True)
+class Conversation:
+    """The request: turns (system first), an assistant prefill the answer continues, tools and
+    the choice among them, an output format (a grammar, compiled from the surface's own
+    format field), reasoning, extra chat-template variables, and the sampling fields of
+    `SamplingParams` (max_tokens, temperature, stop, ...)."""
+
+    turns: list[Turn]
+    prefill: str | None = None
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    output_grammar: str | None = None
+    output_field: str = "response_format"  # where the output format came from, for errors
+    reasoning: Reasoning = field(default_factory=Reasoning)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_tool_turns(self) -> bool:
+        return any(t.role == "tool" or t.calls for t in self.turns)
