@@ -190,3 +190,50 @@ def test_bad_tool_turns_are_invalid_argument(stub, messages, words) -> None:
             call()
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert words in info.value.details()
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(stub) -> None:
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": %d}}\n</tool_call>'
+    constraint = _written(call % 1 + "\n" + call % 2)
+    for parallel, count in [(None, 2), (False, 1)]:
+        choice = (
+            pb.ToolChoice() if parallel is None else pb.ToolChoice(parallel_tool_calls=parallel)
+        )
+        _, calls, responses = _generate(stub, _request(constraint=constraint, tool_choice=choice))
+        assert [json.loads(c.arguments_json)["a"] for c in calls] == [1, 2][:count]
+        assert responses[-1].finish_reason == pb.FINISH_REASON_TOOL_CALLS
+
+
+def test_a_forced_call_streams_as_it_is_decoded(stub) -> None:
+    """The call's id and name first, then its arguments piece by piece; the whole call, with
+    the same id, where it ends."""
+    choice = pb.ToolChoice(name="add")
+    _, calls, responses = _generate(stub, _request(tool_choice=choice, seed=1))
+    deltas = [(i, d) for i, r in enumerate(responses) for d in r.tool_call_deltas]
+    (first_at, first), rest = deltas[0], [d for _, d in deltas[1:]]
+    assert first.name == "add" and first.id.startswith("call_") and not rest[0].name
+    (call,) = calls
+    assert call.id == first.id
+    streamed = "".join(d.arguments_json_fragment for d in rest)
+    assert json.loads(streamed) == json.loads(call.arguments_json)
+    ended = next(i for i, r in enumerate(responses) if r.tool_calls)
+    assert first_at < ended  # the call was on its way before it was whole
+
+
+def test_strict_tools_in_auto_mode_decode_by_grammar(stub) -> None:
+    """`strict` reaches the planner: only strict tools in auto mode decode by the grammar that
+    admits text but only valid calls (as on the other surfaces)."""
+    from zerohop.api.conversation.planner import grammar
+    from zerohop.api.grpc.tools import conversation
+    from zerohop.api.tools.forced import auto_call_grammar
+    from zerohop.api.tools.hermes import HermesParser
+
+    strict = [pb.Tool(name=t.name, parameters_json=t.parameters_json, strict=True) for t in TOOLS]
+    conv = conversation(_request(tools=strict))
+    assert all(t.strict for t in conv.tools)
+    assert grammar(conv, HermesParser) == auto_call_grammar(conv.tools)
+    assert grammar(conversation(_request(tools=[strict[0], TOOLS[1]])), HermesParser) is None
+    _, calls, responses = _generate(stub, _request(tools=strict, max_tokens=24, seed=3))
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments_json), SCHEMAS[call.name])
+    assert responses[-1].usage.completion_tokens >= 1

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import jsonschema
 import llguidance
+import msgspec
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -20,9 +21,13 @@ from tokenizers import Tokenizer
 
 from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.live_server import MODEL_NAME, LiveServer
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.planner import grammar as planned_grammar
+from zerohop.api.conversation.reasoning import ReasoningParser
+from zerohop.api.openai.events_stream import EventChatStream, answer_message
 from zerohop.api.openai.output import LogprobFormatter
 from zerohop.api.openai.schema import ChatRequest
-from zerohop.api.openai.tools import ToolChatStream, check_forced, message_fields, tool_plan
+from zerohop.api.openai.turns import conversation
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser
@@ -140,9 +145,9 @@ def decodes(folder: Path, grammar: str, text: str) -> bool:
 
 
 def test_strict_tools_in_auto_mode_allow_text_and_only_valid_calls(llama_dir: Path) -> None:
-    plan = tool_plan(ChatRequest(model="m", messages=MESSAGES, tools=STRICT))
-    grammar = check_forced(plan, None)
-    assert plan.strict and grammar is not None
+    conv = conversation(chat_request(MESSAGES, tools=STRICT), {})
+    grammar = planned_grammar(conv, HermesParser)
+    assert grammar is not None
     for text in ["", "Plain text, even <tool_cal> or </tool_call>.", STRICT_CALL,
                  f"Booking.\n{STRICT_CALL}\nand {STRICT_CALL} done"]:  # fmt: skip
         assert decodes(llama_dir, grammar, text), text
@@ -150,12 +155,12 @@ def test_strict_tools_in_auto_mode_allow_text_and_only_valid_calls(llama_dir: Pa
                STRICT_CALL.replace(', "breakfast": true', ""), "a <tool_call>{}"]  # fmt: skip
     for text in refused:
         assert not decodes(llama_dir, grammar, text), text
-    assert check_forced(plan, "other") == "other"  # a response format wins
-    loose = ChatRequest(model="m", messages=MESSAGES, tools=[*STRICT, TOOLS[1]])
-    assert not tool_plan(loose).strict and check_forced(tool_plan(loose), None) is None
-    assert not tool_plan(
-        ChatRequest(model="m", messages=MESSAGES, tools=STRICT), MistralParser
-    ).strict
+    conv.output_grammar = "other"
+    assert planned_grammar(conv, HermesParser) == "other"  # a response format wins
+    loose = chat_request(MESSAGES, tools=[*STRICT, TOOLS[1]])
+    assert planned_grammar(conversation(loose, {}), HermesParser) is None
+    strict = conversation(chat_request(MESSAGES, tools=STRICT), {})
+    assert planned_grammar(strict, MistralParser) is None
 
 
 def test_strict_tools_in_auto_mode_decode(live_server: LiveServer) -> None:
@@ -186,6 +191,18 @@ def test_none_gives_no_calls(live_server: LiveServer) -> None:
     got = create(live_server, tool_choice="none", max_tokens=8)
     assert got.choices[0].message.tool_calls is None
     assert got.choices[0].finish_reason in ("stop", "length")
+
+
+def chat_request(messages: list, **fields: Any) -> ChatRequest:
+    """A chat request as the surface decodes it (its messages Structs, not dicts)."""
+    body = {"model": "m", "messages": messages, **fields}
+    return msgspec.json.decode(msgspec.json.encode(body), type=ChatRequest)
+
+
+def message_fields(text: str, names: Any, finish_reason: str) -> tuple[dict[str, Any], str]:
+    """A whole answer's message read as the surface reads it, calls in Hermes."""
+    message, called = answer_message(OutputReader(None, HermesParser(names)), text)
+    return message, "tool_calls" if called else finish_reason
 
 
 def test_auto_parses_a_call() -> None:
@@ -251,10 +268,11 @@ def test_refused(live_server: LiveServer, case: tuple[dict, str, str]) -> None:
 def stream_chunks(
     pieces: list[str], n: int = 1, parser: Any = HermesParser, in_thought: bool | None = None
 ) -> list[dict]:
-    stream = ToolChatStream(
-        "chatcmpl-x", MODEL_NAME, False, 3, None, n, names={"add"}, parser=parser,
-        in_thought=in_thought,
-    )  # fmt: skip
+    def reader() -> OutputReader:
+        thoughts = None if in_thought is None else ReasoningParser(in_thought)
+        return OutputReader(thoughts, parser({"add"}))
+
+    stream = EventChatStream("chatcmpl-x", MODEL_NAME, False, 3, None, n, readers=reader)
     data = stream.opening()
     for index in range(n):
         for j, piece in enumerate(pieces):
@@ -320,3 +338,32 @@ def test_a_forced_stream_sends_one_chunk_per_token_once_the_call_is_named() -> N
     assert "".join(fragments) == '{"a": 3, "b": 4}' and all(fragments)
     assert all(d == {"content": ""} for d in after if "tool_calls" not in d)  # the closing
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def written(text: str) -> str:
+    """A regex under which the model writes exactly `text`."""
+    return "".join("\\" + c if c in r"\.^$*+?()[]{}|/" else c for c in text)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call(
+    live_server: LiveServer, stream: bool
+) -> None:
+    """Two calls written; `parallel_tool_calls: false` gives back the first only, as
+    Anthropic's disable_parallel_tool_use and gRPC's parallel_tool_calls do."""
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": %d}}\n</tool_call>'
+    text = call % 1 + "\n" + call % 2
+    extra = {"structured_outputs": {"regex": written(text)}}
+    for parallel, count in [(None, 2), (False, 1)]:
+        fields = {} if parallel is None else {"parallel_tool_calls": parallel}
+        kw = dict(tools=[TOOLS[1]], max_tokens=120, extra_body=extra, **fields)
+        if stream:
+            state = ChatCompletionStreamState()
+            for chunk in create(live_server, stream=True, **kw):
+                state.handle_chunk(chunk)
+            choice = state.get_final_completion().choices[0]
+        else:
+            choice = create(live_server, **kw).choices[0]
+        calls = choice.message.tool_calls or []
+        assert [json.loads(c.function.arguments)["a"] for c in calls] == [1, 2][:count]
+        assert choice.finish_reason == "tool_calls"

@@ -257,3 +257,31 @@ def test_thinking_events(tools: bool) -> None:
     assert output.thought == "a thought" and verify(
         "a thought", event_list(chunk)[1]["delta"]["signature"]
     )
+
+
+TOOL = {"name": "f", "description": "", "input_schema": {"type": "object"}}
+OAI_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def test_a_thought_with_a_forced_call_is_one_rule_on_both_surfaces(
+    think_server: LiveServer,
+) -> None:
+    """Asking for a thought with a forced call is the same 400 on Anthropic and OpenAI (its
+    grammar writes the call from the first token); a thought not asked for is skipped."""
+    anth = client(think_server)
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    forced = {"type": "any"}
+    kw = {"model": THINK_MODEL, "max_tokens": MAX, "messages": USER, "tools": [TOOL]}
+    rule = "may not be enabled with a forced tool call"
+    with pytest.raises(anthropic.BadRequestError, match=rule):
+        anth.messages.create(**kw, tool_choice=forced, thinking=THINK)
+    okw = {"model": THINK_MODEL, "max_tokens": 40, "messages": USER, "tools": [OAI_TOOL]}
+    with pytest.raises(openai.BadRequestError, match=rule):
+        oai.chat.completions.create(
+            **okw, tool_choice="required", extra_body={"thinking_token_budget": 8}
+        )
+    message = anth.messages.create(**{**kw, "max_tokens": 40}, tool_choice=forced)
+    assert [b.type for b in message.content] == ["tool_use"]
+    answer = oai.chat.completions.create(**okw, tool_choice="required").choices[0].message
+    assert answer.tool_calls and answer.tool_calls[0].function.name == "f"
+    assert getattr(answer, "reasoning_content", None) is None

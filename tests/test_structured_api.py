@@ -22,7 +22,7 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic import schema as anthropic_schema
-from zerohop.api.anthropic.messages import output_grammar
+from zerohop.api.anthropic.turns import output_grammar
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc.service import _sampling_params as grpc_sampling_params
 from zerohop.api.openai import schema as openai_schema

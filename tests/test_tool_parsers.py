@@ -5,6 +5,7 @@ in every format also a call whose arguments its tool's schema refuses."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -148,15 +149,23 @@ def test_the_cli_offers_every_parser():
 
 def test_a_forced_call_is_read_as_hermes_whatever_the_chosen_format():
     """As Hermes, as it is decoded (forced_stream.py)."""
+    import msgspec
+
+    from zerohop.api.conversation.planner import call_parser
     from zerohop.api.openai.schema import ChatRequest
-    from zerohop.api.openai.tools import tool_plan
+    from zerohop.api.openai.turns import conversation
 
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     messages = [{"role": "user", "content": "hi"}]
-    auto = ChatRequest(model="m", messages=messages, tools=tools)
-    forced = ChatRequest(model="m", messages=messages, tools=tools, tool_choice="required")
-    assert tool_plan(auto, MistralParser).parser is MistralParser
-    assert tool_plan(forced, MistralParser).parser is ForcedCallParser
+
+    def chat_request(messages: list, **fields: Any) -> ChatRequest:
+        body = {"model": "m", "messages": messages, **fields}
+        return msgspec.json.decode(msgspec.json.encode(body), type=ChatRequest)
+
+    auto = chat_request(messages, tools=tools)
+    forced = chat_request(messages, tools=tools, tool_choice="required")
+    assert call_parser(conversation(auto, {}), MistralParser) is MistralParser
+    assert call_parser(conversation(forced, {}), MistralParser) is ForcedCallParser
 
 
 SCHEMA = {

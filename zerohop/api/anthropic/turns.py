@@ -59,7 +59,7 @@ def conversation(
     conv.reasoning = _reasoning(request, chat_template, model)
     if isinstance(request, MessagesRequest):
         _check_thinking(request, conv.reasoning)
-        conv.output_grammar, conv.output_field = _output_format(request, prefill)
+        conv.output_grammar, conv.output_field = output_format(request, prefill)
     return conv
 
 
@@ -228,7 +228,12 @@ def _check_thought(block: ThinkingBlock, role: str, at: str) -> None:
         raise ApiError(400, f"{at}.signature: invalid signature for this thinking block")
 
 
-def _output_format(request: MessagesRequest, prefill: str | None) -> tuple[str | None, str]:
+def output_grammar(request: MessagesRequest) -> str | None:
+    """The grammar of the request's output format, or None (its checks included)."""
+    return output_format(request, _turns(request)[1])[0]
+
+
+def output_format(request: MessagesRequest, prefill: str | None) -> tuple[str | None, str]:
     """The grammar of `output_config.format` (or the beta's `output_format`), and its field."""
     config = request.output_config.format if request.output_config is not None else None
     if config is not None and request.output_format is not None:

@@ -68,19 +68,29 @@ def plan(
     """The engine request of `conv`; `params`: the surface's sampling parameters (no grammar),
     `continues`: tokens a failed-over stream already produced (service.continued)."""
     prompt = ctx.continued(prompt_ids(conv, ctx), continues)
-    forced = forced_grammar(conv)
-    grammar = forced or conv.output_grammar or strict_grammar(conv, ctx.tool_parser)
-    in_thought = _thought_start(conv, ctx, prompt, constrained=(forced or conv.output_grammar))
-    params = replace(params, grammar=grammar)
+    constrained = forced_grammar(conv) or conv.output_grammar
+    in_thought = _thought_start(conv, ctx, prompt, constrained)
+    params = replace(params, grammar=constrained or strict_grammar(conv, ctx.tool_parser))
     budget = conv.reasoning.budget
     if budget is not None and in_thought is not None:
         params = replace(params, thinking_budget=budget, thought_open=in_thought)
     choice = conv.tool_choice
-    parser = None
-    if conv.tools and choice.mode != "none":
-        parser = ForcedCallParser if choice.forced else ctx.tool_parser
+    parser = call_parser(conv, ctx.tool_parser)
     tools = ToolSet(conv.tools)
     return Plan(prompt, params, in_thought, parser, tools, not choice.parallel, choice.forced)
+
+
+def grammar(conv: Conversation, parser: ParserFactory) -> str | None:
+    """The grammar the output is decoded by (see the module docstring), or None."""
+    return forced_grammar(conv) or conv.output_grammar or strict_grammar(conv, parser)
+
+
+def call_parser(conv: Conversation, default: ParserFactory) -> ParserFactory | None:
+    """How calls are read: a forced one as Hermes, as it is decoded; others in the model's
+    format (`default`); None when no call is parsed."""
+    if not conv.tools or conv.tool_choice.mode == "none":
+        return None
+    return ForcedCallParser if conv.tool_choice.forced else default
 
 
 def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:

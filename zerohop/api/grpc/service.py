@@ -11,28 +11,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from zerohop.api.conversation.events import CallArguments, CallEnd, CallStart, OutputReader, Text
+from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc.error_record import grpc_interceptors
-from zerohop.api.grpc.tools import (
-    GrpcTools,
-    chat_messages,
-    grpc_tools,
-    has_tool_turns,
-    prompt_tools,
-    tool_call,
-)
+from zerohop.api.grpc.tools import call_id, conversation, prompt_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
 from zerohop.api.openai.output_format import constraint_grammar
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
-from zerohop.api.tools.prompt import render_messages
-from zerohop.api.tools.spec import Tool
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -77,8 +69,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     ) -> pb.CountTokensResponse:
         async with self._call(context) as call:
             self.ctx.check_model(request.model, call)
-            prompt = self._prompt(request, prompt_tools(request))
-            return pb.CountTokensResponse(input_tokens=len(prompt))
+            return pb.CountTokensResponse(input_tokens=len(self._prompt(request)))
 
     @contextlib.asynccontextmanager
     async def _call(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
@@ -125,10 +116,18 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx = self.ctx
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
-        tools = grpc_tools(request, ctx.tool_parser)
-        offered = tools.tools if tools is not None else None
-        prompt = ctx.continued(self._prompt(request, offered), continues)
-        params = _sampling_params(request, ctx.vocab_size, tools.grammar if tools else None)
+        params = _sampling_params(request, ctx.vocab_size)
+        calls: _Calls | None = None
+        if request.WhichOneof("input") == "messages":
+            conv = conversation(request)
+            conv.output_grammar, conv.output_field = params.grammar, "constraint"
+            planned = plan(conv, ctx, params, continues)
+            prompt, params = planned.prompt, planned.params
+            if planned.parser is not None:  # no thought field here: a thought stays text
+                reader = OutputReader(None, planned.parser(planned.tools), planned.single)
+                calls = _Calls(reader)
+        else:
+            prompt = ctx.continued(self._prompt(request), continues)
         ctx.check_lengths(len(prompt), params.max_tokens)
         completion_tokens = 0
         generation = ctx.generate(call, prompt, params, continues=continues)
@@ -139,35 +138,24 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
                 completion_tokens += len(delta.new_token_ids)
                 if delta.new_token_ids or delta.new_text or delta.finished:
                     message = _response(delta, len(prompt), completion_tokens)
-                    if tools is not None:
-                        _with_calls(message, delta, tools)
+                    if calls is not None:
+                        calls.fill(message, delta)
                     await context.write(message)
 
-    def _prompt(self, request: PromptRequest, tools: list[Tool] | None) -> list[int]:
+    def _prompt(self, request: PromptRequest) -> list[int]:
+        prompt_tools(request)  # tools are checked (and need messages) wherever they are sent
         kind = request.WhichOneof("input")
         if kind == "prompt":
             ids = self.ctx.encode_text(request.prompt)
         elif kind == "prompt_token_ids":
             ids = list(request.prompt_token_ids.ids)
         elif kind == "messages":
-            messages = chat_messages(request.messages.messages)
-            if not messages:
-                raise ApiError(400, "messages: at least one message is required", "messages")
-            ids = self._encode_chat(messages, tools)
+            ids = prompt_ids(conversation(request), self.ctx)
         else:
             raise ApiError(400, "one of prompt, prompt_token_ids or messages is required")
         if not ids:
             raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
         return ids
-
-    def _encode_chat(self, messages: list[dict[str, Any]], tools: list[Tool] | None) -> list[int]:
-        """Tools, and tool turns without tools (a final answer after the results), go
-        through prompt.py, as on the OpenAI surface; plain chat straight to the template."""
-        if not tools and not has_tool_turns(messages):
-            return self.ctx.encode_chat(messages)
-        template = self.ctx.tokenizer.chat_template
-        messages, extra = render_messages(messages, tools or [], template)
-        return self.ctx.encode_chat(messages, **extra)
 
     def _code(self, error: ApiError) -> grpc.StatusCode:
         if error.status >= 500 and self.ctx.engine.dead:
@@ -201,9 +189,7 @@ async def _start(context: grpc.aio.ServicerContext, ctx: ServingContext) -> str:
     return request_id
 
 
-def _sampling_params(
-    request: pb.GenerateRequest, vocab_size: int, forced: str | None = None
-) -> SamplingParams:
+def _sampling_params(request: pb.GenerateRequest, vocab_size: int) -> SamplingParams:
     def given(name: str, default: float | None = None) -> float | None:
         return getattr(request, name) if request.HasField(name) else default
 
@@ -223,7 +209,7 @@ def _sampling_params(
         min_p=given("min_p", 0.0),
         min_tokens=request.min_tokens,
         logit_bias=_logit_bias(request, vocab_size),
-        grammar=forced or _grammar(request),
+        grammar=_grammar(request),
     )
 
 
@@ -282,13 +268,31 @@ def _response(
     return message
 
 
-def _with_calls(message: pb.GenerateResponse, delta: RequestDelta, tools: GrpcTools) -> None:
-    """The step's text without its calls, the calls it completed, and the finish reason."""
-    parsed = tools.feed(delta.new_text, delta.finished)
-    message.text = parsed.text
-    message.tool_calls.extend(tool_call(c) for c in parsed.calls)
-    if delta.finished and tools.calls:
-        message.finish_reason = pb.FINISH_REASON_TOOL_CALLS
+class _Calls:
+    """A step's output read for calls: its text without them, a streamed call's deltas, the
+    calls it completed, and the finish reason."""
+
+    def __init__(self, reader: OutputReader) -> None:
+        self.reader = reader
+        self.ids: dict[int, str] = {}  # a streamed call's id, by its index
+
+    def fill(self, message: pb.GenerateResponse, delta: RequestDelta) -> None:
+        events = self.reader.feed(delta.new_text, delta.finished)
+        message.text = "".join(e.text for e in events if isinstance(e, Text))
+        for event in events:
+            if isinstance(event, CallStart):
+                self.ids[event.index] = call_id()
+                message.tool_call_deltas.add(
+                    index=event.index, id=self.ids[event.index], name=event.name
+                )
+            elif isinstance(event, CallArguments):
+                message.tool_call_deltas.add(
+                    index=event.index, arguments_json_fragment=event.fragment
+                )
+            elif isinstance(event, CallEnd):
+                message.tool_calls.append(tool_call(event.call, self.ids.get(event.index)))
+        if delta.finished and self.reader.found:
+            message.finish_reason = pb.FINISH_REASON_TOOL_CALLS
 
 
 def _logprobs(token: int, top: dict[int, float]) -> pb.Logprobs:

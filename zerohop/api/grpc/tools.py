@@ -1,11 +1,12 @@
 """Tools on the gRPC surface: GenerateRequest's `tools` / `tool_choice` to and from
 zerohop.api.tools, and the model's calls as GenerateResponse `tool_calls`.
 
-Tools need a `messages` prompt (they reach the model through the chat template or the
-Hermes fallback, tools/prompt.py). Mode auto parses the calls in the server's tool-call
-format; required or a named tool forces exactly one call by grammar (always Hermes, read as
-Hermes); none offers no tools. An auto-mode call whose arguments the tool's schema refuses
-comes back as text, as on the other surfaces.
+Tools need a `messages` prompt, which becomes the neutral conversation (api/conversation):
+the planner decides what tools, choice and constraint mean, as on the other surfaces. Mode
+auto parses the calls in the server's tool-call format (only strict tools: constrained to
+valid calls); required or a named tool forces exactly one call, streamed as it is decoded
+(`tool_call_deltas`); none offers no tools; `parallel_tool_calls: false` keeps the first
+call. An auto-mode call whose arguments the tool's schema refuses comes back as text.
 
 A client sends the conversation back as ChatMessages: an assistant turn with the
 `tool_calls` it was given, then a "tool" message per result naming the call's
@@ -20,56 +21,40 @@ import json
 import secrets
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from zerohop.api.conversation.request import CallTurn, Conversation, ToolChoice, Turn
 from zerohop.api.errors import ApiError
-from zerohop.api.tools.forced import forced_call_grammar
-from zerohop.api.tools.hermes import HermesParser, Parsed
-from zerohop.api.tools.parsers import ParserFactory, ToolParser
-from zerohop.api.tools.spec import Tool, ToolCall, ToolSet, checked_tools
+from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 
 _ALNUM = string.ascii_letters + string.digits
 
 
-@dataclass(slots=True)
-class GrpcTools:
-    """A request's tools: those offered, the forced call's grammar, and its parser."""
-
-    tools: list[Tool]
-    grammar: str | None = None
-    parser: ToolParser | None = None  # None: nothing is parsed
-    calls: int = 0  # calls read so far
-
-    def feed(self, text: str, final: bool) -> Parsed:
-        """The text and calls in the next piece of output."""
-        if self.parser is None:
-            return Parsed(text=text)
-        parsed = self.parser.feed(text)
-        if final:
-            rest = self.parser.finish()
-            parsed = Parsed(parsed.text + rest.text, parsed.calls + rest.calls)
-        self.calls += len(parsed.calls)
-        return parsed
+def conversation(request: pb.GenerateRequest | pb.CountTokensRequest) -> Conversation:
+    """A `messages` request as the neutral conversation (the planner decides the rest)."""
+    messages = chat_messages(request.messages.messages)
+    if not messages:
+        raise ApiError(400, "messages: at least one message is required", "messages")
+    turns = [_turn(m) for m in messages]
+    tools = prompt_tools(request) or []
+    return Conversation(turns, tools=tools, tool_choice=_neutral_choice(_choice(request), tools))
 
 
-def grpc_tools(request: pb.GenerateRequest, parser: ParserFactory) -> GrpcTools | None:
-    """The request's tools, or None without any; a bad tool or choice is a 400."""
-    tools = prompt_tools(request)
-    if tools is None:
-        return None
-    if not tools:  # mode none
-        return GrpcTools([])
-    names = ToolSet(tools)  # auto-mode calls are validated against their schemas
-    choice = _choice(request)
-    if not _forced(choice):
-        return GrpcTools(tools, parser=parser(names))
-    if request.HasField("constraint"):
-        raise ApiError(400, "tool_choice: a forced call cannot take a constraint", "tool_choice")
-    chosen = _chosen(choice, tools)
-    return GrpcTools(tools, forced_call_grammar(chosen), HermesParser(names))
+def _neutral_choice(choice: pb.ToolChoice, tools: list[Tool]) -> ToolChoice:
+    parallel = not choice.HasField("parallel_tool_calls") or choice.parallel_tool_calls
+    if not tools:
+        return ToolChoice("none", None, parallel)
+    if choice.HasField("name"):
+        return ToolChoice("named", choice.name, parallel)
+    mode = "required" if choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED else "auto"
+    return ToolChoice(mode, None, parallel)
+
+
+def _turn(message: dict[str, Any]) -> Turn:
+    calls = [CallTurn(c["name"], c["arguments"]) for c in message.get("tool_calls") or []]
+    return Turn(message["role"], message["content"], calls, message.get("name"))
 
 
 def prompt_tools(request: pb.GenerateRequest | pb.CountTokensRequest) -> list[Tool] | None:
@@ -115,7 +100,7 @@ def _tool(index: int, given: pb.Tool) -> Tool:
         except ValueError:
             message = f"tools[{index}].parameters_json: not JSON"
             raise ApiError(400, message, "tools") from None
-    return Tool(name=given.name, description=given.description, parameters=parameters)
+    return Tool(given.name, given.description, parameters, strict=given.strict)
 
 
 def _chosen(choice: pb.ToolChoice, tools: list[Tool]) -> list[Tool]:
@@ -128,9 +113,14 @@ def _chosen(choice: pb.ToolChoice, tools: list[Tool]) -> list[Tool]:
     return chosen
 
 
-def tool_call(call: ToolCall) -> pb.ToolCall:
-    call_id = "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
-    return pb.ToolCall(id=call_id, name=call.name, arguments_json=json.dumps(call.arguments))
+def call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+def tool_call(call: ToolCall, given_id: str | None = None) -> pb.ToolCall:
+    """A whole call; `given_id`: the id its streamed deltas carried."""
+    arguments = json.dumps(call.arguments)
+    return pb.ToolCall(id=given_id or call_id(), name=call.name, arguments_json=arguments)
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -140,11 +130,6 @@ def chat_messages(messages: Sequence[pb.ChatMessage]) -> list[dict[str, Any]]:
     """The messages in prompt.py's neutral shape; bad calls and results are a 400."""
     names: dict[str, str] = {}  # call id -> tool name, from the earlier assistant turns
     return [_neutral(i, m, names) for i, m in enumerate(messages)]
-
-
-def has_tool_turns(messages: list[dict[str, Any]]) -> bool:
-    """Whether neutral messages need prompt.py's rendering even without tools offered."""
-    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
 
 
 def _neutral(index: int, message: pb.ChatMessage, names: dict[str, str]) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from zerohop.api.conversation.reasoning import has_reasoning_format, opens_thought
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.planner import Plan, plan
 from zerohop.api.errors import ApiError, openai_body
 from zerohop.api.http.asgi import (
     ClientDisconnected,
@@ -34,14 +35,13 @@ from zerohop.api.http.asgi import (
 )
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.openai.choices import ChatAnswer, CompletionAnswer
+from zerohop.api.openai.events_stream import EventChatStream
 from zerohop.api.openai.output import LogprobFormatter, raise_failure
-from zerohop.api.openai.output_format import chat_grammar, completion_grammar
-from zerohop.api.openai.reasoning import ReasoningChatStream, with_thinking_budget
+from zerohop.api.openai.output_format import completion_grammar
 from zerohop.api.openai.schema import (
     ChatRequest,
     CompletionRequest,
     chat_max_tokens,
-    chat_messages,
     check_chat,
     check_completion,
     completion_prompt,
@@ -49,17 +49,9 @@ from zerohop.api.openai.schema import (
     sampling_params,
 )
 from zerohop.api.openai.stream import DONE, ChatStream, CompletionStream, Stream, sse
-from zerohop.api.openai.tools import (
-    ToolChatStream,
-    ToolPlan,
-    chat_prompt_messages,
-    check_forced,
-    has_tool_turns,
-    tool_plan,
-)
+from zerohop.api.openai.turns import conversation
 from zerohop.api.service import ServingContext
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
 
@@ -150,70 +142,33 @@ class OpenAIApi:
         kwargs = template_kwargs(request)
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        plan = tool_plan(request, self.ctx.tool_parser)
-        prompt = self.ctx.continued(self._chat_prompt(request, plan, kwargs), continues)
+        conv = conversation(request, kwargs)
         max_tokens = chat_max_tokens(request)
-        self.ctx.check_lengths(len(prompt), max_tokens)
         top = (request.top_logprobs or 0) if request.logprobs else None
-        response_format = chat_grammar(request)
-        grammar = check_forced(plan, response_format)
-        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, grammar)
+        params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, None)
+        planned = plan(conv, self.ctx, params, continues)
+        prompt, params = planned.prompt, planned.params
+        self.ctx.check_lengths(len(prompt), max_tokens)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        constrained = plan.grammar is not None or response_format is not None
-        in_thought = None if constrained else self._in_thought(prompt)
-        if request.thinking_token_budget is not None:
-            params = self._with_budget(params, request.thinking_token_budget, prompt)
+        readers = _readers(planned)
         deltas = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
                 head = (rid, request.model, usage, len(prompt), top, params.n)
-                stream = self._chat_stream(head, plan, in_thought)
+                stream = (
+                    ChatStream(*head)
+                    if readers is None
+                    else EventChatStream(*head, readers=readers)
+                )
                 stream.token_ids = request.return_token_ids
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 formatter = self.logprob_formatter
-                answer = ChatAnswer(len(prompt), params.n, top, formatter, plan.names, plan.parser)
-                answer.in_thought = in_thought
+                answer = ChatAnswer(len(prompt), params.n, top, formatter, readers)
                 await self._chat_once(rid, request.model, answer, deltas, send, request_id)
-
-    def _in_thought(self, prompt: list[int]) -> bool | None:
-        """None: no reasoning split (the model has no reasoning format); else whether the
-        output starts inside the thought (openai_reasoning.py). A forced call or a response
-        format is never split: its grammar writes the answer from the first token."""
-        if not has_reasoning_format(self.ctx.tokenizer.chat_template):
-            return None
-        return opens_thought(self.ctx.tokenizer, prompt)
-
-    def _with_budget(
-        self, params: SamplingParams, budget: int, prompt: list[int]
-    ) -> SamplingParams:
-        reasoning = has_reasoning_format(self.ctx.tokenizer.chat_template)
-        opened = reasoning and opens_thought(self.ctx.tokenizer, prompt)
-        return with_thinking_budget(params, budget, reasoning, opened)
-
-    def _chat_prompt(
-        self, request: ChatRequest, plan: ToolPlan, kwargs: dict[str, Any]
-    ) -> list[int]:
-        if not plan.tools and not has_tool_turns(request):
-            return self.ctx.encode_chat(chat_messages(request), **kwargs)
-        template = self.ctx.tokenizer.chat_template
-        messages, extra = chat_prompt_messages(request, plan, template)
-        return self.ctx.encode_chat(messages, **kwargs, **extra)
-
-    @staticmethod
-    def _chat_stream(
-        head: tuple[str, str, bool, int, int | None, int], plan: ToolPlan, in_thought: bool | None
-    ) -> ChatStream:
-        """The stream for a request's tools and reasoning; `head`: ChatStream's arguments."""
-        if plan.names is not None:
-            names, parser = plan.names, plan.parser
-            return ToolChatStream(*head, names=names, parser=parser, in_thought=in_thought)
-        if in_thought is not None:
-            return ReasoningChatStream(*head, in_thought=in_thought)
-        return ChatStream(*head)
 
     async def _chat_once(
         self,
@@ -326,3 +281,10 @@ class OpenAIApi:
             log.exception("stream %s failed", request_id)
             error = ApiError(500, "internal server error")
             await end_stream(send, data + sse(openai_body(error, request_id)) + DONE)
+
+
+def _readers(planned: Plan) -> Callable[[], OutputReader] | None:
+    """A reader per choice, or None when the output is plain content (no thought, no calls)."""
+    if planned.parser is None and planned.in_thought is None:
+        return None
+    return planned.reader

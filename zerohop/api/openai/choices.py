@@ -4,13 +4,12 @@ the completion tokens of every choice)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.openai.events_stream import answer_message
 from zerohop.api.openai.output import Choices, LogprobFormatter, Totals, legacy_columns
-from zerohop.api.openai.reasoning import reasoning_fields, split_reasoning
-from zerohop.api.openai.tools import message_fields
-from zerohop.api.tools.hermes import HermesParser
-from zerohop.api.tools.parsers import ParserFactory
 from zerohop.engine.outputs import RequestDelta
 
 
@@ -21,15 +20,12 @@ class ChatAnswer:
         n: int,
         top: int | None,
         formatter: LogprobFormatter,
-        tool_names: set[str] | None = None,
-        tool_parser: ParserFactory = HermesParser,
+        readers: Callable[[], OutputReader] | None = None,
     ) -> None:
         self.choices = Choices(prompt_tokens, n)
         self.top, self.formatter = top, formatter
-        self.tool_names = tool_names  # parse each choice's tool calls (openai_tools.py)
-        self.tool_parser = tool_parser
+        self.readers = readers  # set: each choice read for its thought and calls
         self.logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-        self.in_thought: bool | None = None  # set: split the thought out (openai_reasoning)
 
     def add(self, delta: RequestDelta) -> None:
         self.choices.add(delta)
@@ -41,11 +37,10 @@ class ChatAnswer:
 
     def _choice(self, i: int, totals: Totals) -> dict[str, Any]:
         text, reason = "".join(totals.text), totals.finish_reason
-        if self.in_thought is not None:
-            thought, text = split_reasoning(text, self.in_thought)
-        message, reason = message_fields(text, self.tool_names, reason, self.tool_parser)
-        if self.in_thought is not None:
-            message.update(reasoning_fields(thought))
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.readers is not None:
+            message, called = answer_message(self.readers(), text)
+            reason = "tool_calls" if called else reason
         return {
             "index": i,
             "message": message,

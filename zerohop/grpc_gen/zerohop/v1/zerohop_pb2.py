@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18zerohop/v1/zerohop.proto\x12\nzerohop.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.zerohop.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.zerohop.v1.ChatMessage\"\xf0\x06\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.zerohop.v1.TokenIdsH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.zerohop.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\r\n\x05top_k\x18\x08 \x01(\x05\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\x05\x88\x01\x01\x12\x1a\n\x12\x63ontinue_token_ids\x18\x0e \x03(\r\x12*\n\nconstraint\x18\x0f \x01(\x0b\x32\x16.zerohop.v1.Constraint\x12\x1d\n\x10presence_penalty\x18\x10 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x11 \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x02H\x08\x88\x01\x01\x12\x12\n\x05min_p\x18\x13 \x01(\x02H\t\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x14 \x01(\r\x12>\n\nlogit_bias\x18\x15 \x03(\x0b\x32*.zerohop.v1.GenerateRequest.LogitBiasEntry\x12\x1f\n\x05tools\x18\x16 \x03(\x0b\x32\x10.zerohop.v1.Tool\x12+\n\x0btool_choice\x18\x17 \x01(\x0b\x32\x16.zerohop.v1.ToolChoice\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"R\n\nToolChoice\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.zerohop.v1.ToolChoiceMode\x12\x11\n\x04name\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_name\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x8d\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.zerohop.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"B\n\x08Logprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.zerohop.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x97\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12&\n\x08logprobs\x18\x03 \x03(\x0b\x32\x14.zerohop.v1.Logprobs\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.zerohop.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x05 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.zerohop.v1.Usage\x12(\n\ntool_calls\x18\x08 \x03(\x0b\x32\x14.zerohop.v1.ToolCallB\r\n\x0bstop_reason\"\xec\x01\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.zerohop.v1.TokenIdsH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.zerohop.v1.ChatMessagesH\x00\x12\x1f\n\x05tools\x18\x05 \x03(\x0b\x32\x10.zerohop.v1.Tool\x12+\n\x0btool_choice\x18\x06 \x01(\x0b\x32\x16.zerohop.v1.ToolChoiceB\x07\n\x05input\"+\n\x13\x43ountTokensResponse\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r*e\n\x0eToolChoiceMode\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\xa2\x01\n\x07Zerohop\x12G\n\x08Generate\x12\x1b.zerohop.v1.GenerateRequest\x1a\x1c.zerohop.v1.GenerateResponse0\x01\x12N\n\x0b\x43ountTokens\x12\x1e.zerohop.v1.CountTokensRequest\x1a\x1f.zerohop.v1.CountTokensResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18zerohop/v1/zerohop.proto\x12\nzerohop.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"l\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12(\n\ntool_calls\x18\x03 \x03(\x0b\x32\x14.zerohop.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.zerohop.v1.ChatMessage\"\xf0\x06\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.zerohop.v1.TokenIdsH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.zerohop.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x03\x88\x01\x01\x12\r\n\x05top_k\x18\x08 \x01(\x05\x12\x11\n\x04seed\x18\t \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\x05\x88\x01\x01\x12\x1a\n\x12\x63ontinue_token_ids\x18\x0e \x03(\r\x12*\n\nconstraint\x18\x0f \x01(\x0b\x32\x16.zerohop.v1.Constraint\x12\x1d\n\x10presence_penalty\x18\x10 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x11 \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x02H\x08\x88\x01\x01\x12\x12\n\x05min_p\x18\x13 \x01(\x02H\t\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x14 \x01(\r\x12>\n\nlogit_bias\x18\x15 \x03(\x0b\x32*.zerohop.v1.GenerateRequest.LogitBiasEntry\x12\x1f\n\x05tools\x18\x16 \x03(\x0b\x32\x10.zerohop.v1.Tool\x12+\n\x0btool_choice\x18\x17 \x01(\x0b\x32\x16.zerohop.v1.ToolChoice\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05inputB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x0b\n\t_logprobsB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"R\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"\x8c\x01\n\nToolChoice\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.zerohop.v1.ToolChoiceMode\x12\x11\n\x04name\x18\x02 \x01(\tH\x00\x88\x01\x01\x12 \n\x13parallel_tool_calls\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05_nameB\x16\n\x14_parallel_tool_calls\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"Y\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1f\n\x17\x61rguments_json_fragment\x18\x04 \x01(\t\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x8d\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12%\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x13.zerohop.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"B\n\x08Logprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12%\n\x03top\x18\x02 \x03(\x0b\x32\x18.zerohop.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xcc\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12&\n\x08logprobs\x18\x03 \x03(\x0b\x32\x14.zerohop.v1.Logprobs\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.zerohop.v1.FinishReason\x12\x15\n\x0bstop_string\x18\x05 \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x06 \x01(\rH\x00\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.zerohop.v1.Usage\x12(\n\ntool_calls\x18\x08 \x03(\x0b\x32\x14.zerohop.v1.ToolCall\x12\x33\n\x10tool_call_deltas\x18\t \x03(\x0b\x32\x19.zerohop.v1.ToolCallDeltaB\r\n\x0bstop_reason\"\xec\x01\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x14.zerohop.v1.TokenIdsH\x00\x12,\n\x08messages\x18\x04 \x01(\x0b\x32\x18.zerohop.v1.ChatMessagesH\x00\x12\x1f\n\x05tools\x18\x05 \x03(\x0b\x32\x10.zerohop.v1.Tool\x12+\n\x0btool_choice\x18\x06 \x01(\x0b\x32\x16.zerohop.v1.ToolChoiceB\x07\n\x05input\"+\n\x13\x43ountTokensResponse\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r*e\n\x0eToolChoiceMode\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03\x32\xa2\x01\n\x07Zerohop\x12G\n\x08Generate\x12\x1b.zerohop.v1.GenerateRequest\x1a\x1c.zerohop.v1.GenerateResponse0\x01\x12N\n\x0b\x43ountTokens\x12\x1e.zerohop.v1.CountTokensRequest\x1a\x1f.zerohop.v1.CountTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLCHOICEMODE']._serialized_start=2270
-  _globals['_TOOLCHOICEMODE']._serialized_end=2371
-  _globals['_FINISHREASON']._serialized_start=2373
-  _globals['_FINISHREASON']._serialized_end=2498
+  _globals['_TOOLCHOICEMODE']._serialized_start=2489
+  _globals['_TOOLCHOICEMODE']._serialized_end=2590
+  _globals['_FINISHREASON']._serialized_start=2592
+  _globals['_FINISHREASON']._serialized_end=2717
   _globals['_TOKENIDS']._serialized_start=40
   _globals['_TOKENIDS']._serialized_end=63
   _globals['_CHATMESSAGE']._serialized_start=65
@@ -48,27 +48,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=919
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=967
   _globals['_TOOL']._serialized_start=1117
-  _globals['_TOOL']._serialized_end=1183
-  _globals['_TOOLCHOICE']._serialized_start=1185
-  _globals['_TOOLCHOICE']._serialized_end=1267
-  _globals['_TOOLCALL']._serialized_start=1269
-  _globals['_TOOLCALL']._serialized_end=1329
-  _globals['_CHOICES']._serialized_start=1331
-  _globals['_CHOICES']._serialized_end=1357
-  _globals['_CONSTRAINT']._serialized_start=1360
-  _globals['_CONSTRAINT']._serialized_end=1501
-  _globals['_TOKENLOGPROB']._serialized_start=1503
-  _globals['_TOKENLOGPROB']._serialized_end=1552
-  _globals['_LOGPROBS']._serialized_start=1554
-  _globals['_LOGPROBS']._serialized_end=1620
-  _globals['_USAGE']._serialized_start=1622
-  _globals['_USAGE']._serialized_end=1702
-  _globals['_GENERATERESPONSE']._serialized_start=1705
-  _globals['_GENERATERESPONSE']._serialized_end=1984
-  _globals['_COUNTTOKENSREQUEST']._serialized_start=1987
-  _globals['_COUNTTOKENSREQUEST']._serialized_end=2223
-  _globals['_COUNTTOKENSRESPONSE']._serialized_start=2225
-  _globals['_COUNTTOKENSRESPONSE']._serialized_end=2268
-  _globals['_ZEROHOP']._serialized_start=2501
-  _globals['_ZEROHOP']._serialized_end=2663
+  _globals['_TOOL']._serialized_end=1199
+  _globals['_TOOLCHOICE']._serialized_start=1202
+  _globals['_TOOLCHOICE']._serialized_end=1342
+  _globals['_TOOLCALL']._serialized_start=1344
+  _globals['_TOOLCALL']._serialized_end=1404
+  _globals['_TOOLCALLDELTA']._serialized_start=1406
+  _globals['_TOOLCALLDELTA']._serialized_end=1495
+  _globals['_CHOICES']._serialized_start=1497
+  _globals['_CHOICES']._serialized_end=1523
+  _globals['_CONSTRAINT']._serialized_start=1526
+  _globals['_CONSTRAINT']._serialized_end=1667
+  _globals['_TOKENLOGPROB']._serialized_start=1669
+  _globals['_TOKENLOGPROB']._serialized_end=1718
+  _globals['_LOGPROBS']._serialized_start=1720
+  _globals['_LOGPROBS']._serialized_end=1786
+  _globals['_USAGE']._serialized_start=1788
+  _globals['_USAGE']._serialized_end=1868
+  _globals['_GENERATERESPONSE']._serialized_start=1871
+  _globals['_GENERATERESPONSE']._serialized_end=2203
+  _globals['_COUNTTOKENSREQUEST']._serialized_start=2206
+  _globals['_COUNTTOKENSREQUEST']._serialized_end=2442
+  _globals['_COUNTTOKENSRESPONSE']._serialized_start=2444
+  _globals['_COUNTTOKENSRESPONSE']._serialized_end=2487
+  _globals['_ZEROHOP']._serialized_start=2720
+  _globals['_ZEROHOP']._serialized_end=2882
 # @@protoc_insertion_point(module_scope)
