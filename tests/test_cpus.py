@@ -3,8 +3,8 @@
 zerohop.engine.cpus reads real files: cgroup trees (v2 `cpu.max`, v1 `cpu.cfs_quota_us` /
 `cpu.cfs_period_us`) and a /proc/self/cgroup written under a temporary folder, as a container
 on a many-core node would show them. The affinity mask is set for real, with `taskset` and
-with os.sched_setaffinity in a subprocess, and `zerohop.cli.default_engine_threads` is seen
-to follow it and log where its count came from.
+with os.sched_setaffinity in a subprocess, and `default_engine_threads` (cli/engine_flags.py)
+is seen to follow it and log where its count came from.
 """
 
 from __future__ import annotations
