@@ -384,7 +384,7 @@ class QueueFaultPolicy(FCFSPolicy):
 def test_a_step_that_fails_as_a_whole_fails_its_requests_and_the_engine_goes_on(
     llama_dir: Path,
 ) -> None:
-    from zerohop.engine.engine import MAX_FAILED_STEPS, EngineBrokenError
+    from zerohop.engine.step import MAX_FAILED_STEPS, EngineBrokenError
 
     policy = QueueFaultPolicy()
     llm = LLM(str(llama_dir), policy=policy, num_kv_blocks=64, max_num_seqs=8)

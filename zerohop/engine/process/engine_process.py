@@ -22,8 +22,9 @@ import traceback
 from typing import Any
 
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.engine import REQUEST_FAILED, LLMEngine
+from zerohop.engine.engine import LLMEngine
 from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.lifecycle import REQUEST_FAILED
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.wire import FrameSocket, delta_to_wire, params_from_wire
 
