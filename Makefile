@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.zerohop-installed
 
-.PHONY: run test lint format install bench clean postgres chromium
+.PHONY: run test lint typecheck format install bench clean postgres chromium
 
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
@@ -12,11 +12,15 @@ run: $(STAMP)
 test: $(STAMP) postgres chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 ErrorShape = Callable[[ApiError, str], dict]
 Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
-SURFACES = {anthropic_body: "anthropic", openai_body: "openai"}
+SURFACES: dict[ErrorShape, str] = {anthropic_body: "anthropic", openai_body: "openai"}
 OPENAI_PATHS = ("/v1/chat", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
 
 _HEALTHY = b'{"status":"ok"}'

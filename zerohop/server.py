@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -94,11 +94,11 @@ class GatewayOptions:
     audit: bool = True
     audit_content: bool = False
     audit_max_bytes: int = 64 * 2**20
-    audit_failure: str = "open"  # while the audit log cannot be written: "open" or "closed"
+    audit_failure: Literal["open", "closed"] = "open"  # while the audit log cannot be written
     audit_max_pending: int = 10_000  # audit records kept for retry meanwhile
     metrics: bool = True
     metrics_key: str | None = None
-    durability: str = "full"  # the budget ledger: "normal" or "full" (see ledger_writer)
+    durability: Literal["normal", "full"] = "full"  # the budget ledger (see sqlite_writer)
     ledger_failure: str = "open"  # unbudgeted requests while the ledger fails: open/closed
     leases: LeaseOptions = field(default_factory=LeaseOptions)  # with a PostgreSQL store
 
@@ -294,8 +294,9 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
     from zerohop.engine.config import EngineConfig
 
     engine_options = options.engine_options or {}
-    max_num_seqs = engine_options.get("max_num_seqs") or EngineConfig.max_num_seqs
-    target = engine_options.get("inter_token_target", EngineConfig.inter_token_target)
+    defaults = EngineConfig()
+    max_num_seqs = engine_options.get("max_num_seqs") or defaults.max_num_seqs
+    target = engine_options.get("inter_token_target", defaults.inter_token_target)
     return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
 
 
@@ -413,7 +414,7 @@ def _uvicorn_config(options: ServeOptions, app: Any) -> uvicorn.Config:
         log_level="warning",
         server_header=False,
         headers=[("server", "zerohop")],
-        timeout_keep_alive=options.keep_alive_timeout,
+        timeout_keep_alive=options.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes fractions
         timeout_graceful_shutdown=int(options.drain_seconds),
     )
 

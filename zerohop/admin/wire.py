@@ -31,23 +31,29 @@ def rfc3339(t: float | None) -> str | None:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def _unix(value: float, where: str) -> float:
+    seconds = validation.unix_time(value, where)
+    assert seconds is not None  # None only for None
+    return seconds
+
+
 def parse_time(value: Any, where: str) -> float:
     """Unix seconds from RFC 3339 text or a number (a string of one, from a query)."""
     if isinstance(value, bool):
         raise ValueError(f"{where} must be an RFC 3339 time or unix seconds, not {value!r}")
     if isinstance(value, int | float):
-        return float(validation.unix_time(value, where))
+        return _unix(value, where)
     if isinstance(value, str):
         try:
             number = float(value)
         except ValueError:
             pass
         else:
-            return float(validation.unix_time(number, where))
+            return _unix(number, where)
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
             moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-            return float(validation.unix_time(moment.timestamp(), where))
+            return _unix(moment.timestamp(), where)
         except (OverflowError, ValueError):
             raise ValueError(
                 f"{where} is not an RFC 3339 time from 1970 on: {value[:40]!r}"

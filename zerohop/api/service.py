@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,7 +238,7 @@ class ServingContext:
         params: SamplingParams,
         receive: Receive | None = None,
         continues: list[int] | None = None,
-    ) -> AsyncIterator[RequestDelta]:
+    ) -> AsyncGenerator[RequestDelta, None]:
         """The engine's deltas for one request; engine-side rejections become ApiErrors.
 
         With an ASGI `receive`, a client that goes away aborts the request in the engine.

@@ -75,7 +75,7 @@ class BatchTable(LineTable, FileTable):
         """Newest first. `after_id`: the page older than that batch; `before_id`: the page
         newer than it (still newest first), as Anthropic's list pages (OpenAI's `after`
         is `after_id`)."""
-        where, args = "tenant = ? AND api = ?", [tenant, api]
+        where, args = "tenant = ? AND api = ?", list[str | int]([tenant, api])
         direction = "DESC"
         if before_id is not None:
             where += " AND seq > ?"

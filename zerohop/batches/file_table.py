@@ -66,7 +66,7 @@ class FileTable(Connection):
         order: Literal["asc", "desc"] = "desc",
         purpose: str | None = None,
     ) -> Page:
-        where, args = ["tenant = ?"], [tenant]
+        where, args = ["tenant = ?"], list[str | int]([tenant])
         if purpose is not None:
             where.append("purpose = ?")
             args.append(purpose)

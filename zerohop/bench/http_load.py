@@ -83,6 +83,7 @@ class LoadClient:
     def _dataset_requests(self, model: str, n: int, salt: str) -> list[Request]:
         """The next `n` conversations of the file (warm-up ones from its end)."""
         if self._samples is None:
+            assert self.cfg.dataset is not None  # asked for samples of a dataset
             self._samples = sharegpt(self.cfg.dataset, self.cfg.seed)
         start = -n if salt == "warmup" else self._taken
         if salt != "warmup":

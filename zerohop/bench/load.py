@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from zerohop.bench.arrivals import send_times
 from zerohop.bench.http_load import LoadClient
-from zerohop.bench.load_types import BenchConfig, Request, RequestResult
+from zerohop.bench.load_types import BenchConfig, Request, RequestResult, Sender
 from zerohop.bench.metrics import summarize
 
 __all__ = ["bench", "run_benchmark"]
@@ -49,7 +49,7 @@ class _Feed:
 
     CHUNK = 256
 
-    def __init__(self, client: LoadClient, limit: int) -> None:
+    def __init__(self, client: Sender, limit: int) -> None:
         self.client, self.limit = client, limit
         self.made: list[Request] = []
         self.chunks = 0
@@ -99,7 +99,7 @@ async def bench(
     }
 
 
-def _client(cfg: BenchConfig, session: ClientSession, client_class: ClientClass) -> LoadClient:
+def _client(cfg: BenchConfig, session: ClientSession, client_class: ClientClass) -> Sender:
     if cfg.endpoint == "grpc":
         from zerohop.bench.grpc_load import GrpcLoadClient
 
@@ -112,7 +112,7 @@ def _deadline(cfg: BenchConfig, start: float) -> float:
 
 
 async def _closed_loop(
-    cfg: BenchConfig, client: LoadClient, feed: _Feed, start: float, on_done: OnDone
+    cfg: BenchConfig, client: Sender, feed: _Feed, start: float, on_done: OnDone
 ) -> list[RequestResult]:
     results: list[RequestResult] = []
     deadline, counter = _deadline(cfg, start), itertools.count()
@@ -127,7 +127,7 @@ async def _closed_loop(
 
 
 async def _open_loop(
-    cfg: BenchConfig, client: LoadClient, feed: _Feed, start: float, on_done: OnDone
+    cfg: BenchConfig, client: Sender, feed: _Feed, start: float, on_done: OnDone
 ) -> list[RequestResult]:
     results: list[RequestResult] = []
     slots = asyncio.Semaphore(cfg.concurrency)
@@ -139,6 +139,7 @@ async def _open_loop(
         on_done(result)
 
     tasks = []
+    assert cfg.request_rate is not None  # an open loop has a rate
     times = send_times(cfg.request_rate, cfg.burstiness, cfg.seed)
     for i, at in enumerate(times):
         if start + at >= deadline or (request := await feed.get(i)) is None:

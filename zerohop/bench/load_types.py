@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(slots=True)
@@ -113,3 +113,11 @@ class StreamTimes:
             itl=self.itl,
             sent_at=self.start - bench_start,
         )
+
+
+class Sender(Protocol):
+    """A load client, over HTTP (http_load.LoadClient) or gRPC (grpc_load.GrpcLoadClient)."""
+
+    async def requests(self, n: int, salt: str) -> list[Request]: ...
+
+    async def send(self, request: Request, bench_start: float) -> RequestResult: ...

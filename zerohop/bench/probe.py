@@ -252,7 +252,7 @@ def _resolve(base: httpx2.URL) -> str:
         found = socket.getaddrinfo(base.host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise ProbeError(f"cannot resolve {base.host}: {exc}") from exc
-    return found[0][4][0]
+    return str(found[0][4][0])
 
 
 def _send(

@@ -161,7 +161,7 @@ def _rates(text: str | None) -> list[float | None]:
     rates = [float(part) for part in text.split(",") if part.strip()]
     if not rates or any(r <= 0 for r in rates):
         raise SystemExit("--request-rate: positive numbers (or inf), comma-separated")
-    return rates
+    return list[float | None](rates)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

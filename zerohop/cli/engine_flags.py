@@ -125,7 +125,7 @@ def _token_weights(text: str) -> tuple[float, float]:
         weights = ()
     if len(weights) != 2 or min(weights) < 0 or max(weights) == 0:
         raise argparse.ArgumentTypeError("two non-negative numbers, not both 0, e.g. 1,2")
-    return weights  # type: ignore[return-value]
+    return weights[0], weights[1]
 
 
 def engine_options(args: argparse.Namespace) -> dict:

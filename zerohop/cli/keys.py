@@ -226,16 +226,16 @@ def _tenant(store: Store, args: argparse.Namespace) -> int:
     weight = args.weight if args.weight is not None else old.weight
     tenant = Tenant(args.name, _merge_limits(old.limits, args), budget, weight)
     store.upsert_tenant(tenant)
-    row = {
+    shown: dict[str, Any] = {
         "tenant": tenant.name,
         "weight": tenant.weight,
         **{k: getattr(tenant.limits, k) for k in LIMIT_NAMES},
         "budget": _budget_text(tenant.budget),
     }
     if args.json:
-        print(json.dumps(row, indent=2))
+        print(json.dumps(shown, indent=2))
     else:
-        _print_table([row])
+        _print_table([shown])
     return 0
 
 
@@ -245,14 +245,16 @@ def _usage(store: Store, args: argparse.Namespace) -> int:
     rows = []
     for subject, period, tokens in store.spend():
         budget = budgets.get(subject)
-        current = budget is not None and period == period_key(budget.period)
+        limit = (
+            budget.tokens if budget is not None and period == period_key(budget.period) else None
+        )
         rows.append(
             {
                 "subject": subject,
                 "period": period,
                 "tokens": tokens,
-                "budget": budget.tokens if current else None,
-                "remaining": budget.tokens - tokens if current else None,
+                "budget": limit,
+                "remaining": None if limit is None else limit - tokens,
             }
         )
     if args.json:

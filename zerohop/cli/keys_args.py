@@ -79,6 +79,7 @@ def parse_weight(text: str) -> float:
 
 def parse_limit(text: str) -> int:
     """A limit's value on the command line: an integer >= 0 ("1_000" is 1000)."""
+    value: int | str
     try:
         value = int(text.replace("_", ""))
     except ValueError:

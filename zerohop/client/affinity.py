@@ -30,7 +30,7 @@ import hashlib
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from zerohop.client.replica import Replica
@@ -63,7 +63,7 @@ class AffinityPolicy:
         chosen = next((r for r in usable if r.url == where), None)
         by_affinity = True
         if chosen is None:
-            chosen, by_affinity = self._place(key, usable, rng or random)
+            chosen, by_affinity = self._place(key, usable, rng.choice if rng else random.choice)
         self.placed[key] = chosen.url
         self.placed.move_to_end(key)
         if len(self.placed) > self.remember:
@@ -71,14 +71,14 @@ class AffinityPolicy:
         return chosen, by_affinity
 
     def _place(
-        self, key: bytes, usable: Sequence[Replica], rng: random.Random
+        self, key: bytes, usable: Sequence[Replica], choice: Callable[[Sequence[Replica]], Replica]
     ) -> tuple[Replica, bool]:
         """A new prefix: its rendezvous-preferred replica, unless load says otherwise."""
         ranked = rank(key, usable)
         preferred = ranked[0]
         if len(ranked) == 1 or not self._overloaded(preferred, ranked):
             return preferred, True
-        other = rng.choice(ranked[1:])
+        other = choice(ranked[1:])
         return (other, False) if _load(other) < _load(preferred) else (preferred, True)
 
     def _overloaded(self, replica: Replica, replicas: Sequence[Replica]) -> bool:

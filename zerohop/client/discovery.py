@@ -304,7 +304,7 @@ async def _all(awaitables: Iterable[Awaitable[T]]) -> list[T]:
 
 
 def _additional_addresses(response: dns.message.Message, target: dns.name.Name) -> list[str]:
-    addresses = []
+    addresses: list[str] = []
     for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
         rrset = response.get_rrset(response.additional, target, dns.rdataclass.IN, rdtype)
         if rrset is not None:

@@ -191,7 +191,8 @@ class _ResumingStream(httpx2.AsyncByteStream):
     """The caller's stream: one replica's events, then another's if the first one breaks."""
 
     def __init__(self, call: _Call, replica: Replica, upstream: httpx2.Response) -> None:
-        self.call, self.replica, self.upstream = call, replica, upstream
+        self.call, self.upstream = call, upstream
+        self.replica: Replica | None = replica
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         surface = self.call.surface
@@ -206,15 +207,17 @@ class _ResumingStream(httpx2.AsyncByteStream):
                         return
                 raise UpstreamFailed("the stream ended before the answer did")
             except (httpx2.TransportError, UpstreamFailed) as exc:
-                log.info("replica %s broke mid-stream: %r", self.replica.url, exc)
+                where = self.replica.url if self.replica is not None else "?"
+                log.info("replica %s broke mid-stream: %r", where, exc)
                 if not await self._move_on(isinstance(exc, httpx2.TransportError)):
                     yield surface.finish() if surface.done else surface.error_event(GAVE_UP)
                     return
 
     async def _move_on(self, trip_breaker: bool) -> bool:
         """Continue on another replica; False when there is nothing to continue on."""
-        surface = self.call.surface
-        failed, self.replica = self.replica, None
+        surface, failed = self.call.surface, self.replica
+        assert surface is not None and failed is not None  # a stream, on a replica
+        self.replica = None
         await self.upstream.aclose()
         self.call.pool.failed(failed, trip_breaker, resumed=surface.resumable)
         if not surface.resumable:

@@ -175,9 +175,10 @@ class _Render:
             if reply.finish_reason:
                 yield self.closing(reply)
                 return
-            reply = await anext(rest, None)
-            if reply is None:
+            following = await anext(rest, None)
+            if following is None:
                 raise httpx2.ReadError("the gRPC stream ended before the answer did")
+            reply = following
 
     def opening(self) -> bytes:
         if self.anthropic:
@@ -216,7 +217,7 @@ class _Render:
             end = {"delta": delta, "usage": self._anthropic_usage(last.usage)}
             stop_block = sse_event("content_block_stop", {"index": 0})
             return stop_block + sse_event("message_delta", end) + sse_event("message_stop", {})
-        body = {"text": ""} if self.completions else {"delta": {}}
+        body: dict[str, Any] = {"text": ""} if self.completions else {"delta": {}}
         data = self._chunk({**body, "finish_reason": reason, "stop_reason": stop})
         options = self.payload.get("stream_options") or {}
         if options.get("include_usage"):

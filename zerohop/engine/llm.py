@@ -90,8 +90,8 @@ def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if prompts and all(isinstance(t, int) for t in prompts):
-        return [list(prompts)]  # one prompt given as token ids
-    return list(prompts)
+        return [[t for t in prompts if isinstance(t, int)]]  # one prompt given as token ids
+    return [p for p in prompts if not isinstance(p, int)]
 
 
 def _as_params_list(

@@ -41,7 +41,10 @@ class ModelRunner:
         `chunks` must list decodes first (see `order_chunks`). A chunk with proposed tokens
         gives a row of logits per token, each predicting the token after it.
         """
-        input_ids, positions, slots, logits_rows = [], [], [], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_rows: list[int] = []
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
             span = range(start, start + chunk.num_tokens)
@@ -79,7 +82,7 @@ class ModelRunner:
     def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
         return sorted(chunks, key=lambda c: not c.is_decode)
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
+    def _tensor(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _decode_group(self, chunks: list[ScheduledChunk]) -> DecodeGroup | None:

@@ -207,22 +207,24 @@ class StepLoop(RequestBook):
     def _append_token(
         self, seq: Sequence, row: int, result: SampleResult, delta: RequestDelta
     ) -> None:
-        if result.errors[row] is not None:
-            return self._fail_into(seq, delta, result.errors[row])
+        if (error := result.errors[row]) is not None:
+            return self._fail_into(seq, delta, error)
         token = result.token_ids[row]
         seq.token_ids.append(token)
         delta.new_token_ids.append(token)
         if (lp := result.logprobs[row]) is not None:
             delta.new_logprobs = [{**lp[1], token: lp[0]}]
         grammar_done = self.constraints.advance(seq, token)
-        text, stop_string = seq.detokenizer.push(token)
+        detokenizer = seq.detokenizer
+        assert detokenizer is not None  # set when the request was added
+        text, stop_string = detokenizer.push(token)
         delta.new_text += text  # a speculated step appends several tokens
         reason, stop_reason = self._stop_reason(seq, token, stop_string)
         if grammar_done and reason in (None, "length"):
             reason = "stop"  # the grammar allows nothing more: the answer is complete
         if reason is not None:
             if stop_string is None:
-                delta.new_text += seq.detokenizer.flush()
+                delta.new_text += detokenizer.flush()
             self.requests.pop(seq.request_id, None)
             self.scheduler.finish(seq, reason, stop_reason)
             seq.matcher = None

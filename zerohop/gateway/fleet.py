@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from zerohop import __version__
-from zerohop.gateway.budgets.lease_keeper import open_leased_ledger
+from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, open_leased_ledger
 from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.postgres import connect
@@ -25,11 +25,12 @@ def join_fleet(gateway: Any, url: str, options: LeaseOptions) -> None:
         heartbeat=options.heartbeat,
         version=__version__,
     )
-    rates = FleetRates(gateway.limiter, options.wait)
-    ledger.keeper.rates = rates
-    rates.keeper = ledger.keeper
+    keeper = ledger.keeper
+    assert isinstance(keeper, LeaseKeeper)  # open_leased_ledger made it
+    rates = FleetRates(gateway.limiter, options.wait, keeper)
+    keeper.share_rates(rates)
     gateway.ledger, gateway.rates = ledger, rates
     if gateway.metrics is not None:
         from zerohop.gateway.fleet_metrics import StoreMetrics
 
-        gateway.metrics.register(StoreMetrics(ledger.keeper, gateway.auth, rates))
+        gateway.metrics.register(StoreMetrics(keeper, gateway.auth, rates))

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from zerohop.gateway.auth import (
     AuthenticationError,
@@ -21,6 +22,7 @@ from zerohop.gateway.auth import (
     check_model,
 )
 from zerohop.gateway.budgets.leased_ledger import LeaseUnavailable
+from zerohop.gateway.budgets.ledger import Ledger
 from zerohop.gateway.budgets.sqlite_ledger import (
     BudgetExhausted,
     BudgetLedger,
@@ -32,12 +34,30 @@ from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.keys.identity import ANONYMOUS, Identity
 from zerohop.gateway.limits import buckets as limits
 from zerohop.gateway.limits.buckets import RateLimiter, RateState, Refusal, SubjectLimits
+from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.usage import UsageRecorder
 
 # What requests without a token budget do while the ledger cannot be written: "open" serves
 # them (the ledger records nothing for them), "closed" refuses them too.
 LEDGER_FAILURE_POLICIES = ("open", "closed")
 LEDGER_RETRY_AFTER = 1.0  # seconds: the ledger's writer tries the disk again every second
+
+
+class LoadObserver(Protocol):
+    """What sees each request's tokens and end (the console's live load)."""
+
+    def on_tokens(self, tenant: str, output_tokens: int) -> None: ...
+
+    def on_finished(
+        self,
+        tenant: str,
+        status: int,
+        prompt_tokens: int,
+        cached_tokens: int,
+        ttft_s: float | None,
+        token_times: Sequence[float],
+    ) -> None: ...
 
 
 class GatewayStartError(Exception):
@@ -105,7 +125,7 @@ class Gateway:
     def __init__(
         self,
         authenticator: Authenticator,
-        ledger: BudgetLedger | None,
+        ledger: Ledger | None,
         audit: Any | None = None,
         metrics: Any | None = None,
         ledger_failure: str = "open",
@@ -113,13 +133,13 @@ class Gateway:
         assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
         self.auth = authenticator
         self.limiter = RateLimiter()
-        self.rates: Any = None  # fleet_rates.FleetRates when the store is shared
+        self.rates: FleetRates | None = None  # when the store is shared (fleet.py)
         self.ledger = ledger
         self.ledger_failure = ledger_failure
         self.audit = audit
         self.metrics = metrics
-        self.usage: Any = None  # zerohop.gateway.usage.UsageRecorder: the admin reports
-        self.live: Any = None  # zerohop.api.load.live_load.LiveLoad: the console's overview
+        self.usage: UsageRecorder | None = None  # the admin reports
+        self.live: LoadObserver | None = None  # api/load/live_load.py: the console's overview
 
     @classmethod
     def from_store(

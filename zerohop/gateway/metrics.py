@@ -297,8 +297,8 @@ class GatewayMetrics:
             "zerohop_refusals", "Requests refused by a limit, budget, authentication or overload.",
             labels=("reason", "tenant"),
         )  # fmt: skip
-        for labels, value in refusals.items():
-            family.add_metric(labels, value)
+        for reason_tenant, value in refusals.items():
+            family.add_metric(reason_tenant, value)
         yield family
         for (h, name, doc), snapshot in zip(histograms, snapshots, strict=True):
             yield h.family(name, doc, snapshot)

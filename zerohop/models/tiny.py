@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Before torch loads OpenMP in this process: its wait policy (zerohop/engine/omp.py).
 from zerohop.engine import omp  # noqa: F401
@@ -23,7 +24,7 @@ from zerohop.models.toy_tokenizer import IM_END, save_tokenizer
 
 NAME = "zerohop-tiny-llama"
 VERSION = 1
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 256,

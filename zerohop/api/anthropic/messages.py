@@ -106,7 +106,7 @@ class AnthropicSurface:
         planned = plan(conv, self.ctx, _sampling_params(request), continues)
         prompt = planned.prompt
         self.ctx.check_lengths(len(prompt), request.max_tokens)
-        state = _Run(call.request_id, prompt, request.model, request.return_token_ids)
+        state = _Run(call.request_id, prompt, request.model, bool(request.return_token_ids))
         if conv.tools or planned.in_thought is not None:
             state.reader = planned.reader()
             state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
@@ -185,7 +185,9 @@ class _Run:
             log.exception("request %s failed mid-stream", self.rid)
             error = ApiError(500, "internal server error")
             return await end_stream(send, _event("error", anthropic_body(error, self.rid)))
-        end = {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}
+        end: dict[str, Any] = {
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+        }
         end["usage"] = self._usage()
         stop = _BLOCK_STOP if self.blocks is None else self.blocks.end()
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)

@@ -209,14 +209,15 @@ def validation_message(raw: str) -> str:
     path = _dotted(match["path"]) if match else ""
     problem = raw[: match.start()] if match else raw
     if problem.startswith(("Object missing required field", "Object contains unknown field")):
-        name = _FIELD.search(problem)["name"]
+        field = _FIELD.search(problem)
+        name = field["name"] if field else problem
         full = f"{path}.{name}" if path else name
         if problem.startswith("Object missing"):
             return f"{full}: Field required"
         if not path and name in UNSUPPORTED_FIELDS:
             return f"{name}: not supported by this server"
         return f"{full}: Extra inputs are not permitted"
-    if _NULL.match(problem) and path and not match["path"].endswith("]"):
+    if _NULL.match(problem) and match and not match["path"].endswith("]"):
         return f"{path}: Field required"
     if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type") and ".content." in path:
         return (

@@ -74,7 +74,7 @@ def request_tools(request: CountTokensRequest) -> list[Tool]:
             raise ApiError(400, message, param="tools")
         if spec.input_schema is None:
             raise ApiError(400, f"tools.{i}.input_schema: Field required", param="tools")
-        tools.append(Tool(spec.name, spec.description or "", spec.input_schema, spec.strict))
+        tools.append(Tool(spec.name, spec.description or "", spec.input_schema, bool(spec.strict)))
     try:
         return checked_tools(tools, at="tools.{}", schema_key="input_schema")
     except InvalidRequestError as exc:

@@ -30,7 +30,7 @@ _SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
 
 
 def has_reasoning_format(chat_template: str | None) -> bool:
-    return bool(chat_template) and OPEN in chat_template
+    return chat_template is not None and OPEN in chat_template
 
 
 class Decoder(Protocol):

@@ -48,8 +48,9 @@ def _neutral_choice(choice: pb.ToolChoice, tools: list[Tool]) -> ToolChoice:
         return ToolChoice("none", None, parallel)
     if choice.HasField("name"):
         return ToolChoice("named", choice.name, parallel)
-    mode = "required" if choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED else "auto"
-    return ToolChoice(mode, None, parallel)
+    if choice.mode == pb.TOOL_CHOICE_MODE_REQUIRED:
+        return ToolChoice("required", None, parallel)
+    return ToolChoice("auto", None, parallel)
 
 
 def _turn(message: dict[str, Any]) -> Turn:

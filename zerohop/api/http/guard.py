@@ -191,8 +191,8 @@ class _Guarded:
     address: str | None = None
     deadline: _Deadline
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[misc]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]  # the zttp protocol's
         self.deadline = _Deadline(self, self.guard)
         self.deadline.arm()
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from zerohop.api.errors import ApiError
 from zerohop.api.load.queue_model import Ahead, EngineView, queue_wait
 from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.load.wait_correction import WaitCorrection
-from zerohop.engine.process.async_engine import AsyncEngine, Queued
+from zerohop.engine.process.async_engine import Queued
 
 DEFAULT_MAX_QUEUE_WAIT = 30.0  # seconds; the SDKs' own timeouts are 10 minutes
 DEFAULT_MAX_WAITING = 512
@@ -58,10 +58,20 @@ class Load:
         return [(b"zerohop-queue-wait-ms", wait.encode()), *pairs] if wait else pairs
 
 
+class QueueSource(Protocol):
+    """What admission reads of the engine (the supervisor's engine of the moment)."""
+
+    @property
+    def queued(self) -> dict[str, Queued]: ...
+
+    @property
+    def latest_stats(self) -> dict[str, Any] | None: ...
+
+
 class AdmissionControl:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: QueueSource,
         max_queue_wait: float | None = DEFAULT_MAX_QUEUE_WAIT,
         max_waiting: int | None = DEFAULT_MAX_WAITING,
         fair_share: bool = True,

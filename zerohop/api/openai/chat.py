@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from zerohop.api.conversation.events import OutputReader
@@ -57,7 +57,7 @@ from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Scope, Receive, Send, str], Any]
+Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 T = TypeVar("T")
 
 # Variables the render sets itself (zerohop.engine.text.tokenizer.apply_chat_template), or the
@@ -163,7 +163,7 @@ class OpenAIApi:
                     if readers is None
                     else EventChatStream(*head, readers=readers)
                 )
-                stream.token_ids = request.return_token_ids
+                stream.token_ids = bool(request.return_token_ids)
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 formatter = self.logprob_formatter
@@ -220,7 +220,7 @@ class OpenAIApi:
                 options = request.stream_options
                 usage = bool(options and options.include_usage)
                 stream = CompletionStream(rid, request.model, usage, len(prompt), echo, params.n)
-                stream.token_ids = request.return_token_ids
+                stream.token_ids = bool(request.return_token_ids)
                 await self._stream(stream, deltas, with_send_times(scope, send), request_id)
             else:
                 answer = CompletionAnswer(len(prompt), params.n, echo, self.logprob_formatter)

@@ -128,7 +128,9 @@ class LogprobFormatter:
     def chat(self, delta: RequestDelta, top: int) -> list[dict[str, Any]]:
         """OpenAI's `logprobs.content` entries for a delta's tokens."""
         entries = []
-        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
+        for token_id, candidates in zip(
+            delta.new_token_ids, delta.new_logprobs or (), strict=False
+        ):
             token, raw = self.tokens.get(token_id)
             chosen = max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB)
             ranked = sorted(candidates.items(), key=lambda kv: -kv[1])[:top]
@@ -149,7 +151,9 @@ class LogprobFormatter:
     def legacy(self, delta: RequestDelta, out: dict[str, list], offset: int) -> int:
         """Extend the completions API's column-wise logprobs by a delta's tokens; the
         returned offset is where the next token's text starts."""
-        for token_id, candidates in zip(delta.new_token_ids, delta.new_logprobs, strict=False):
+        for token_id, candidates in zip(
+            delta.new_token_ids, delta.new_logprobs or (), strict=False
+        ):
             token, _ = self.tokens.get(token_id)
             out["tokens"].append(token)
             out["token_logprobs"].append(max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB))

@@ -29,6 +29,8 @@ class Stream:
     usage chunk comes once every choice has finished (`done`)."""
 
     object_name = b""
+    suffix = b""  # after a chunk's text when it carries nothing else (set per request)
+    text_close: bytes  # closes the text's object before logprobs
 
     def __init__(
         self, rid: str, model: str, include_usage: bool, prompt_tokens: int, n: int = 1

@@ -27,7 +27,7 @@ PREAMBLE = (
 
 
 def template_takes_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template
+    return template is not None and "tools" in template
 
 
 def render_messages(

@@ -272,7 +272,7 @@ def _reader_class() -> type:
         once per metadata value (~1M times for a 49k-token vocabulary); on an np.memmap every
         slice pays memmap's __array_finalize__, which made opening SmolLM2 4x slower."""
 
-        @property
+        @property  # type: ignore[override]  # the reader's memmap attribute, as a plain view
         def data(self) -> np.ndarray:
             return self._plain_data
 

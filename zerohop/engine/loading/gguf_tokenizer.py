@@ -134,7 +134,7 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
     """SentencePiece merges implied by the vocabulary: every split of a token into two
     tokens, best-scored result first (the order transformers' `generate_merges` gives)."""
     vocab = {token: i for i, token in enumerate(tokens)}
-    candidates = []
+    candidates: list[tuple[Any, ...]] = []
     for token, score in zip(tokens, scores, strict=True):
         pieces = [
             (token[:cut], token[cut:])

@@ -74,6 +74,7 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
 
     ops = kernels.load()
     qs, scales, mins = weight.qs, weight.scales, weight.mins
+    tensors: tuple[torch.Tensor | None, ...]
     if weight.kind == "q8_0":
         product = lambda x: ops.q8_0_linear(x, qs, scales)  # noqa: E731
         tensors = (qs, scales)

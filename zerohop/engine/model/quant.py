@@ -49,6 +49,7 @@ class QuantizedWeight:
         if self.kind == "q8_0":
             values = qs.view(count, -1, BLOCK).float() * scales.unsqueeze(-1)
         else:
+            assert mins is not None  # q4_1 blocks have mins
             packed = qs.view(count, -1, BLOCK // 2)
             nibbles = torch.cat((packed & 0x0F, packed >> 4), dim=-1).float()
             values = nibbles * scales.unsqueeze(-1) + mins.unsqueeze(-1)

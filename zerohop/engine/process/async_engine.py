@@ -17,7 +17,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +118,7 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         **options: Any,  # tenant, weight, priority, cache_salt
-    ) -> AsyncIterator[RequestDelta]:
+    ) -> AsyncGenerator[RequestDelta, None]:
         """Yield each step's delta for this request; leaving early aborts it in the engine.
 
         With `params.n` > 1 the deltas of every choice come here (`delta.index`); the stream

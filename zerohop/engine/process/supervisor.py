@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +116,7 @@ class EngineSupervisor:
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **options: Any
-    ) -> AsyncIterator[RequestDelta]:
+    ) -> AsyncGenerator[RequestDelta, None]:
         return self.engine.generate(request_id, prompt_token_ids, params, **options)
 
     def abort(self, request_id: str) -> None:

@@ -24,8 +24,8 @@ def check_request_options(
 
 def check_weight(weight: object) -> None:
     """A tenant's fair-share weight is a finite number above 0."""
-    ok = isinstance(weight, int | float) and not isinstance(weight, bool)
-    if not ok or not math.isfinite(weight) or weight <= 0:  # type: ignore[arg-type]
+    number = weight if isinstance(weight, int | float) and not isinstance(weight, bool) else None
+    if number is None or not math.isfinite(number) or number <= 0:
         raise InvalidRequestError(
             f"the tenant's fair-share weight must be a positive number, not {weight!r}"
         )

@@ -13,17 +13,20 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 from zerohop.engine.errors import InvalidRequestError
 
 # Between JSON tokens: nothing, one space, or a newline and up to 16 spaces of indent. A
 # small model cannot loop on whitespace, and pretty-printed JSON still fits.
 JSON_WHITESPACE = r"(\n {0,16}| )"
-JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": JSON_WHITESPACE}
 # Applications send the same few schemas over and over: building and checking one costs
 # ~2 ms, a cache hit microseconds (a refused one is not kept: exceptions are not cached).
 CACHE_SIZE = 512

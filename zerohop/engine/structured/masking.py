@@ -32,7 +32,7 @@ class GrammarMask:
         if not rows:
             return
         bitmask = torch.empty((len(rows), self.words), dtype=torch.int32)
-        pairs = [(matchers[i], j) for j, i in enumerate(rows)]
+        pairs = [(m, j) for j, i in enumerate(rows) if (m := matchers[i]) is not None]
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), self.words * 4, len(rows))
         index = torch.tensor(rows, dtype=torch.long)
         if self._kernel is not None and _kernel_fits(logits):

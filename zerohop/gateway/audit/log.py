@@ -433,7 +433,7 @@ def verify(
     prev: str | None = None if trust_first else ZERO_HASH
     seq: int | None = None if trust_first else 0
     prev_at = ""
-    records, torn = 0, []
+    records, torn = 0, list[str]()
     hash_at_head = None
 
     def broken(where: str, reason: str) -> VerifyResult:

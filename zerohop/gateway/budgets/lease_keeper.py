@@ -11,6 +11,7 @@ the leases it holds until their local deadlines pass (`LocalLease.usable_until`)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -25,6 +26,7 @@ import psycopg
 
 from zerohop.gateway.budgets import pg_leases as leases
 from zerohop.gateway.budgets.leased_ledger import LeasedLedger, LocalLease, Waiter
+from zerohop.gateway.budgets.ledger import RateShares
 from zerohop.gateway.budgets.pg_leases import LeaseChange, LeaseReply
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ BACKOFF = (0.2, 5.0)  # seconds: first and longest pause between attempts while 
 
 def new_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+RESULTS = ("full", "partial", "none", "error")
 
 
 @dataclass(slots=True)
@@ -78,9 +83,6 @@ class Latency:
         return out
 
 
-RESULTS = ("full", "partial", "none", "error")
-
-
 @dataclass(slots=True, frozen=True)
 class Plan:
     lease: LocalLease
@@ -106,7 +108,7 @@ class LeaseKeeper:
         self.replica_id = replica_id or new_replica_id()
         self.version = version
         self.stats = LeaseStats()
-        self.rates: Any = None  # a fleet_rates.FleetRates, renewed with each heartbeat
+        self.rates: RateShares | None = None  # renewed with each heartbeat (share_rates)
         self.beat_at = time.monotonic()  # the last heartbeat PostgreSQL answered
         self._conn: psycopg.Connection | None = None
         self._wake = threading.Event()
@@ -114,6 +116,10 @@ class LeaseKeeper:
         self._pause = 0.0
         self._next_attempt = 0.0
         self._thread = threading.Thread(target=self._run, name="zerohop-leases", daemon=True)
+
+    def share_rates(self, rates: RateShares) -> None:
+        """Renew `rates` with each heartbeat from now on."""
+        self.rates = rates
 
     @property
     def up(self) -> bool:
@@ -220,27 +226,28 @@ class LeaseKeeper:
                 elif lease.lease_id is not None:  # swept: it had expired
                     lease.usable_until = 0.0
                     self.ledger.replace(lease)
-        if self.rates is not None:
-            self.rates.replicas = beat.replicas
-            self._timed(lambda: self.rates.beat(conn, self.replica_id, self.ttl, sent))
+        if (rates := self.rates) is not None:
+            rates.replicas = beat.replicas
+            self._timed(lambda: rates.beat(conn, self.replica_id, self.ttl, sent))
         charged = self._timed(lambda: leases.sweep(conn))
         if charged:
             self.stats.expiries += len(charged)
             log.info("leases: charged %d expired leases of stopped replicas", len(charged))
 
     def _tend(self, conn: psycopg.Connection) -> None:
-        if self.rates is not None and self.rates.waiting():
+        if (rates := self.rates) is not None and rates.waiting():
             self._timed(
-                lambda: self.rates.beat(
+                lambda: rates.beat(
                     conn, self.replica_id, self.ttl, time.monotonic(), only_waiting=True
                 )
             )
         for plan in self._plans():
             sent = time.monotonic()
             try:
-                reply = self._timed(
-                    lambda p=plan: leases.change(conn, self.replica_id, p.change, self.ttl)
+                change = functools.partial(
+                    leases.change, conn, self.replica_id, plan.change, self.ttl
                 )
+                reply = self._timed(change)
             except psycopg.Error:
                 self.stats.renewals["error"] += plan.change.want > 0
                 with self.ledger.lock:

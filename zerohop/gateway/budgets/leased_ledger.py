@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from zerohop.gateway.budgets.ledger import Keeper
 from zerohop.gateway.budgets.sqlite_ledger import (
     BudgetExhausted,
     Reservation,
@@ -119,7 +120,12 @@ class LeasedLedger:
         self.horizon = horizon
         self.lock = threading.Lock()
         self.leases: dict[tuple[str, str], LocalLease] = {}
-        self.keeper = None  # a LeaseKeeper
+        self.keeper: Keeper | None = None  # the LeaseKeeper, set before `start`
+
+    @property
+    def _keeper(self) -> Keeper:
+        assert self.keeper is not None, "open_leased_ledger sets the keeper"
+        return self.keeper
 
     def start(self) -> None:
         assert self.keeper is not None
@@ -138,14 +144,14 @@ class LeasedLedger:
         now = time.monotonic()
         with self.lock:
             short = [lease for lease in leases if lease.available(now) < need]
-            if not short or self.keeper.failing:
+            if not short or self._keeper.failing:
                 return
             loop = asyncio.get_running_loop()
             future = loop.create_future()
             for lease in short:
                 lease.waiters.append(Waiter(need, prompt + 1, future, loop))
                 lease.note_need(need, now)
-        self.keeper.poke()
+        self._keeper.poke()
         with contextlib.suppress(TimeoutError):  # then reserve clamps or refuses
             await asyncio.wait_for(asyncio.shield(future), self.lease_wait)
 
@@ -169,7 +175,7 @@ class LeasedLedger:
                 lease.available(now) < lease.target(self.horizon, now) // 2 for lease in leases
             )
         if low:
-            self.keeper.poke()
+            self._keeper.poke()
         charges = [(lease.subject, lease.period, reserved) for lease in leases]
         return Reservation(request_id, charges, granted, granted < max_tokens, holds=leases)
 
@@ -206,7 +212,7 @@ class LeasedLedger:
     def _shortfall(self, leases: list[LocalLease], prompt: int, now: float) -> Exception:
         for lease in leases:
             left = lease.available(now)
-            if lease.free is not None and self.keeper.up:
+            if lease.free is not None and self._keeper.up:
                 fleet_left = left + max(lease.free, 0) + lease.held_elsewhere
                 if fleet_left < prompt + 1:
                     return BudgetExhausted(
@@ -217,7 +223,7 @@ class LeasedLedger:
             "this replica's share of the token budget cannot cover the request now (the"
             " budget store is unreachable, or other replicas hold the rest): retry shortly,"
             " here or on another replica",
-            self.keeper.retry_after(),
+            self._keeper.retry_after(),
         )
 
     # -- the keeper's side ------------------------------------------------------------------

@@ -103,6 +103,7 @@ def _load_jwks(data: bytes, source: str) -> list[PublicKey]:
         if kid is not None and not isinstance(kid, str):
             raise ValueError(f"{source}: key {n} has a non-string kid {kid!r}")
         kty, crv = jwk.get("kty"), jwk.get("crv")
+        algorithm: type[jwt.algorithms.Algorithm]
         if kty == "OKP" and crv == "Ed25519":
             alg, algorithm = "EdDSA", jwt.algorithms.OKPAlgorithm
         elif kty == "EC" and crv == "P-256":

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import psycopg
 
@@ -86,16 +87,26 @@ class Demand:
     at: float = 0.0
 
 
+class Heartbeat(Protocol):
+    """The thread whose heartbeat runs `FleetRates.beat` (the lease keeper), as asked to
+    beat sooner."""
+
+    @property
+    def failing(self) -> bool: ...
+
+    def poke(self) -> None: ...
+
+
 class FleetRates:
     """This replica's shares: renewed by the lease keeper's heartbeat (its thread), applied
     on the event loop."""
 
-    def __init__(self, limiter: RateLimiter, wait: float) -> None:
+    def __init__(self, limiter: RateLimiter, wait: float, keeper: Heartbeat | None = None) -> None:
         limiter.fleet = True
         self.limiter = limiter
         self.wait = wait
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.keeper = None  # the LeaseKeeper whose heartbeat runs `beat`
+        self.keeper = keeper  # the LeaseKeeper whose heartbeat runs `beat`
         self.replicas = 1  # live replicas at the last heartbeat
         self._demand: dict[str, Demand] = {}
         self._granted: dict[str, float] = {}  # subject -> share PostgreSQL last gave

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -67,19 +68,27 @@ def _apply(conn: psycopg.Connection, version: int, sql: str) -> bool:
             "INSERT INTO zerohop_schema (version, min_reader, zerohop) VALUES (%s, %s, %s)",
             (version, MIN_READER[version], __version__),
         )
-        bumped = conn.execute(
-            "UPDATE store_meta SET value = value + 1 WHERE name = 'keys_version' RETURNING value"
-        ).fetchone()
-        payload = json.dumps({"v": bumped[0], "t": time.time()})
+        bumped = _scalar(
+            conn,
+            "UPDATE store_meta SET value = value + 1 WHERE name = 'keys_version' RETURNING value",
+        )
+        payload = json.dumps({"v": bumped, "t": time.time()})
         conn.execute("SELECT pg_notify(%s, %s)", (KEYS_CHANNEL, payload))
     return True
 
 
 def schema_version(conn: psycopg.Connection) -> int:
     """The highest applied step; 0 for a store never migrated."""
-    if conn.execute("SELECT to_regclass('zerohop_schema')").fetchone()[0] is None:
+    if _scalar(conn, "SELECT to_regclass('zerohop_schema')") is None:
         return 0
-    return conn.execute("SELECT coalesce(max(version), 0) FROM zerohop_schema").fetchone()[0]
+    return _scalar(conn, "SELECT coalesce(max(version), 0) FROM zerohop_schema")
+
+
+def _scalar(conn: psycopg.Connection, sql: str) -> Any:
+    """The first column of the one row `sql` always returns."""
+    row = conn.execute(sql).fetchone()
+    assert row is not None, "the query returns a row"
+    return row[0]
 
 
 def describe(result: Migrated) -> str:

@@ -314,5 +314,8 @@ def _all(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> li
     return conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
 
 
-def _one(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
-    return conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
+def _one(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """The one row a query always returns (an aggregate, RETURNING, to_regclass)."""
+    row = conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
+    assert row is not None, "the query returns a row"
+    return row
