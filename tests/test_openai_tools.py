@@ -11,15 +11,14 @@ from typing import Any
 
 import httpx
 import jsonschema
-import llguidance
 import msgspec
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
-from tokenizers import Tokenizer
 
 from tests.fixtures.tool_schemas import ADD, WEATHER
+from tests.grammar_check import decodes
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import grammar as planned_grammar
@@ -131,17 +130,6 @@ STRICT_CALL = (
     '<tool_call>\n{"name": "book", "arguments": {"city": "Rome", "note": "", "nights": 2,'
     ' "breakfast": true}}\n</tool_call>'
 )
-
-
-def decodes(folder: Path, grammar: str, text: str) -> bool:
-    """Whether the model's tokens of `text` all pass `grammar` and may end there."""
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    index = llguidance.LLTokenizer(
-        tokenizer.to_str(), n_vocab=tokenizer.get_vocab_size(), eos_token=[0]
-    )
-    matcher = llguidance.LLMatcher(index, grammar, log_level=0)
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
 
 
 def test_strict_tools_in_auto_mode_allow_text_and_only_valid_calls(llama_dir: Path) -> None:

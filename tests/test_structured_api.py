@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 import anthropic
@@ -20,6 +21,7 @@ import openai
 import pydantic
 import pytest
 
+from tests.grammar_check import decodes
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic import schema as anthropic_schema
 from zerohop.api.anthropic.turns import output_grammar
@@ -27,6 +29,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.grpc.service import _sampling_params as grpc_sampling_params
 from zerohop.api.openai import schema as openai_schema
 from zerohop.api.openai.output_format import chat_grammar, completion_grammar
+from zerohop.engine.structured.grammar import closed_schema
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -180,12 +183,21 @@ def grammar_error(**fields: Any) -> ApiError:
     return info.value
 
 
-def test_response_formats_become_grammars() -> None:
+def admits(folder: Path, grammar: str | None, accepted: str, refused: str) -> bool:
+    assert grammar is not None
+    return decodes(folder, grammar, accepted) and not decodes(folder, grammar, refused)
+
+
+def test_response_formats_become_grammars(llama_dir: Path) -> None:
     assert chat_grammar(chat_request()) is None
     assert chat_grammar(chat_request(response_format={"type": "text"})) is None
-    assert chat_grammar(chat_request(response_format={"type": "json_object"}))
+    json_object = chat_grammar(chat_request(response_format={"type": "json_object"}))
+    assert admits(llama_dir, json_object, '{"x": 1}', "[1]")
     spec = {"name": "v", "schema": {"type": "boolean"}, "strict": True, "description": "d"}
-    assert chat_grammar(chat_request(response_format={"type": "json_schema", "json_schema": spec}))
+    boolean = chat_grammar(
+        chat_request(response_format={"type": "json_schema", "json_schema": spec})
+    )
+    assert admits(llama_dir, boolean, "true", '"true"')
     any_object = {"type": "json_schema", "json_schema": {"name": "any"}}  # no schema
     assert chat_grammar(chat_request(response_format=any_object)) == chat_grammar(
         chat_request(response_format={"type": "json_object"})
@@ -237,7 +249,7 @@ def test_bad_response_formats(case: tuple[dict, str, str]) -> None:
     assert words in error.message
 
 
-def test_structured_outputs_need_exactly_one_constraint() -> None:
+def test_structured_outputs_need_exactly_one_constraint(llama_dir: Path) -> None:
     for so in ({}, {"json_object": False}, {"regex": "a", "choice": ["a"]}):
         error = grammar_error(structured_outputs=so)
         assert error.param == "structured_outputs"
@@ -246,7 +258,7 @@ def test_structured_outputs_need_exactly_one_constraint() -> None:
     assert both.param == "structured_outputs" and "together" in both.message
     body = {"model": MODEL_NAME, "prompt": "x", "structured_outputs": {"choice": ["a", "b"]}}
     request = openai_schema.decode(json.dumps(body).encode(), openai_schema.CompletionRequest)
-    assert completion_grammar(request)
+    assert admits(llama_dir, completion_grammar(request), "b", "c")
 
 
 def anthropic_request(**fields: Any) -> anthropic_schema.MessagesRequest:
@@ -254,12 +266,14 @@ def anthropic_request(**fields: Any) -> anthropic_schema.MessagesRequest:
     return anthropic_schema.decode_messages(json.dumps(body).encode())
 
 
-def test_anthropic_output_formats() -> None:
+def test_anthropic_output_formats(llama_dir: Path) -> None:
     fmt = {"type": "json_schema", "schema": Weather.model_json_schema()}
     assert output_grammar(anthropic_request()) is None
     assert output_grammar(anthropic_request(output_config={"effort": "low"})) is None
-    assert output_grammar(anthropic_request(output_config={"format": fmt}))
-    assert output_grammar(anthropic_request(output_format=fmt))  # the beta's spelling
+    weather = output_grammar(anthropic_request(output_config={"format": fmt}))
+    good = '{"sky": "rain", "windy": true, "level": 2}'
+    assert admits(llama_dir, weather, good, good.replace('"rain"', '"snow"'))
+    assert output_grammar(anthropic_request(output_format=fmt)) == weather  # the beta's spelling
     with pytest.raises(ApiError, match="not both"):
         output_grammar(anthropic_request(output_config={"format": fmt}, output_format=fmt))
     prefill = [*MESSAGES, {"role": "assistant", "content": "{"}]
@@ -271,7 +285,7 @@ def test_anthropic_output_formats() -> None:
     assert info.value.message.startswith("output_config.format.schema: the JSON schema")
 
 
-def test_grpc_sampling_fields_reach_sampling_params() -> None:
+def test_grpc_sampling_fields_reach_sampling_params(llama_dir: Path) -> None:
     request = pb.GenerateRequest(
         model=MODEL_NAME,
         prompt="x",
@@ -287,7 +301,7 @@ def test_grpc_sampling_fields_reach_sampling_params() -> None:
     assert (params.presence_penalty, params.frequency_penalty) == pytest.approx((0.5, -0.5))
     assert params.repetition_penalty == pytest.approx(1.2)
     assert params.min_p == pytest.approx(0.1) and params.min_tokens == 2
-    assert params.logit_bias == {7: -100.0} and params.grammar
+    assert params.logit_bias == {7: -100.0} and admits(llama_dir, params.grammar, "no", "maybe")
     neutral = grpc_sampling_params(pb.GenerateRequest(model=MODEL_NAME, prompt="x"), 512)
     assert neutral.repetition_penalty == 1.0 and neutral.presence_penalty == 0.0
     assert neutral.logit_bias is None and neutral.grammar is None
@@ -373,7 +387,8 @@ def test_anthropic_beta_output_format(live_server: LiveServer) -> None:
     assert response.status_code == 200, response.text
     message = response.json()
     assert message["stop_reason"] == "end_turn", message
-    jsonschema.validate(json.loads(message["content"][0]["text"]), SCHEMAS["nested objects"])
+    closed = closed_schema(SCHEMAS["nested objects"])  # as the server closed it: no extra keys
+    jsonschema.validate(json.loads(message["content"][0]["text"]), closed)
 
 
 ANTHROPIC_BAD = {
@@ -418,7 +433,7 @@ def test_json_schemas(live_server: LiveServer, name: str) -> None:
     schema = SCHEMAS[name]
     fmt = {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}
     for text in finished(live_server, CHAT_PATH, response_format=fmt):
-        jsonschema.validate(json.loads(text), schema)
+        jsonschema.validate(json.loads(text), closed_schema(schema))
 
 
 def test_json_schema_stream(live_server: LiveServer) -> None:
@@ -433,7 +448,7 @@ def test_json_schema_stream(live_server: LiveServer) -> None:
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "stop", text
-    jsonschema.validate(json.loads(text), schema)
+    jsonschema.validate(json.loads(text), closed_schema(schema))
 
 
 def test_structured_outputs_on_completions(live_server: LiveServer) -> None:
@@ -548,7 +563,7 @@ def test_grpc_constrained_generate(stub: pb_grpc.ZerohopStub) -> None:
     constraint = pb.Constraint(json_schema=json.dumps(schema))
     text, reason = generate(stub, constraint=constraint, presence_penalty=0.5, min_p=0.01)
     assert reason == pb.FINISH_REASON_STOP
-    jsonschema.validate(json.loads(text), schema)
+    jsonschema.validate(json.loads(text), closed_schema(schema))
 
 
 GRPC_BAD = {

@@ -123,7 +123,7 @@ def closed_schema(schema: Any) -> Any:
     """A copy of `schema` whose objects allow no properties beyond those they name."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
+    out = _merged_all_of(dict(schema))
     is_object = out.get("type") == "object" or "properties" in out
     if is_object and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
@@ -137,3 +137,30 @@ def closed_schema(schema: Any) -> Any:
         if isinstance(out.get(key), dict):
             out[key] = closed_schema(out[key])
     return out
+
+
+def _merged_all_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """`allOf` branches that are all plain objects merged into one object (their properties
+    and required names together), so that closing it closes the whole: closing each branch
+    alone would let no object through (each refuses the other's properties)."""
+    branches = schema.get("allOf")
+    if not isinstance(branches, list) or not branches or not all(map(_plain_object, branches)):
+        return schema
+    merged = {k: v for k, v in schema.items() if k != "allOf"}
+    properties = dict(merged.get("properties") or {})
+    required = list(merged.get("required") or [])
+    for branch in branches:
+        properties.update(branch.get("properties") or {})
+        required += [name for name in branch.get("required") or [] if name not in required]
+    merged.update(type="object", properties=properties)
+    if required:
+        merged["required"] = required
+    return merged
+
+
+def _plain_object(branch: Any) -> bool:
+    """An object schema of properties only (no reference, no other constraint to keep)."""
+    keys = {"type", "properties", "required", "description", "title"}
+    if not isinstance(branch, dict) or branch.get("type", "object") != "object":
+        return False
+    return "properties" in branch and set(branch) <= keys
