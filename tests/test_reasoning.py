@@ -259,8 +259,9 @@ def test_thinking_events(tools: bool) -> None:
     )
 
 
-TOOL = {"name": "f", "description": "", "input_schema": {"type": "object"}}
-OAI_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+EMPTY = {"type": "object", "properties": {}}  # closed by the server: only {} (a call ends soon)
+TOOL = {"name": "f", "description": "", "input_schema": EMPTY}
+OAI_TOOL = {"type": "function", "function": {"name": "f", "parameters": EMPTY}}
 
 
 def test_a_thought_with_a_forced_call_is_one_rule_on_both_surfaces(
@@ -275,12 +276,13 @@ def test_a_thought_with_a_forced_call_is_one_rule_on_both_surfaces(
     rule = "may not be enabled with a forced tool call"
     with pytest.raises(anthropic.BadRequestError, match=rule):
         anth.messages.create(**kw, tool_choice=forced, thinking=THINK)
-    okw = {"model": THINK_MODEL, "max_tokens": 40, "messages": USER, "tools": [OAI_TOOL]}
+    okw = {"model": THINK_MODEL, "max_tokens": 300, "messages": USER, "tools": [OAI_TOOL]}
+    okw["temperature"] = 0.0
     with pytest.raises(openai.BadRequestError, match=rule):
         oai.chat.completions.create(
             **okw, tool_choice="required", extra_body={"thinking_token_budget": 8}
         )
-    message = anth.messages.create(**{**kw, "max_tokens": 40}, tool_choice=forced)
+    message = anth.messages.create(**{**kw, "max_tokens": 300}, tool_choice=forced)
     assert [b.type for b in message.content] == ["tool_use"]
     answer = oai.chat.completions.create(**okw, tool_choice="required").choices[0].message
     assert answer.tool_calls and answer.tool_calls[0].function.name == "f"

@@ -1,1 +1,4 @@
-"""The HTTP (Anthropic + OpenAI) and gRPC surfaces: translate, call the engine, translate back."""
+"""The surfaces (Anthropic Messages, OpenAI Chat/Completions, gRPC), each a wire mapping over
+one neutral conversation (conversation/) and `service.ServingContext`. May import gateway,
+engine and grpc_gen; never batches, admin, console or app (they are built on it).
+"""

@@ -1,1 +1,2 @@
-"""The operator's console: pages served by the replica itself (docs/admin-api.md)."""
+"""The operator's console: pages served by the replica itself (docs/admin-api.md).
+Built on admin, api and gateway; imported only by app."""

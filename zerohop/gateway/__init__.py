@@ -1,4 +1,5 @@
 """The gateway: keys, rate limits, token budgets, audit and metrics, inside the runtime.
 
-Nothing here knows HTTP: the API surfaces translate headers in and errors out.
+Nothing here knows HTTP: the API surfaces translate headers in and errors out. Imports no
+other zerohop package (the scheduler reaches it only through the engine's policy hooks).
 """

@@ -1,4 +1,5 @@
-"""The models zerohop knows by name: the default (SmolLM2, fetched once) and `tiny`."""
+"""The models zerohop knows by name: the default (SmolLM2, fetched once) and `tiny`.
+Imports only engine (for the tiny model's tokenizer and weights)."""
 
 from __future__ import annotations
 

@@ -98,9 +98,9 @@ def check_schema(conn: psycopg.Connection, where: str) -> int:
     """The store's schema version; SchemaMismatch unless this zerohop may serve on it."""
     if _one(conn, "SELECT to_regclass('zerohop_schema') AS t")["t"] is None:
         raise SchemaMismatch(f"the key store {where} has no zerohop schema: {MIGRATE_HINT}")
-    row = _one(conn, "SELECT version, min_reader FROM zerohop_schema ORDER BY version DESC")
+    row = _first(conn, "SELECT version, min_reader FROM zerohop_schema ORDER BY version DESC")
     version = 0 if row is None else row["version"]
-    if version < SCHEMA_VERSION:
+    if row is None or version < SCHEMA_VERSION:
         raise SchemaMismatch(
             f"the key store {where} has schema version {version} and this zerohop needs"
             f" {SCHEMA_VERSION}: {MIGRATE_HINT}"
@@ -314,8 +314,15 @@ def _all(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> li
     return conn.cursor(row_factory=dict_row).execute(sql, params).fetchall()
 
 
+def _first(
+    conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()
+) -> dict[str, Any] | None:
+    """The query's first row, or None when it has none."""
+    return conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
+
+
 def _one(conn: psycopg.Connection, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
     """The one row a query always returns (an aggregate, RETURNING, to_regclass)."""
-    row = conn.cursor(row_factory=dict_row).execute(sql, params).fetchone()
+    row = _first(conn, sql, params)
     assert row is not None, "the query returns a row"
     return row
