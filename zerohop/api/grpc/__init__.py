@@ -1,3 +1,5 @@
-"""The gRPC surface: zerohop.v1.Zerohop over grpc.aio, its tools mapping and error record.
-Imports api.service, api.conversation and zerohop.grpc_gen.
+"""The gRPC surface: zerohop.v1.Zerohop over grpc.aio, its request decoding (tools.py,
+constraint.py) and error record. Imports api.service, api.conversation, api.tools, api.http
+(rate headers, the error record), the engine's grammars and zerohop.grpc_gen; no other
+surface.
 """

@@ -18,12 +18,12 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from zerohop.api.conversation.events import CallArguments, CallEnd, CallStart, OutputReader, Text
-from zerohop.api.conversation.planner import plan, prompt_ids
+from zerohop.api.conversation.planner import Plan, plan
 from zerohop.api.errors import ApiError
+from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
-from zerohop.api.grpc.tools import call_id, conversation, prompt_tools, tool_call
+from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
-from zerohop.api.openai.output_format import constraint_grammar
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
@@ -69,7 +69,11 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
     ) -> pb.CountTokensResponse:
         async with self._call(context) as call:
             self.ctx.check_model(request.model, call)
-            return pb.CountTokensResponse(input_tokens=len(self._prompt(request)))
+            if request.WhichOneof("input") == "messages":  # checked as Generate plans it
+                prompt = self._plan(request, SamplingParams()).prompt
+            else:
+                prompt = self._prompt(request)
+            return pb.CountTokensResponse(input_tokens=len(prompt))
 
     @contextlib.asynccontextmanager
     async def _call(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
@@ -90,12 +94,14 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             error = api_error(exc)
             context.set_trailing_metadata(_trailers(error, gateway, call))
             await context.abort(self._code(error), error.message)
-        except ApiError as exc:
-            status, error_type = exc.status, "api_error"
-            call.refusal = exc.message  # kept where the request was refused (overload)
-            if exc.headers:  # retry-after on an overload refusal
-                context.set_trailing_metadata(_trailers(exc, None, call))
-            await context.abort(self._code(exc), exc.message)
+        except (ApiError, InvalidRequestError) as exc:
+            # InvalidRequestError: e.g. a tool's schema the call grammar cannot compile
+            refused = exc if isinstance(exc, ApiError) else ApiError(400, str(exc))
+            status, error_type = refused.status, "api_error"
+            call.refusal = refused.message  # kept where the request was refused (overload)
+            if refused.headers:  # retry-after on an overload refusal
+                context.set_trailing_metadata(_trailers(refused, None, call))
+            await context.abort(self._code(refused), refused.message)
         except grpc.aio.AbortError:
             raise
         except asyncio.CancelledError:
@@ -119,13 +125,10 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         params = _sampling_params(request, ctx.vocab_size)
         calls: _Calls | None = None
         if request.WhichOneof("input") == "messages":
-            conv = conversation(request)
-            conv.output_grammar, conv.output_field = params.grammar, "constraint"
-            planned = plan(conv, ctx, params, continues)
-            prompt, params = planned.prompt, planned.params
-            if planned.parser is not None:  # no thought field here: a thought stays text
-                reader = OutputReader(None, planned.parser(planned.tools), planned.single)
-                calls = _Calls(reader)
+            # The constraint becomes the conversation's output format; the plan's grammar
+            # replaces it in params (a forced call refuses it, strict tools stand aside).
+            planned = self._plan(request, params, params.grammar, continues)
+            prompt, params, calls = planned.prompt, planned.params, _Calls.of(planned)
         else:
             prompt = ctx.continued(self._prompt(request), continues)
         ctx.check_lengths(len(prompt), params.max_tokens)
@@ -142,25 +145,40 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
                         calls.fill(message, delta)
                     await context.write(message)
 
+    def _plan(
+        self,
+        request: PromptRequest,
+        params: SamplingParams,
+        grammar: str | None = None,
+        continues: list[int] | None = None,
+    ) -> Plan:
+        """A `messages` request's engine request, by the planner every surface shares."""
+        planned = plan(conversation(request, grammar), self.ctx, params, continues)
+        _nonempty(planned.prompt, "messages")
+        return planned
+
     def _prompt(self, request: PromptRequest) -> list[int]:
-        prompt_tools(request)  # tools are checked (and need messages) wherever they are sent
+        """A `prompt` or `prompt_token_ids` request's tokens, as given (no chat template)."""
+        refuse_tools(request)
         kind = request.WhichOneof("input")
         if kind == "prompt":
             ids = self.ctx.encode_text(request.prompt)
         elif kind == "prompt_token_ids":
             ids = list(request.prompt_token_ids.ids)
-        elif kind == "messages":
-            ids = prompt_ids(conversation(request), self.ctx)
         else:
             raise ApiError(400, "one of prompt, prompt_token_ids or messages is required")
-        if not ids:
-            raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
+        _nonempty(ids, kind)
         return ids
 
     def _code(self, error: ApiError) -> grpc.StatusCode:
         if error.status >= 500 and self.ctx.engine.dead:
             return grpc.StatusCode.UNAVAILABLE
         return _STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+def _nonempty(ids: list[int], kind: str) -> None:
+    if not ids:
+        raise ApiError(400, "the prompt is empty: it needs at least one token", kind)
 
 
 def _metadata_key(context: grpc.aio.ServicerContext) -> str | None:
@@ -209,7 +227,7 @@ def _sampling_params(request: pb.GenerateRequest, vocab_size: int) -> SamplingPa
         min_p=given("min_p", 0.0),
         min_tokens=request.min_tokens,
         logit_bias=_logit_bias(request, vocab_size),
-        grammar=_grammar(request),
+        grammar=constraint_grammar(request),
     )
 
 
@@ -222,24 +240,6 @@ def _logit_bias(request: pb.GenerateRequest, vocab_size: int) -> dict[int, float
             "logit_bias",
         )
     return bias or None
-
-
-def _grammar(request: pb.GenerateRequest) -> str | None:
-    """The grammar of `constraint`, or None; a constraint that cannot compile is a 400."""
-    if not request.HasField("constraint"):
-        return None
-    constraint = request.constraint
-    kind = constraint.WhichOneof("kind")
-    if kind is None or (kind == "json_object" and not constraint.json_object):
-        message = "constraint: set one of json_schema, regex, choice, grammar or json_object"
-        raise ApiError(400, message, "constraint")
-    value = getattr(constraint, kind)
-    try:
-        if kind == "choice":
-            return constraint_grammar("choice", list(value.choices))
-        return constraint_grammar("json" if kind == "json_schema" else kind, value)
-    except InvalidRequestError as exc:
-        raise ApiError(400, f"constraint.{kind}: {exc}", "constraint") from None
 
 
 def _response(
@@ -275,6 +275,14 @@ class _Calls:
     def __init__(self, reader: OutputReader) -> None:
         self.reader = reader
         self.ids: dict[int, str] = {}  # a streamed call's id, by its index
+
+    @classmethod
+    def of(cls, planned: Plan) -> _Calls | None:
+        """None when no call is parsed: the text goes out as decoded."""
+        if planned.parser is None:
+            return None
+        # Not planned.reader(): the surface has no thought field, so a thought stays text.
+        return cls(OutputReader(None, planned.parser(planned.tools), planned.single))
 
     def fill(self, message: pb.GenerateResponse, delta: RequestDelta) -> None:
         events = self.reader.feed(delta.new_text, delta.finished)
