@@ -150,7 +150,9 @@ def _merged_all_of(schema: dict[str, Any]) -> dict[str, Any]:
     properties = dict(merged.get("properties") or {})
     required = list(merged.get("required") or [])
     for branch in branches:
-        properties.update(branch.get("properties") or {})
+        for name, sub in (branch.get("properties") or {}).items():
+            # a name two branches both describe must meet both descriptions
+            properties[name] = {"allOf": [properties[name], sub]} if name in properties else sub
         required += [name for name in branch.get("required") or [] if name not in required]
     merged.update(type="object", properties=properties)
     if required:
