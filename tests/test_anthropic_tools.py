@@ -241,6 +241,7 @@ def test_count_tokens_counts_tools(live_server) -> None:
     assert count(model=MODEL_NAME, messages=USER, tools=TOOLS).input_tokens > without
 
 
+UNIQUE = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
 ORPHAN = [
     *USER,
     {"role": "assistant", "content": "ok"},
@@ -258,6 +259,10 @@ BAD = {
     "bad choice type": ({"tools": TOOLS, "tool_choice": {"type": "some"}}, "tool_choice"),
     "orphan result": ({"tools": TOOLS, "messages": ORPHAN}, "unexpected `tool_use_id`"),
     "blocks without tools": ({"messages": ORPHAN}, "must define tools"),
+    "forced uncompilable": ({"tool_choice": {"type": "any"}, "tools": [{"name": "f",
+        "input_schema": UNIQUE}]}, "tools: the grammar cannot be compiled: "),
+    "strict uncompilable": ({"tools": [{"name": "f", "input_schema": UNIQUE, "strict": True}]},
+                            '["uniqueItems"]'),
     "forced with format": ({"tools": TOOLS, "tool_choice": {"type": "any"}, "output_config": {
         "format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config"),
 }  # fmt: skip

@@ -221,6 +221,10 @@ def test_a_tool_schema_that_is_not_a_json_schema_is_a_400(live_server: LiveServe
 BAD_NAME = [{"type": "function", "function": {"name": "no spaces"}}]
 ARRAY = [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]
 ORPHAN = [*MESSAGES, {"role": "tool", "tool_call_id": "call_nope", "content": "x"}]
+UNIQUE = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
+UNCOMPILABLE = [{"type": "function", "function": {"name": "f", "parameters": UNIQUE}}]
+STRICT_UNCOMPILABLE = [{"type": "function", "function": {
+    "name": "f", "parameters": UNIQUE, "strict": True}}]  # fmt: skip
 BAD = {
     "bad-name": ({"tools": BAD_NAME}, "tools", "must be 1 to 64"),
     "not-object": ({"tools": ARRAY}, "tools", "type must be 'object'"),
@@ -234,6 +238,12 @@ BAD = {
     "bad-choice": ({"tool_choice": "sometimes"}, "tool_choice", "must be"),
     "forced-no-tools": ({"tools": None, "tool_choice": "required"}, "tool_choice", "requires"),
     "orphan": ({"messages": ORPHAN}, "messages[1].tool_call_id", "answers no earlier"),
+    "forced-uncompilable": (
+        {"tools": UNCOMPILABLE, "tool_choice": "required"},
+        "tools",
+        'failed to compile JSON schema: Unimplemented keys: ["uniqueItems"]',
+    ),
+    "strict-uncompilable": ({"tools": STRICT_UNCOMPILABLE}, "tools", "uniqueItems"),
     "forced-and-format": (
         {"tool_choice": "required", "response_format": {"type": "json_object"}},
         "tool_choice",

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from zerohop.api.conversation.events import OutputReader
@@ -127,7 +128,15 @@ def forced_grammar(conv: Conversation) -> str | None:
         )
     if conv.prefill is not None:
         raise ApiError(400, "tool_choice: a forced tool call cannot continue a prefill")
-    return forced_call_grammar(chosen)
+    return _tool_grammar(forced_call_grammar, chosen)
+
+
+def _tool_grammar(build: Callable[[list[Tool]], str], tools: list[Tool]) -> str:
+    """`build(tools)`, a tool schema the grammar backend cannot compile answered 400."""
+    try:
+        return build(tools)
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"tools: {exc}", param="tools") from None
 
 
 def _chosen(tools: list[Tool], name: str | None) -> list[Tool]:
@@ -151,7 +160,7 @@ def strict_grammar(conv: Conversation, parser: ParserFactory) -> str | None:
         return None
     if parser is not HermesParser or conv.prefill is not None or conv.reasoning.think:
         return None
-    return auto_call_grammar(tools)
+    return _tool_grammar(auto_call_grammar, tools)
 
 
 def _thought_start(

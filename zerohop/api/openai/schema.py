@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from zerohop.api.conversation.request import Role
 from zerohop.api.errors import ApiError
 from zerohop.api.http.null_defaults import NullMeansDefault
 from zerohop.api.service import sampling_params as build_sampling_params
@@ -24,7 +25,12 @@ from zerohop.engine.sample.sampling_params import MAX_N, SamplingParams
 MAX_TOP_LOGPROBS = 20  # chat `top_logprobs`
 MAX_LEGACY_LOGPROBS = 5  # completions `logprobs`
 T = TypeVar("T")
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+CHAT_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 
 
 class StreamOptions(NullMeansDefault):
@@ -106,16 +112,17 @@ class ChatRequest(_Common, kw_only=True):
     # Accepted and ignored: bookkeeping that does not change the output.
     metadata: Any = None
     store: Any = None
-    parallel_tool_calls: Any = None
     prompt_cache_key: Any = None
     prompt_cache_retention: Any = None
     prompt_cache_options: Any = None
     safety_identifier: Any = None
     reasoning_effort: Any = None
     verbosity: Any = None
-    # Defined by the API, supported only at their neutral value (see `check_chat`).
+    # Tools: checked as they map onto the conversation (tools.py).
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Defined by the API, supported only at their neutral value (see `check_chat`).
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
@@ -172,25 +179,25 @@ def _validation_error(text: str) -> ApiError:
     return ApiError(400, f"Invalid value for '{path}': {message}", param=path)
 
 
-def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
-    """The messages as the chat template wants them: known roles, plain string content."""
-    if not request.messages:
-        raise ApiError(400, "messages: at least one message is required", param="messages")
-    return [_message(i, m) for i, m in enumerate(request.messages)]
-
-
-def _message(index: int, message: Message) -> dict[str, str]:
+def message_text(index: int, message: Message) -> tuple[Role, str]:
+    """A message's role and its text, as the chat template wants them (known roles, text
+    parts joined); turns.py maps tool calls and results."""
     where = f"messages[{index}]"
     role = CHAT_ROLES.get(message.role)
     if role is None:
         raise ApiError(
             400,
             f"{where}.role: '{message.role}' is not supported;"
-            " use system, developer, user or assistant",
+            " use system, developer, user, assistant or tool",
             param=f"{where}.role",
         )
     if message.tool_calls or message.tool_call_id:
-        raise ApiError(400, f"{where}: tool calls are not supported", param=where)
+        raise ApiError(
+            400,
+            f"{where}: only an assistant message makes tool calls (tool_calls) and only a tool"
+            " message answers one (tool_call_id)",
+            param=where,
+        )
     content = message.content
     if content is None:
         if role != "assistant":
@@ -198,7 +205,7 @@ def _message(index: int, message: Message) -> dict[str, str]:
         content = ""
     elif isinstance(content, list):
         content = "".join(_text_part(f"{where}.content[{j}]", p) for j, p in enumerate(content))
-    return {"role": role, "content": content}
+    return role, content
 
 
 def _text_part(where: str, part: ContentPart) -> str:
@@ -229,12 +236,12 @@ def _check_common(request: _Common) -> None:
 
 def check_chat(request: ChatRequest) -> None:
     _check_common(request)
-    # tools and tool_choice are checked as they are translated (openai_tools.py).
+    # tools, tool_choice and tool turns are checked as they map (tools.py, turns.py).
     if request.functions:
         raise _unsupported("functions", "the deprecated functions (use tools)")
     if request.function_call not in (None, "none", "auto"):
         raise _unsupported("function_call", "the deprecated function_call (use tool_choice)")
-    # response_format and structured_outputs are checked as they compile (constraints.py).
+    # response_format and structured_outputs are checked as they compile (output_format.py).
     if request.modalities and set(request.modalities) != {"text"}:
         raise _unsupported("modalities", "output other than text")
     for name in ("audio", "prediction", "web_search_options"):

@@ -1,37 +1,30 @@
-"""Tools on the OpenAI Chat Completions surface: the request's `tools`, `tool_choice`,
-`parallel_tool_calls` and tool turns as the neutral conversation's (api/conversation); the
-planner decides what they mean, events_stream.py encodes the calls read back.
+"""Tools on the OpenAI Chat Completions surface: `tools`, `tool_choice` and
+`parallel_tool_calls` as the neutral conversation's (api/conversation/request.py).
 
-"none" offers no tools and parses nothing; auto offers them and parses calls (each validated
-against its tool's schema: an invalid one is content); "required" or a named function force
-exactly one call; `parallel_tool_calls: false` keeps the first call only.
+What the surface decides: each tool's shape (type "function", its name, description,
+parameters, strict) and the choice's ("none", "auto", "required" or a named function;
+`parallel_tool_calls: false` asks for the first call only). What the planner decides: that
+"none" parses nothing (turns.py offers no tools with it, as before tools), that auto parses
+calls validated against their tool's schema (an invalid one is content), that a forced
+choice writes exactly one call by its grammar, and which tool a name must match.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from zerohop.api.conversation.request import ToolChoice
 from zerohop.api.errors import ApiError
-from zerohop.api.openai.schema import ChatRequest, Message, _message
+from zerohop.api.openai.schema import ChatRequest
 from zerohop.api.tools.spec import Tool, checked_tools
 from zerohop.engine.errors import InvalidRequestError
 
 
-def tool_choice(request: ChatRequest, tools: list[Tool]) -> ToolChoice:
-    """`tool_choice` (with `parallel_tool_calls`) as the neutral choice. "none", or no
-    tools with auto or none, offers none and parses nothing (as before tools)."""
-    choice = request.tool_choice
-    if request.parallel_tool_calls not in (None, True, False):
-        raise ApiError(400, "parallel_tool_calls: must be a boolean", param="parallel_tool_calls")
-    parallel = request.parallel_tool_calls is not False
-    if choice in (None, "auto"):
-        return ToolChoice("auto", None, parallel)
-    if choice == "none":
-        return ToolChoice("none", None, parallel)
-    if choice == "required":
-        return ToolChoice("required", None, parallel)
+def tool_choice(request: ChatRequest) -> ToolChoice:
+    """`tool_choice` (with `parallel_tool_calls`) as the neutral choice."""
+    choice, parallel = request.tool_choice, request.parallel_tool_calls is not False
+    if choice in (None, "auto", "none", "required"):
+        return ToolChoice(choice or "auto", None, parallel)
     return ToolChoice("named", _named(choice), parallel)
 
 
@@ -65,7 +58,9 @@ def _tool(index: int, given: Any) -> Tool:
 def _named(choice: Any) -> str:
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or name is None:
+    if not isinstance(choice, dict) or choice.get("type") != "function":
+        name = None
+    if not isinstance(name, str):
         raise ApiError(
             400,
             "tool_choice: must be 'none', 'auto', 'required' or"
@@ -73,60 +68,3 @@ def _named(choice: Any) -> str:
             param="tool_choice",
         )
     return name
-
-
-# -- messages ------------------------------------------------------------------------------
-
-
-def tool_messages(request: ChatRequest) -> list[dict[str, Any]]:
-    """The messages in prompt.py's neutral shape (tool calls and results included)."""
-    if not request.messages:
-        raise ApiError(400, "messages: at least one message is required", param="messages")
-    names: dict[str, str] = {}  # call id -> tool name, from the earlier assistant turns
-    return [_neutral(i, m, names) for i, m in enumerate(request.messages)]
-
-
-def _neutral(index: int, message: Message, names: dict[str, str]) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    if message.role == "tool":
-        return _tool_result(index, message, names)
-    if message.role == "assistant" and message.tool_calls:
-        plain = _message(index, _without_calls(message))
-        calls = [
-            _call(f"{where}.tool_calls[{j}]", c, names) for j, c in enumerate(message.tool_calls)
-        ]
-        return {**plain, "tool_calls": calls}
-    return _message(index, message)
-
-
-def _without_calls(message: Message) -> Message:
-    return Message(role=message.role, content=message.content, name=message.name)
-
-
-def _call(where: str, call: Any, names: dict[str, str]) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ApiError(400, f"{where}.function.name is required", param=where)
-    arguments = function.get("arguments") or "{}"
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        raise ApiError(400, f"{where}.function.arguments is not valid JSON", param=where) from None
-    if not isinstance(parsed, dict):
-        raise ApiError(400, f"{where}.function.arguments must be a JSON object", param=where)
-    if isinstance(call.get("id"), str):
-        names[call["id"]] = function["name"]
-    return {"name": function["name"], "arguments": parsed}
-
-
-def _tool_result(index: int, message: Message, names: dict[str, str]) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    name = names.get(message.tool_call_id or "")
-    if name is None:
-        raise ApiError(
-            400,
-            f"{where}.tool_call_id: {message.tool_call_id!r} answers no earlier tool call",
-            param=f"{where}.tool_call_id",
-        )
-    plain = _message(index, Message(role="user", content=message.content))
-    return {"role": "tool", "content": plain["content"], "name": name}

@@ -103,6 +103,9 @@ def check_grammar(grammar: str) -> None:
         raise InvalidRequestError(f"the constraint cannot be compiled: {_first_line(message)}")
 
 
+_SOURCE_LINE = re.compile(r"\d+ \| ")
+
+
 def _checked(build, what: str) -> str:
     try:
         grammar = build()
@@ -115,7 +118,9 @@ def _checked(build, what: str) -> str:
 
 
 def _first_line(message: object) -> str:
+    """The backend's reason, without the grammar source lines it quotes ("2 | call: ...")."""
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    lines = [line for line in lines if not _SOURCE_LINE.match(line) and line != "^"]
     return "; ".join(lines[:3]) if lines else "rejected by the grammar backend"
 
 
