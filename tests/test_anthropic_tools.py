@@ -263,8 +263,6 @@ BAD = {
         "input_schema": UNIQUE}]}, "tools: the grammar cannot be compiled: "),
     "strict uncompilable": ({"tools": [{"name": "f", "input_schema": UNIQUE, "strict": True}]},
                             '["uniqueItems"]'),
-    "forced with format": ({"tools": TOOLS, "tool_choice": {"type": "any"}, "output_config": {
-        "format": {"type": "json_schema", "schema": {"type": "object"}}}}, "output_config"),
 }  # fmt: skip
 
 

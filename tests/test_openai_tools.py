@@ -32,6 +32,7 @@ from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser
 from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.structured import grammar as g
 
 TOOLS = [
     {
@@ -143,8 +144,10 @@ def test_strict_tools_in_auto_mode_allow_text_and_only_valid_calls(llama_dir: Pa
                STRICT_CALL.replace(', "breakfast": true', ""), "a <tool_call>{}"]  # fmt: skip
     for text in refused:
         assert not decodes(llama_dir, grammar, text), text
-    conv.output_grammar = "other"
-    assert planned_grammar(conv, HermesParser) == "other"  # a response format wins
+    conv.output_grammar = g.json_schema_grammar({"enum": [1]})
+    union = planned_grammar(conv, HermesParser)  # a call, or else the answer in the format
+    assert decodes(llama_dir, union, "1") and decodes(llama_dir, union, STRICT_CALL)
+    assert not decodes(llama_dir, union, "Booking.")
     loose = chat_request(MESSAGES, tools=[*STRICT, TOOLS[1]])
     assert planned_grammar(conversation(loose, {}), HermesParser) is None
     strict = conversation(chat_request(MESSAGES, tools=STRICT), {})
@@ -244,11 +247,6 @@ BAD = {
         'failed to compile JSON schema: Unimplemented keys: ["uniqueItems"]',
     ),
     "strict-uncompilable": ({"tools": STRICT_UNCOMPILABLE}, "tools", "uniqueItems"),
-    "forced-and-format": (
-        {"tool_choice": "required", "response_format": {"type": "json_object"}},
-        "tool_choice",
-        "cannot be combined",
-    ),
 }
 
 

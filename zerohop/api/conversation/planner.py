@@ -7,7 +7,9 @@
 - The grammar: a forced call's (required: any tool, named: that tool; streamed as it is
   decoded), else the output format's, else, in auto mode with only strict tools read as
   Hermes and no thought asked for nor prefill, free text whose calls follow the tools'
-  schemas. A forced call refuses an output format and a prefill.
+  schemas. With an output format and tools (forced, or auto read as Hermes), the grammar is
+  the union: the call(s), or else the answer in the format (agent frameworks send both: a
+  tool to call or the final answer's schema). A forced call refuses a prefill.
 - A thought is split off the answer when the model has a reasoning format, the request does
   not say not to think, and the output is not constrained by a forced call or an output
   format: a constrained output is written by its grammar from the first token, so it has no
@@ -31,7 +33,11 @@ from zerohop.api.conversation.reasoning import (
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
 from zerohop.api.service import ServingContext
-from zerohop.api.tools.forced import auto_call_grammar, forced_call_grammar
+from zerohop.api.tools.forced import (
+    auto_call_grammar,
+    call_or_answer_grammar,
+    forced_call_grammar,
+)
 from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory
@@ -69,7 +75,7 @@ def plan(
     """The engine request of `conv`; `params`: the surface's sampling parameters (no grammar),
     `continues`: tokens a failed-over stream already produced (service.continued)."""
     prompt = ctx.continued(prompt_ids(conv, ctx), continues)
-    constrained = forced_grammar(conv) or conv.output_grammar
+    constrained = constrained_grammar(conv, ctx.tool_parser)
     in_thought = _thought_start(conv, ctx, prompt, constrained)
     params = replace(params, grammar=constrained or strict_grammar(conv, ctx.tool_parser))
     budget = conv.reasoning.budget
@@ -83,7 +89,27 @@ def plan(
 
 def grammar(conv: Conversation, parser: ParserFactory) -> str | None:
     """The grammar the output is decoded by (see the module docstring), or None."""
-    return forced_grammar(conv) or conv.output_grammar or strict_grammar(conv, parser)
+    return constrained_grammar(conv, parser) or strict_grammar(conv, parser)
+
+
+def constrained_grammar(conv: Conversation, parser: ParserFactory) -> str | None:
+    """The grammar of a forced call or an output format (with tools in auto mode read as
+    Hermes: a call or else the answer in the format), or None."""
+    if conv.tool_choice.forced:
+        return forced_grammar(conv)
+    if conv.output_grammar is None:
+        return None
+    tools = conv.tools
+    if conv.tool_choice.mode != "auto" or not tools or parser is not HermesParser:
+        return conv.output_grammar
+    if conv.prefill is not None:
+        return conv.output_grammar
+    try:
+        return call_or_answer_grammar(tools, conv.output_grammar, conv.tool_choice.parallel)
+    except InvalidRequestError as exc:
+        if any(t.strict for t in tools):
+            raise ApiError(400, f"tools: {exc}", param="tools") from None
+        return conv.output_grammar  # loose tools' schemas: their calls validated, not decoded
 
 
 def call_parser(conv: Conversation, default: ParserFactory) -> ParserFactory | None:
@@ -120,15 +146,12 @@ def forced_grammar(conv: Conversation) -> str | None:
     if not choice.forced:
         return None
     chosen = _chosen(conv.tools, choice.name)
-    if conv.output_grammar is not None:
-        raise ApiError(
-            400,
-            f"tool_choice: a forced tool call cannot be combined with {conv.output_field}",
-            param="tool_choice",
-        )
     if conv.prefill is not None:
         raise ApiError(400, "tool_choice: a forced tool call cannot continue a prefill")
-    return _tool_grammar(forced_call_grammar, chosen)
+    answer = conv.output_grammar
+    if answer is None:
+        return _tool_grammar(forced_call_grammar, chosen)
+    return _tool_grammar(lambda tools: call_or_answer_grammar(tools, answer, False), chosen)
 
 
 def _tool_grammar(build: Callable[[list[Tool]], str], tools: list[Tool]) -> str:

@@ -96,6 +96,25 @@ def _lark_grammar(text: str) -> str:
     return _checked(lambda: llguidance.LLMatcher.grammar_from_lark(any_to_lark(text)), "grammar")
 
 
+# In a Lark grammar given to `lark_with_answer`: the start of the other grammar.
+ANSWER = "@zerohop_answer"
+
+
+def lark_with_answer(lark: str, answer: str) -> str:
+    """The Lark grammar `lark`, in whose rules `ANSWER` stands for the grammar text `answer`
+    (what this module's builders return): for example a tool call or else an output format."""
+    return _lark_with_answer(lark, answer)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _lark_with_answer(lark: str, answer: str) -> str:
+    parts = json.loads(answer)["grammars"]
+    named = {**parts[0], "name": ANSWER.removeprefix("@")}
+    main = {"name": "zerohop_main", "json_schema": None, "lark_grammar": lark}
+    top = {"grammars": [main, named, *parts[1:]], "max_tokens": None}
+    return _checked(lambda: json.dumps(top), "grammar")
+
+
 def check_grammar(grammar: str) -> None:
     """Raise InvalidRequestError with the backend's reason when `grammar` cannot compile."""
     message = llguidance.LLMatcher.validate_grammar(grammar)
