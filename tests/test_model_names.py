@@ -24,6 +24,9 @@ from zerohop.api.model_names import ModelNames, check_name
 from zerohop.api.service import ServingContext
 from zerohop.app import create_app
 from zerohop.engine.text.tokenizer import Tokenizer
+from zerohop.gateway.auth import Authenticator
+from zerohop.gateway.gateway import Call, Gateway, GatewayError
+from zerohop.gateway.keys.identity import Identity, Tenant
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -95,6 +98,21 @@ def test_a_bad_flag_is_a_cli_error(flags: list[str], why: str) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and why in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_key_allowed_the_model_may_use_its_aliases(tmp_path: Path) -> None:
+    names = ModelNames.from_flags("ckpt", ["tiny-llama"], ["claude-*"])
+    gateway = Gateway(Authenticator(tmp_path / "keys.db"), None)
+    ctx = ServingContext(None, None, "ckpt", 2048, names=names, gateway=gateway)  # type: ignore[arg-type]
+    call = Call("req_1", "anthropic")
+    call.identity = Identity("k1", Tenant("t"), models=("tiny-llama",))
+    ctx.check_model(CLAUDE, call)  # an alias of the model the key may use
+    assert call.model == CLAUDE  # audited as the name the request used
+    call.identity = Identity("k2", Tenant("t"), models=("claude-opus-4",))
+    ctx.check_model("claude-opus-4", call)  # the name the key lists
+    with pytest.raises(GatewayError) as refused:
+        ctx.check_model(CLAUDE, call)
+    assert refused.value.status == 403
 
 
 # -- the listings, in process ----------------------------------------------------------------
