@@ -46,8 +46,9 @@ BODIES: dict[tuple[str, str], dict | None] = {
         "model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "prompt": "hi"
     },
     ("GET", "/v1/models"): None,
-    ("GET", f"/v1/models/{MODEL_NAME}"): None,
+    ("GET", "/v1/models/{model_id}"): None,
 }  # fmt: skip
+PATH_PARAMS = {"{model_id}": MODEL_NAME}  # what a templated route's path is called with
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 SAFETY_TIMEOUT = 60.0  # seconds waited for a change to go live (the server polls every 0.5 s)
 
@@ -85,6 +86,8 @@ def http_call(
 ) -> httpx.Response:
     method, path = route
     body = BODIES[route]
+    for param, value in PATH_PARAMS.items():
+        path = path.replace(param, value)
     return client.request(method, path, json=body, headers=headers_for(key, style))
 
 

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from zerohop.admin import routes as admin_routes
+from zerohop.api import model_list
 from zerohop.api.anthropic import messages as anthropic
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
 from zerohop.api.http.asgi import ClientDisconnected, Receive, Scope, Send, api_key, send_json
@@ -33,6 +34,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
     routes: Routes = {
         **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx).items()},
         **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
+        **{k: (h, openai_body) for k, h in model_list.routes(ctx).items()},
     }
     if ctx.batches is not None:  # mounted only where a batch store runs
         from zerohop.batches import openai_routes
@@ -82,12 +84,16 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         key = (scope["method"], path)
         if key not in routes and templates:
             key = _match(templates, scope, key)
+        if key not in routes:
+            key = _model_id_path(scope, key)
         route = routes.get(key)
         if route is None:
             known = key[1] in paths or _match(templates, scope, ("", path)) != ("", path)
             error, shape = _route_miss(scope["method"], path, known)
             return await _send_error(send, error, shape, request_id)
         handler, shape = route
+        if path.startswith("/v1/models") and model_list.wants_anthropic(scope):
+            shape = anthropic_body  # the anthropic SDKs' models.list/retrieve (model_list.py)
         call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
         await _handle(scope, receive, send, handler, shape, call)
 
@@ -205,6 +211,16 @@ def _match(
             scope["path_params"] = params
             return (template_method if method else "", "/".join(template))
     return key
+
+
+def _model_id_path(scope: Scope, key: tuple[str, str]) -> tuple[str, str]:
+    """`GET /v1/models/{id}` for an id with `/` in it (`org/model`), which no template fills."""
+    method, path = key
+    model_id = path.removeprefix("/v1/models/")
+    if method != "GET" or model_id == path or not model_id:
+        return key
+    scope["path_params"] = {"model_id": model_id}
+    return ("GET", model_list.MODEL_PATH)
 
 
 def _route_miss(method: str, path: str, known_path: bool) -> tuple[ApiError, ErrorShape]:

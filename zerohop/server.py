@@ -32,6 +32,7 @@ from zerohop.api.http.guard import (
     raise_file_limit,
 )
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
+from zerohop.api.model_names import ModelNames
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.app import create_app
 from zerohop.engine.loading.checkpoint import open_checkpoint
@@ -53,7 +54,8 @@ class ServeOptions:
     port_file: Path | None = None  # once listening: {"http": PORT, "grpc": PORT | null}
     tls_cert: str | None = None
     tls_key: str | None = None
-    served_model_name: str | None = None
+    served_model_name: list[str] | None = None  # concrete names or globs (model_names.py)
+    model_aliases: list[str] | None = None  # None: any name, unless served_model_name is set
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_seconds: float = 30.0
     engine_options: dict[str, Any] | None = None
@@ -169,7 +171,8 @@ async def serve(options: ServeOptions) -> int:
             await (await starting).shutdown()
         raise
     engine = await starting
-    model_name = options.served_model_name or checkpoint.name
+    names = ModelNames.from_flags(checkpoint.name, options.served_model_name, options.model_aliases)
+    model_name = names.primary
     gateway = None
     if options.gateway.enabled:
         try:
@@ -183,6 +186,7 @@ async def serve(options: ServeOptions) -> int:
         engine=engine,
         tokenizer=tokenizer,
         model_name=model_name,
+        names=names,
         max_model_len=engine.info["max_model_len"],
         max_body_bytes=options.max_body_bytes,
         gateway=gateway,
@@ -433,6 +437,7 @@ def _announce(
     base = f"{scheme}://{options.host}:{http_port}"
     grpc = f", gRPC on {options.host}:{grpc_port}" if grpc_port is not None else ""
     print(f"zerohop: serving '{ctx.model_name}' on {base} (HTTP/1.1 and HTTP/2){grpc}", flush=True)
+    print(f"  {_names_line(ctx.names)}", flush=True)
     gateway = ctx.gateway
     if gateway is not None and not gateway.auth.keys_configured:
         print(
@@ -446,3 +451,11 @@ def _announce(
         """"messages": [{"role": "user", "content": "What is the capital of France?"}]}'""",
         flush=True,
     )
+
+
+def _names_line(names: ModelNames) -> str:
+    """What the banner says of the names requests may use."""
+    if names.any_name:
+        return "model names: any name is accepted (--served-model-name/--model-alias restrict)"
+    others = [*names.served[1:], *names.aliases]
+    return f"model names: also {', '.join(others)}" if others else "model names: only this one"

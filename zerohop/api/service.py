@@ -15,13 +15,14 @@ import dataclasses
 import os
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.load.queue_timing import QueueTiming
+from zerohop.api.model_names import ModelNames
 from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
@@ -112,6 +113,13 @@ class ServingContext:
     max_batch_bytes: int = 256 * 2**20  # a Message Batches create body (the API's limit)
     max_file_bytes: int = 200 * 2**20  # an OpenAI batch input file (the API's limit)
     admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
+    # The names requests may use (served names, aliases); None: `model_name` alone.
+    names: ModelNames = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.names is None:
+            self.names = ModelNames((self.model_name,))
+        self.model_name = self.names.primary
 
     @property
     def tool_parser(self) -> ParserFactory:
@@ -159,11 +167,20 @@ class ServingContext:
         return float(stats.get("step_seconds", 0.0))
 
     def check_model(self, name: str, call: Call | None = None) -> None:
-        if name != self.model_name:
-            message = f"model: {name} (this server serves '{self.model_name}')"
+        """404 model_not_found unless `name` is one the server answers to (model_names.py);
+        then the caller's key must allow it, or allow the primary name (the same model)."""
+        if not self.names.accepts(name):
+            message = f"model: {name} (this server serves '{self.model_name}'"
+            listed = [n for n in self.names.listed() if n != self.model_name]
+            message += f", also as {', '.join(listed)})" if listed else ")"
             raise ApiError(404, message, param="model", code="model_not_found")
         if call is not None and self.gateway is not None:
-            self.gateway.check_model(call, name)
+            self.gateway.check_model(call, name, served=self.model_name)
+
+    def allows(self, call: Call, name: str) -> bool:
+        """Whether the caller's key may use `name` (listings show only those)."""
+        identity = call.identity
+        return identity.allows_model(name) or identity.allows_model(self.model_name)
 
     def encode_chat(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
         try:

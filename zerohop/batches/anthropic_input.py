@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.api.model_names import ModelNames
 from zerohop.batches.records import ERRORED, NewLine
 from zerohop.batches.results import refused
 
@@ -20,7 +21,7 @@ MAX_REQUESTS = 100_000  # the API reference's maxItems
 CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def parse_create(body: bytes, model_name: str) -> list[NewLine]:
+def parse_create(body: bytes, names: ModelNames) -> list[NewLine]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -36,7 +37,7 @@ def parse_create(body: bytes, model_name: str) -> list[NewLine]:
         if custom_id in seen:
             raise ApiError(400, f"requests.{index}.custom_id: {custom_id!r} is not unique")
         seen.add(custom_id)
-        lines.append(_line(custom_id, params, model_name))
+        lines.append(_line(custom_id, params, names))
     return lines
 
 
@@ -52,11 +53,11 @@ def _request(index: int, request: Any) -> tuple[str, dict[str, Any]]:
     return custom_id, params
 
 
-def _line(custom_id: str, params: dict[str, Any], model_name: str) -> NewLine:
+def _line(custom_id: str, params: dict[str, Any], names: ModelNames) -> NewLine:
     if params.get("stream") is True:
         error = ApiError(400, "stream: batch requests cannot stream")
-    elif isinstance(params.get("model"), str) and params["model"] != model_name:
-        error = ApiError(404, f"model: {params['model']} (this server serves '{model_name}')")
+    elif isinstance(params.get("model"), str) and not names.accepts(params["model"]):
+        error = ApiError(404, f"model: {params['model']} (this server serves '{names.primary}')")
     else:
         return NewLine(custom_id, orjson.dumps(params).decode())
     return NewLine(custom_id, orjson.dumps(params).decode(), ERRORED, refused(error))

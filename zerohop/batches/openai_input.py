@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.api.model_names import ModelNames
 from zerohop.batches.records import ERRORED, NewLine
 from zerohop.batches.results import refused
 
@@ -92,7 +93,7 @@ def _output_expires_after(value: Any) -> None:
         raise ApiError(400, message, param="output_expires_after")
 
 
-def parse_input_file(content: bytes, endpoint: str, model_name: str) -> InputFile:
+def parse_input_file(content: bytes, endpoint: str, names: ModelNames) -> InputFile:
     parsed = InputFile()
     seen: set[str] = set()
     for number, raw in enumerate(content.splitlines(), start=1):
@@ -110,7 +111,7 @@ def parse_input_file(content: bytes, endpoint: str, model_name: str) -> InputFil
             continue
         seen.add(custom_id)
         _check_model(parsed, body, number)
-        parsed.lines.append(_line(custom_id, body, model_name))
+        parsed.lines.append(_line(custom_id, body, names))
     if not parsed.lines and not parsed.errors:
         parsed.fail("empty_file", "the input file holds no requests", None)
     return parsed
@@ -154,11 +155,11 @@ def _check_model(parsed: InputFile, body: dict[str, Any], number: int) -> None:
         parsed.fail("mismatched_model", message, number, "body.model")
 
 
-def _line(custom_id: str, body: dict[str, Any], model_name: str) -> NewLine:
+def _line(custom_id: str, body: dict[str, Any], names: ModelNames) -> NewLine:
     params = orjson.dumps(body).decode()
     if body.get("stream") is True:
         error = ApiError(400, "stream: batch requests cannot stream", param="stream")
-    elif isinstance(body.get("model"), str) and body["model"] != model_name:
+    elif isinstance(body.get("model"), str) and not names.accepts(body["model"]):
         message = f"The model `{body['model']}` does not exist."
         error = ApiError(404, message, param="model", code="model_not_found")
     else:

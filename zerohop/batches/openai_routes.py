@@ -132,7 +132,7 @@ class Batches:
         if record.purpose != "batch":
             message = f"input_file_id: file {record.id} has purpose {record.purpose!r}, not 'batch'"
             raise ApiError(400, message, param="input_file_id")
-        parsed = parse_input_file(self.store.read_file(record), body.endpoint, self.ctx.model_name)
+        parsed = parse_input_file(self.store.read_file(record), body.endpoint, self.ctx.names)
         new = NewBatch(
             tenant, key_id, "openai", body.endpoint, model=parsed.model,
             completion_window=body.completion_window, input_file_id=record.id,

@@ -48,7 +48,7 @@ class MessageBatches:
         body = await read_json_body(
             scope, receive, self.ctx.max_batch_bytes, self.ctx.body_deadline
         )
-        lines = parse_create(body, self.ctx.model_name)
+        lines = parse_create(body, self.ctx.names)
         identity = call.identity
         if identity.source == "jwt":
             message = "batches need a stored API key (`zerohop keys create`), not a signed token"

@@ -51,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         served_model_name=args.served_model_name,
+        model_aliases=args.model_alias,
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,
         engine_options=options,
@@ -138,8 +139,23 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
     srv.add_argument(
         "--served-model-name",
-        help="the model name clients use (default: the folder's or file's name, without a"
-        " quantization suffix)",
+        action="extend",
+        nargs="+",
+        type=_model_name,
+        metavar="NAME",
+        help="the model names clients use, listed by GET /v1/models; the first is the primary"
+        " (default: the folder's or file's name, without a quantization suffix); a name with"
+        " a glob (*, ?, [...]) is an alias pattern. Responses echo the name a request used",
+    )
+    srv.add_argument(
+        "--model-alias",
+        action="extend",
+        nargs="*",
+        type=_model_name,
+        metavar="PATTERN",
+        help="more names requests may use, or fnmatch globs ('claude-*', 'gpt-5*'); concrete"
+        " ones are listed too. With neither flag any name is accepted; naming the model with"
+        " either accepts only the names given (--model-alias '*': any name again)",
     )
     srv.add_argument(
         "--max-body-bytes", type=POSITIVE_INT, default=32 * 2**20, help="larger bodies get 413"
@@ -182,6 +198,16 @@ def add_supervision_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="the window --engine-max-restarts counts restarts in",
     )
+
+
+def _model_name(text: str) -> str:
+    """A --served-model-name or --model-alias value (zerohop.api.model_names.check_name)."""
+    from zerohop.api.model_names import check_name
+
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _grpc_port(text: str) -> int | None:

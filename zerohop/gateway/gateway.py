@@ -208,8 +208,11 @@ class Gateway:
             )
             raise GatewayError(403, message, "permission", should_retry=False)
 
-    def check_model(self, call: Call, model: str) -> None:
+    def check_model(self, call: Call, model: str, served: str | None = None) -> None:
+        """403 unless the key allows `model`, or `served`: the name `model` is an alias of."""
         call.model = model
+        if served is not None and call.identity.allows_model(served):
+            return
         try:
             check_model(call.identity, model)
         except PermissionDenied as exc:

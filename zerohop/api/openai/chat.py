@@ -1,4 +1,4 @@
-"""The OpenAI API surface: chat completions, legacy completions and models, as vLLM serves them.
+"""The OpenAI API surface: chat completions and legacy completions, as vLLM serves them.
 
 Streams send one SSE chunk per engine step (one token, normally) the moment it arrives; each
 content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The first
@@ -95,36 +95,13 @@ def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
     return {
         ("POST", "/v1/chat/completions"): api.chat,
         ("POST", "/v1/completions"): api.completions,
-        ("GET", "/v1/models"): api.models,
-        ("GET", f"/v1/models/{ctx.model_name}"): api.model,
-    }
+    }  # GET /v1/models: zerohop/api/model_list.py
 
 
 class OpenAIApi:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
         self.logprob_formatter = LogprobFormatter(ctx.tokenizer)
-        self.created = int(time.time())
-        self._model_card = {
-            "id": ctx.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "zerohop",
-            "root": ctx.model_name,
-            "parent": None,
-            "max_model_len": ctx.max_model_len,
-        }
-
-    # -- models ----------------------------------------------------------------------------
-
-    async def models(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
-        allowed = call.identity.allows_model(self.ctx.model_name)
-        body = {"object": "list", "data": [self._model_card] if allowed else []}
-        await send_json(send, 200, body, request_id_headers(call.request_id))
-
-    async def model(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
-        self.ctx.check_model(self.ctx.model_name, call)
-        await send_json(send, 200, self._model_card, request_id_headers(call.request_id))
 
     # -- shared request path ---------------------------------------------------------------
 
