@@ -178,8 +178,8 @@ def chat_openai(server: LiveServer) -> Any:
     return ChatOpenAI(
         model=MODEL_NAME,
         base_url=server.url + "/v1",
-        api_key="any",  # type: ignore[arg-type]
-        max_tokens=MAX_TOKENS,  # type: ignore[call-arg]
+        api_key="any",
+        max_tokens=MAX_TOKENS,
         temperature=0,
         max_retries=0,
     )
@@ -189,7 +189,7 @@ def chat_anthropic(server: LiveServer) -> Any:
     """langchain-anthropic's ChatAnthropic at the server."""
     from langchain_anthropic import ChatAnthropic
 
-    return ChatAnthropic(  # type: ignore[call-arg]
+    return ChatAnthropic(
         model=MODEL_NAME,
         base_url=server.url,
         api_key="any",

@@ -56,6 +56,9 @@ def _build_key() -> str:
     cpu = torch.backends.cpu.get_cpu_capability()
     sources = [SOURCE.read_bytes(), *(h.read_bytes() for h in HEADERS)]
     parts = [*sources, torch.__version__.encode(), cpu.encode(), _cpu_flags()]
+    # The checkout's path too: torch's build.ninja names the sources by path, so two
+    # checkouts sharing one folder would each rebuild the library the other just built.
+    parts.append(str(SOURCE).encode())
     parts.append(" ".join(_compiler_flags()).encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
