@@ -55,6 +55,10 @@ $(STAMP): pyproject.toml $(wildcard zerohop/engine/kernels/*.cpp zerohop/engine/
 		$(PIP) install -q torch==2.13.0; \
 	fi
 	$(PIP) install -q -e '.[test]'
+	# instructor (tests/test_agent_frameworks.py) without its dependencies: it pins jiter<0.15
+	# and rich<15, for which pip would downgrade openai (3.3.0, whose jiter is older) and rich;
+	# it works with the newer ones, and the rest of what it needs comes with '.[test]'.
+	$(PIP) install -q --no-deps instructor==1.17.0
 	$(PY) -m zerohop.engine.kernels
 	touch $(STAMP)
 
