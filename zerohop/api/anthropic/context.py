@@ -100,7 +100,7 @@ class _Use:
 
     name: str
     call: tuple[int, int]
-    result: tuple[int, int] | None = None
+    result: tuple[int, int]
 
 
 def edit_context(request: CountTokensRequest, count: Counter) -> Edited | None:
@@ -157,15 +157,17 @@ def _clear_tool_uses(edit: ClearToolUses, state: _State) -> dict[str, Any] | Non
 
 
 def _tool_uses(messages: list[Message]) -> list[_Use]:
-    """The tool uses that have a result, oldest first."""
-    uses: dict[str, _Use] = {}
+    """The tool uses that have a result, oldest call first."""
+    calls: dict[str, tuple[str, tuple[int, int]]] = {}  # tool_use id -> (name, where)
+    uses = []
     for i, message in enumerate(messages):
         for j, block in enumerate(_content(message)):
             if isinstance(block, ToolUseBlock) and message.role == "assistant":
-                uses[block.id] = _Use(block.name, (i, j))
-            elif isinstance(block, ToolResultBlock) and block.tool_use_id in uses:
-                uses[block.tool_use_id].result = (i, j)
-    return [u for u in uses.values() if u.result is not None]
+                calls[block.id] = (block.name, (i, j))
+            elif isinstance(block, ToolResultBlock) and block.tool_use_id in calls:
+                name, call = calls.pop(block.tool_use_id)
+                uses.append(_Use(name, call, (i, j)))
+    return sorted(uses, key=lambda use: use.call)
 
 
 def _cleared(
@@ -173,14 +175,15 @@ def _cleared(
 ) -> list[Message]:
     """The messages with the uses' results (and, per `inputs`, their inputs) cleared."""
     blocks = {i: list(_content(m)) for i, m in enumerate(messages)}
+    touched = set()
     for use in uses:
-        assert use.result is not None
         i, j = use.result
         blocks[i][j] = msgspec.structs.replace(blocks[i][j], content=PLACEHOLDER)
+        touched.add(i)
         if inputs is True or (isinstance(inputs, list) and use.name in inputs):
             i, j = use.call
             blocks[i][j] = msgspec.structs.replace(blocks[i][j], input={})
-    touched = {i for use in uses for i in (use.call[0], use.result[0] if use.result else 0)}
+            touched.add(i)
     return [Message(m.role, blocks[i]) if i in touched else m for i, m in enumerate(messages)]
 
 
