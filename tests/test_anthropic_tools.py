@@ -173,7 +173,7 @@ def test_strict_tools_in_auto_mode_decode_by_grammar(live_server) -> None:
     prefill or thinking; then the model may write text but only valid calls."""
 
     def grammar(request: Any, parser: Any = HermesParser, think: bool | None = None) -> Any:
-        conv = conversation(request, None, MODEL_NAME)
+        conv = conversation(request, None)
         conv.reasoning.think = think
         return strict_grammar(conv, parser)
 
@@ -300,7 +300,7 @@ def decoded(**fields: Any) -> anthropic_schema.MessagesRequest:
 
 def tool_reader(request: anthropic_schema.MessagesRequest) -> tuple[OutputReader, ContentBlocks]:
     """The reader and blocks of a request in auto mode, calls read as Hermes."""
-    conv = conversation(request, None, MODEL_NAME)
+    conv = conversation(request, None)
     calls = HermesParser(ToolSet(conv.tools))
     return OutputReader(None, calls, not conv.tool_choice.parallel), ContentBlocks(False, True)
 
@@ -313,7 +313,7 @@ def test_neutral_turns_and_parsing() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                       "content": "12:00"}]},
     ]  # fmt: skip
-    conv = conversation(decoded(messages=messages, system="Be brief."), None, MODEL_NAME)
+    conv = conversation(decoded(messages=messages, system="Be brief."), None)
     assert conv.prefill is None
     assert [turn.as_template() for turn in conv.turns] == [
         {"role": "system", "content": "Be brief."},

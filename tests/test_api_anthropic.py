@@ -269,15 +269,16 @@ BAD_REQUESTS = {
         JSON, 400, "messages.0.content.0.x: Extra inputs are not permitted",
     ),
     "unsupported field": (encoded(mcp_servers=[]), JSON, 400, "mcp_servers: not supported"),
-    "thinking without a reasoning format": (
-        encoded(thinking={"type": "disabled"}), JSON, 400, "has no reasoning format",
-    ),
     "image block": (
         encoded(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
-        JSON, 400, "messages.0.content.0.type: 'image' content blocks are not supported",
+        JSON, 400, "messages.0.content.0: image blocks are not supported: this model takes text",
     ),
-    "system role in messages": (
-        encoded(messages=[{"role": "system", "content": "a"}]), JSON, 400, "messages.0.role",
+    "unknown block type": (
+        encoded(messages=[{"role": "user", "content": [{"type": "hologram"}]}]),
+        JSON, 400, "messages.0.content.0.type: 'hologram' content blocks are not supported",
+    ),
+    "unknown role in messages": (
+        encoded(messages=[{"role": "narrator", "content": "a"}]), JSON, 400, "messages.0.role",
     ),
     "empty messages": (encoded(messages=[]), JSON, 400, "at least one message"),
     "empty content": (
@@ -289,8 +290,9 @@ BAD_REQUESTS = {
     ),
     "temperature out of range": (encoded(temperature=1.5), JSON, 400, "temperature"),
     "max_tokens zero": (encoded(max_tokens=0), JSON, 400, "max_tokens"),
-    "prompt too long": (encoded(messages=user(TOO_LONG)), JSON, 400, "prompt is too long"),
-    "max_tokens past the context": (encoded(max_tokens=5000), JSON, 400, "> 2048"),
+    "prompt too long": (
+        encoded(messages=user(TOO_LONG)), JSON, 400, "tokens > 2047 maximum",
+    ),
     "unknown model": (encoded(model="claude-opus-9"), JSON, 404, "model: claude-opus-9"),
     "form content type": (
         encoded(), {"content-type": "application/x-www-form-urlencoded"}, 415, "application/json",

@@ -161,13 +161,14 @@ def test_thinking_refused(think_server: LiveServer, fields: dict, error: str) ->
 
 
 def test_no_reasoning_format() -> None:
-    # Live on the tiny llama: tests/test_api_anthropic.py's bad requests.
+    # Any thinking is accepted and answered without a thought (live on the tiny llama:
+    # tests/test_anthropic_fields.py); the budget's rules still hold.
     body = {"model": MODEL_NAME, "max_tokens": MAX, "messages": USER, "thinking": THINK}
-    request = decode_messages(json.dumps(body).encode())
-    with pytest.raises(ApiError, match="no reasoning format"):
-        conversation(request, "{{ messages }}", MODEL_NAME)
-    unasked = conversation(dict_request(body, thinking=None), "{{ messages }}", MODEL_NAME)
-    assert unasked.reasoning.think is None
+    for thinking in (THINK, ADAPTIVE, {"type": "disabled"}, {"type": "between_tools"}, None):
+        conv = conversation(dict_request(body, thinking=thinking), "{{ messages }}")
+        assert conv.reasoning.think is None and conv.reasoning.budget is None
+    with pytest.raises(ApiError, match="max_tokens: must be greater"):
+        conversation(dict_request(body, max_tokens=1024), "{{ messages }}")
 
 
 def dict_request(body: dict, **fields) -> MessagesRequest:

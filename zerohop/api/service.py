@@ -219,6 +219,15 @@ class ServingContext:
                 param="max_tokens",
             )
 
+    def output_room(self, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens` clamped to the room the context leaves after the prompt (the Anthropic
+        surface's rule; the others refuse what overflows: `check_lengths`); a prompt that
+        leaves no room for one output token is a 400 in the Anthropic API's words."""
+        limit = self.max_model_len
+        if prompt_tokens >= limit:
+            raise ApiError(400, f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
+        return min(max_tokens, limit - prompt_tokens)
+
     async def admit(self, call: Call, prompt: list[int], params: SamplingParams) -> SamplingParams:
         """Rate limits and budget: refuse, or admit with max_tokens clamped to the budget."""
         if not self.ready:

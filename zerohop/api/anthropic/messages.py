@@ -11,8 +11,14 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 - A response without tools always holds one text block, possibly empty (tool use:
   anthropic_tools.py), after the thinking block when the request thinks
   (anthropic_thinking.py).
-- `metadata.user_id`, `service_tier`, `cache_control` and `anthropic-version` are accepted
-  and ignored; the key (`x-api-key` or `Authorization: Bearer`) is the gateway's (app.py).
+- `metadata.user_id`, `service_tier`, `cache_control`, `anthropic-version` and
+  `anthropic-beta` (any value) are accepted and ignored, as is a query string (the SDK's
+  beta calls add `?beta=true`); the key (`x-api-key` or `Authorization: Bearer`) is the
+  gateway's (app.py). Context edits: anthropic/context.py; the response (and the stream's
+  message_delta) carries `context_management` when the request had it.
+- `max_tokens` beyond the room the context leaves after the prompt is clamped to that room
+  (as llama.cpp's server does); a prompt that leaves no room is a 400 in the API's words
+  (`prompt is too long: N tokens > M maximum`, M the context less one output token).
 - The stream's headers go out with the engine's first delta, so a request the engine
   rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
 - A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE
@@ -22,6 +28,7 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,13 +36,14 @@ from typing import Any
 import orjson
 
 from zerohop.api.anthropic.blocks import ContentBlocks
+from zerohop.api.anthropic.context import Edited, edit_context
 from zerohop.api.anthropic.schema import (
     CountTokensRequest,
     MessagesRequest,
     decode_count_tokens,
     decode_messages,
 )
-from zerohop.api.anthropic.turns import conversation
+from zerohop.api.anthropic.turns import conversation, takes_late_system
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.request import Conversation
@@ -92,25 +100,31 @@ class AnthropicSurface:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
-        prompt = prompt_ids(self.conversation(request), self.ctx)
-        headers = request_id_headers(call.request_id)
-        await send_json(send, 200, {"input_tokens": len(prompt)}, headers)
+        conv, edited = self.conversation(request)
+        tokens = len(prompt_ids(conv, self.ctx))
+        body: dict[str, Any] = {"input_tokens": tokens}
+        if edited is not None:
+            original = edited.original_tokens(tokens, self._count)
+            body["context_management"] = {"original_input_tokens": original}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
 
     async def messages(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_messages(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
         continues = request.continue_token_ids
-        conv = self.conversation(request)
+        conv, edited = self.conversation(request)
         if conv.tools and (request.return_token_ids or continues):
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
         planned = plan(conv, self.ctx, _sampling_params(request), continues)
         prompt = planned.prompt
-        self.ctx.check_lengths(len(prompt), request.max_tokens)
+        max_tokens = self.ctx.output_room(len(prompt), request.max_tokens)
+        params = dataclasses.replace(planned.params, max_tokens=max_tokens)
         state = _Run(call.request_id, prompt, request.model, bool(request.return_token_ids))
+        state.context = None if edited is None else edited.response()
         if conv.tools or planned.in_thought is not None:
             state.reader = planned.reader()
             state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
-        generation = self.ctx.generate(call, prompt, planned.params, receive, continues)
+        generation = self.ctx.generate(call, prompt, params, receive, continues)
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
                 await state.stream(deltas, with_send_times(scope, send))
@@ -120,8 +134,18 @@ class AnthropicSurface:
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
-    def conversation(self, request: CountTokensRequest) -> Conversation:
-        return conversation(request, self.ctx.tokenizer.chat_template, self.ctx.model_name)
+    def conversation(self, request: CountTokensRequest) -> tuple[Conversation, Edited | None]:
+        """The request's conversation, once its context edits are applied (and those)."""
+        edited = edit_context(request, self._count)
+        return self._conversation(request if edited is None else edited.request), edited
+
+    def _conversation(self, request: CountTokensRequest) -> Conversation:
+        tokenizer = self.ctx.tokenizer
+        return conversation(request, tokenizer.chat_template, takes_late_system(tokenizer))
+
+    def _count(self, request: CountTokensRequest) -> int:
+        """The prompt's tokens (context edits' triggers and cleared counts)."""
+        return len(prompt_ids(self._conversation(request), self.ctx))
 
 
 class _Run:
@@ -136,6 +160,7 @@ class _Run:
         # Set when the request has tools or thinks: the output read as events, into blocks.
         self.reader: OutputReader | None = None
         self.blocks: ContentBlocks | None = None
+        self.context: dict[str, Any] | None = None  # context_management (applied edits)
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []
@@ -156,6 +181,8 @@ class _Run:
             "stop_sequence": stop_sequence,
             "usage": self._usage(),
         }
+        if self.context is not None:
+            body["context_management"] = self.context
         await send_json(send, 200, body, request_id_headers(self.rid))
 
     async def stream(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
@@ -189,6 +216,8 @@ class _Run:
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         }
         end["usage"] = self._usage()
+        if self.context is not None:
+            end["context_management"] = self.context
         stop = _BLOCK_STOP if self.blocks is None else self.blocks.end()
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
 

@@ -4,6 +4,19 @@ Unknown top-level fields are rejected as the API does ("<field>: Extra inputs ar
 permitted"); fields the API knows but this server does not implement (mcp_servers, ...)
 are rejected with a message that says so, rather than silently ignored. An explicit `null` is
 the field's default, as if absent (`null_defaults`); on a required field it is refused as missing.
+
+Every field the current API (anthropic SDK 2.16, beta included) sends is decoded. Accepted and
+ignored, since they choose among a provider's fleets, bill, or configure what this server does
+not run: `cache_control` (on the request, every block, system blocks and tools: prefix caching
+is automatic), `metadata.user_id`, `service_tier`, `speed`, `inference_geo`, `container`,
+`diagnostics`, `user_profile_id`, `workspace_id`, `billing_policy`, `fallbacks`,
+`fallback_credit_token`, `output_config.effort` / `task_budget`, a text block's `citations`,
+tool_use's `caller` and `toolset_name`, tool_result's `toolset_name`, and a tool's
+`allowed_callers`, `defer_loading`, `input_examples` and `eager_input_streaming`. Honoured:
+`context_management` (anthropic/context.py) and `role: "system"` messages (anthropic/turns.py).
+Refused as not supported: `mcp_servers`, `compaction` and `thread`. Blocks this text-only
+server cannot take (image, document, search_result, ...) decode as `UnsupportedBlock`s so
+that anthropic/turns.py can name them in its 400.
 """
 
 from __future__ import annotations
@@ -17,16 +30,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.http.null_defaults import NullMeansDefault
 
 # Fields of the real API this server does not implement: a request using them is refused.
-UNSUPPORTED_FIELDS = frozenset(
-    {
-        "mcp_servers",
-        "container",
-        "context_management",
-        "diagnostics",
-        "user_profile_id",
-        "workspace_id",
-    }
-)
+UNSUPPORTED_FIELDS = frozenset({"mcp_servers", "compaction", "thread"})
 
 
 class TextBlock(NullMeansDefault, tag="text", tag_field="type", forbid_unknown_fields=True):
@@ -42,6 +46,98 @@ class ToolUseBlock(NullMeansDefault, tag="tool_use", tag_field="type", forbid_un
     name: str
     input: dict[str, Any]
     cache_control: Any = None
+    caller: Any = None  # accepted and ignored: every call here is the model's own ("direct")
+    toolset_name: str | None = None  # accepted and ignored
+
+
+class ServerToolUseBlock(
+    NullMeansDefault, tag="server_tool_use", tag_field="type", forbid_unknown_fields=True
+):
+    """A server tool's call (web search, code execution, ...) that Anthropic's API ran, in a
+    conversation begun there: accepted, and left out of the prompt with its result."""
+
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: Any = None
+    caller: Any = None
+
+
+class UnsupportedBlock(msgspec.Struct, tag_field="type"):
+    """A block this server does not render, decoded whatever its fields so that
+    anthropic/turns.py can name it in a 400 (media) or leave it out (a server tool's result)."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+
+# Content a text-only model cannot take: a 400 naming the block.
+class ImageBlock(UnsupportedBlock, tag="image"):
+    pass
+
+
+class DocumentBlock(UnsupportedBlock, tag="document"):
+    pass
+
+
+class SearchResultBlock(UnsupportedBlock, tag="search_result"):
+    pass
+
+
+class ToolReferenceBlock(UnsupportedBlock, tag="tool_reference"):
+    pass
+
+
+class BrowserStateBlock(UnsupportedBlock, tag="browser_state"):
+    pass
+
+
+MediaBlock = ImageBlock | DocumentBlock | SearchResultBlock | ToolReferenceBlock | BrowserStateBlock
+
+
+# A server tool's results (after its server_tool_use): accepted and left out of the prompt.
+class ServerToolResultBlock(UnsupportedBlock):
+    pass
+
+
+class WebSearchResultBlock(ServerToolResultBlock, tag="web_search_tool_result"):
+    pass
+
+
+class WebFetchResultBlock(ServerToolResultBlock, tag="web_fetch_tool_result"):
+    pass
+
+
+class CodeExecutionResultBlock(ServerToolResultBlock, tag="code_execution_tool_result"):
+    pass
+
+
+class BashCodeExecutionResultBlock(ServerToolResultBlock, tag="bash_code_execution_tool_result"):
+    pass
+
+
+class TextEditorResultBlock(ServerToolResultBlock, tag="text_editor_code_execution_tool_result"):
+    pass
+
+
+class ToolSearchResultBlock(ServerToolResultBlock, tag="tool_search_tool_result"):
+    pass
+
+
+class ContainerUploadBlock(ServerToolResultBlock, tag="container_upload"):
+    pass
+
+
+ServerResultBlock = (
+    WebSearchResultBlock
+    | WebFetchResultBlock
+    | CodeExecutionResultBlock
+    | BashCodeExecutionResultBlock
+    | TextEditorResultBlock
+    | ToolSearchResultBlock
+    | ContainerUploadBlock
+)
 
 
 class ToolResultBlock(
@@ -50,9 +146,10 @@ class ToolResultBlock(
     """The result of a call, in the user turn after it."""
 
     tool_use_id: str
-    content: str | list[TextBlock] | None = ""
+    content: str | list[TextBlock | MediaBlock] | None = ""
     is_error: bool | None = False
     cache_control: Any = None
+    toolset_name: str | None = None  # accepted and ignored
 
 
 class ThinkingBlock(NullMeansDefault, tag="thinking", tag_field="type", forbid_unknown_fields=True):
@@ -60,9 +157,29 @@ class ThinkingBlock(NullMeansDefault, tag="thinking", tag_field="type", forbid_u
 
     thinking: str
     signature: str
+    cache_control: Any = None
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+class RedactedThinkingBlock(
+    NullMeansDefault, tag="redacted_thinking", tag_field="type", forbid_unknown_fields=True
+):
+    """An encrypted thought (Anthropic's API writes them; this server never does): accepted
+    and left out of the prompt, as past thoughts are."""
+
+    data: str
+    cache_control: Any = None
+
+
+Block = (
+    TextBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ServerToolUseBlock
+    | MediaBlock
+    | ServerResultBlock
+)
 
 
 class ThinkingEnabled(
@@ -84,11 +201,19 @@ class ThinkingDisabled(
     pass
 
 
-Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled
+class ThinkingBetweenTools(
+    NullMeansDefault, tag="between_tools", tag_field="type", forbid_unknown_fields=True
+):
+    """Think between tool calls: here, as `adaptive` (the model decides)."""
+
+
+Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | ThinkingBetweenTools
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
-    role: Literal["user", "assistant"]
+    """A turn; `system` (the mid-conversation-system beta) takes text blocks only."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
@@ -102,6 +227,11 @@ class ToolDef(NullMeansDefault, forbid_unknown_fields=True):
     type: str | None = "custom"
     cache_control: Any = None  # accepted and ignored, as in TextBlock
     eager_input_streaming: bool | None = None  # accepted: calls stream whole anyway
+    # Accepted and ignored: callers are the model's own, every tool is loaded, and the
+    # examples are not shown to the model.
+    allowed_callers: list[str] | None = None
+    defer_loading: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
 
 
 class ChoiceAuto(NullMeansDefault, tag="auto", tag_field="type", forbid_unknown_fields=True):
@@ -143,6 +273,55 @@ class OutputConfig(NullMeansDefault, forbid_unknown_fields=True):
     task_budget: Any = None
 
 
+# -- context management (anthropic/context.py) ---------------------------------------------
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class InputTokens(
+    NullMeansDefault, tag="input_tokens", tag_field="type", forbid_unknown_fields=True
+):
+    value: Count
+
+
+class ToolUses(NullMeansDefault, tag="tool_uses", tag_field="type", forbid_unknown_fields=True):
+    value: Count
+
+
+class ThinkingTurns(
+    NullMeansDefault, tag="thinking_turns", tag_field="type", forbid_unknown_fields=True
+):
+    value: Count
+
+
+class AllThinkingTurns(NullMeansDefault, tag="all", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class ClearToolUses(
+    NullMeansDefault, tag="clear_tool_uses_20250919", tag_field="type", forbid_unknown_fields=True
+):
+    trigger: InputTokens | ToolUses | None = None
+    keep: ToolUses | None = None
+    clear_at_least: InputTokens | None = None
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool | list[str] | None = None
+
+
+class ClearThinking(
+    NullMeansDefault, tag="clear_thinking_20251015", tag_field="type", forbid_unknown_fields=True
+):
+    keep: ThinkingTurns | AllThinkingTurns | Literal["all"] | None = None
+
+
+class Compact(msgspec.Struct, tag="compact_20260112", tag_field="type"):
+    """Server-side compaction (a summary written by the model): refused, not supported."""
+
+
+class ContextManagement(NullMeansDefault, forbid_unknown_fields=True):
+    edits: list[ClearToolUses | ClearThinking | Compact] | None = None
+
+
 class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[Message]
@@ -151,6 +330,12 @@ class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=T
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None  # anthropic/turns.py
+    context_management: ContextManagement | None = None  # anthropic/context.py
+    output_config: OutputConfig | None = None  # its format is not part of the prompt
+    # Accepted and ignored (see the module docstring).
+    speed: Literal["standard", "fast"] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=True):
@@ -161,13 +346,18 @@ class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=Tr
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
     metadata: Metadata | None = None
     stream: bool | None = False
-    # Accepted and ignored: they choose among a provider's fleets, and this is one server.
+    # Accepted and ignored: they choose among a provider's fleets, bill, or configure server
+    # tools and diagnostics this server does not have.
     service_tier: Literal["auto", "standard_only"] | None = None
-    speed: Literal["standard", "fast"] | None = None
     inference_geo: str | None = None
-    # Structured outputs: the text is JSON matching the schema. `output_format` is the
-    # structured-outputs beta's spelling (older SDKs' `beta.messages.parse`).
-    output_config: OutputConfig | None = None
+    container: str | dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    billing_policy: dict[str, Any] | None = None
+    fallbacks: str | list[Any] | None = None
+    fallback_credit_token: str | dict[str, Any] | None = None
+    # Structured outputs (`output_config.format`): the text is JSON matching the schema.
+    # `output_format` is the structured-outputs beta's spelling (older SDKs'
+    # `beta.messages.parse`).
     output_format: OutputFormat | None = None
     # zerohop's failover extensions (zerohop.client sends them): each text event carries the
     # ids of its tokens, and a request can continue another replica's partial answer.
@@ -222,7 +412,8 @@ def validation_message(raw: str) -> str:
     if (tag := _INVALID_TAG.match(problem)) and path.endswith(".type") and ".content." in path:
         return (
             f"{path}: '{tag['value']}' content blocks are not supported by this server"
-            " (only 'text', 'thinking', 'tool_use' and 'tool_result')"
+            " (only 'text', 'thinking', 'redacted_thinking', 'tool_use', 'tool_result' and"
+            " the server tools' blocks)"
         )
     if not path:
         return f"the request body is invalid: {problem}"

@@ -9,29 +9,53 @@ Decisions where the API leaves room:
   answer a tool_use of an earlier turn. tool_use / tool_result blocks need `tools`.
 - `tool_choice` none keeps the tools in the prompt and parses no call; any / tool force one
   call; `disable_parallel_tool_use` keeps the first call only.
-- `thinking` on a model without a reasoning format is a 400; `enabled` (with its budget,
-  >= 1024 and < max_tokens) or `adaptive` think, `disabled` or none do not. A `thinking`
-  block in an assistant turn must carry the signature this server gave it (a forged or
-  edited thought is a 400); past thoughts are then left out of the prompt, as Qwen3-style
-  templates leave out the thoughts of earlier turns.
+- `thinking`: `enabled` (with its budget, >= 1024 and < max_tokens, checked on every model),
+  `adaptive` or `between_tools` think, `disabled` or none do not. On a model without a
+  reasoning format every kind is accepted and answered without a thought (Claude Code sends
+  `enabled` by default; the API lets a model think "if it must", and this one cannot), and
+  the checks that exist because of a thought (no prefill, no token-id failover) are skipped.
+  A `thinking` block in an assistant turn must carry the signature this server gave it (a
+  forged or edited thought is a 400); past thoughts are then left out of the prompt, as
+  Qwen3-style templates leave out the thoughts of earlier turns. `redacted_thinking` blocks
+  (Anthropic's encrypted thoughts) are accepted and left out too.
+- `role: "system"` messages (the mid-conversation-system beta) take text blocks only and
+  become a system turn at their point, joined to a system turn just before them (the
+  request's `system` included). When the chat template does not render a system turn after
+  the first user turn (it raises, as Mistral's and Gemma's do, or drops it;
+  `takes_late_system` renders a probe once per template), every system turn is merged into
+  the leading one instead, in order, joined with a blank line.
+- A system text block (in `system` or a system message) whose text starts with
+  `x-anthropic-billing-header:` is left out of the prompt, count_tokens included: Claude
+  Code's first block, it changes with each conversation's first message and would make the
+  prompt's prefix differ between conversations, defeating prefix caching.
+- Image, document, search_result, tool_reference and browser_state blocks, in a message or
+  in a tool_result's content, are a 400 naming the block: the model takes text only. A
+  server tool's blocks (server_tool_use and its *_tool_result, container_upload), from a
+  conversation begun on Anthropic's API, are accepted and left out of the prompt: this
+  server runs no server tools.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from zerohop.api.anthropic.schema import (
     ChoiceAny,
     ChoiceNone,
     ChoiceTool,
     CountTokensRequest,
+    MediaBlock,
     MessagesRequest,
+    RedactedThinkingBlock,
+    ServerToolResultBlock,
+    ServerToolUseBlock,
     TextBlock,
     ThinkingBlock,
     ThinkingDisabled,
     ThinkingEnabled,
     ToolResultBlock,
     ToolUseBlock,
+    UnsupportedBlock,
 )
 from zerohop.api.conversation.reasoning import has_reasoning_format, verify
 from zerohop.api.conversation.request import (
@@ -47,20 +71,56 @@ from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.structured.grammar import json_schema_grammar
 
 MIN_BUDGET = 1024
+BILLING_HEADER = "x-anthropic-billing-header:"
+_LATE_SYSTEM_PROBE = "zerohop-late-system-probe"
+_LATE_SYSTEM: dict[str, bool] = {}  # chat template -> takes_late_system
+
+
+class ChatRenderer(Protocol):
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+    ) -> str: ...
 
 
 def conversation(
-    request: CountTokensRequest, chat_template: str | None, model: str
+    request: CountTokensRequest, chat_template: str | None, late_system: bool = True
 ) -> Conversation:
-    """The request's conversation; every check of what it says is made here."""
+    """The request's conversation; every check of what it says is made here. `late_system`
+    False: the chat template takes a leading system turn only (module docstring)."""
     turns, prefill = _turns(request)
+    if not late_system:
+        turns = _leading_system(turns)
     conv = Conversation(turns, prefill, tools=request_tools(request))
     conv.tool_choice = _tool_choice(request)
-    conv.reasoning = _reasoning(request, chat_template, model)
+    conv.reasoning = _reasoning(request, chat_template)
     if isinstance(request, MessagesRequest):
         _check_thinking(request, conv.reasoning)
         conv.output_grammar, conv.output_field = output_format(request, prefill)
     return conv
+
+
+def takes_late_system(tokenizer: ChatRenderer) -> bool:
+    """Whether the chat template renders a system turn after a user turn (rendered once per
+    template): it must neither raise nor drop it."""
+    template = tokenizer.chat_template
+    if template is None:
+        return True  # no prompt can be rendered: the planner says so
+    if template not in _LATE_SYSTEM:
+        probe = [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "system", "content": _LATE_SYSTEM_PROBE},
+            {"role": "user", "content": "c"},
+        ]
+        try:
+            rendered = tokenizer.apply_chat_template(probe, add_generation_prompt=True)
+        except InvalidRequestError:
+            rendered = ""
+        _LATE_SYSTEM[template] = _LATE_SYSTEM_PROBE in rendered
+    return _LATE_SYSTEM[template]
 
 
 def request_tools(request: CountTokensRequest) -> list[Tool]:
@@ -101,7 +161,8 @@ def _tool_choice(request: CountTokensRequest) -> ToolChoice:
 def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
     if not request.messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
-    turns: list[Turn] = []
+    system = _system_text(request.system, "system") if request.system is not None else ""
+    turns: list[Turn] = [Turn("system", system)] if system else []
     calls: dict[str, str] = {}  # tool_use id -> tool name, of the turns so far
     last = len(request.messages) - 1
     for i, message in enumerate(request.messages):
@@ -110,20 +171,52 @@ def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
         for turn in _message_turns(i, message.role, blocks, calls, bool(request.tools)):
             _append(turns, turn)
     prefill = None
-    if turns[-1].role == "assistant" and not turns[-1].calls:
+    if turns and turns[-1].role == "assistant" and not turns[-1].calls:
         prefill = turns.pop().text
         if prefill != prefill.rstrip():
             raise ApiError(
                 400, "messages: final assistant content cannot end with trailing whitespace"
             )
-    system = _join(request.system) if request.system is not None else ""
-    return ([Turn("system", system)] if system else []) + turns, prefill
+    return turns, prefill
+
+
+def _leading_system(turns: list[Turn]) -> list[Turn]:
+    """The turns with every system turn merged into one leading system turn."""
+    text = "\n\n".join(t.text for t in turns if t.role == "system")
+    merged = [Turn("system", text)] if text else []
+    for turn in turns:
+        if turn.role != "system":
+            _append(merged, turn)
+    return merged
+
+
+def _system_text(content: str | list[Any], at: str) -> str:
+    """A system prompt's text: text blocks only, Claude Code's billing header left out."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, block in enumerate(content):
+        if not isinstance(block, TextBlock):
+            kind = block.kind if isinstance(block, UnsupportedBlock) else _tag(block)
+            raise ApiError(
+                400, f"{at}.{j}: system content takes text blocks only, not {kind}", param=at
+            )
+        if not block.text.startswith(BILLING_HEADER):
+            texts.append(block.text)
+    return "".join(texts)
+
+
+def _tag(block: Any) -> str:
+    return str(type(block).__struct_config__.tag)
 
 
 def _message_turns(
     i: int, role: str, blocks: list[Any], calls: dict[str, str], has_tools: bool
 ) -> list[Turn]:
     """One message's turns: its text (and calls) and, in a user message, each tool result."""
+    if role == "system":
+        text = _system_text(blocks, f"messages.{i}.content")
+        return [Turn("system", text)] if text else []
     turns = [Turn("assistant" if role == "assistant" else "user")]
     for j, block in enumerate(blocks):
         at = f"messages.{i}.content.{j}"
@@ -131,6 +224,10 @@ def _message_turns(
             raise ApiError(
                 400, "Requests which include `tool_use` or `tool_result` blocks must define tools."
             )
+        if isinstance(block, MediaBlock):
+            raise _media_error(block, at)
+        if isinstance(block, ServerToolUseBlock | ServerToolResultBlock | RedactedThinkingBlock):
+            continue  # left out of the prompt (module docstring)
         if isinstance(block, ThinkingBlock):
             _check_thought(block, role, at)
             turns[-1].thought = block.thinking
@@ -164,8 +261,16 @@ def _tool_result(block: ToolResultBlock, calls: dict[str, str], at: str) -> Turn
             f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}."
             " Each `tool_result` block must have a corresponding `tool_use` block before it.",
         )
+    for k, part in enumerate([] if isinstance(block.content, str) else block.content or []):
+        if isinstance(part, UnsupportedBlock):
+            raise _media_error(part, f"{at}.content.{k}")
     content = _join(block.content or "")
     return Turn("tool", "Error: " + content if block.is_error else content, tool_name=name)
+
+
+def _media_error(block: UnsupportedBlock, at: str) -> ApiError:
+    message = f"{at}: {block.kind} blocks are not supported: this model takes text only"
+    return ApiError(400, message, param=at)
 
 
 def _check_content(index: int, role: str, has_content: bool, last: int) -> None:
@@ -184,37 +289,35 @@ def _blocks(content: str | list[Any]) -> list[Any]:
     return [b for b in content if not (isinstance(b, TextBlock) and not b.text)]
 
 
-def _join(content: str | list[TextBlock]) -> str:
+def _join(content: str | list[Any]) -> str:
     return content if isinstance(content, str) else "".join(b.text for b in content)
 
 
 # -- thinking and output format ------------------------------------------------------------
 
 
-def _reasoning(request: CountTokensRequest, chat_template: str | None, model: str) -> Reasoning:
+def _reasoning(request: CountTokensRequest, chat_template: str | None) -> Reasoning:
+    """What the request asks of the thought; on a model without a reasoning format, nothing
+    (it answers without one: module docstring)."""
     reasoning = has_reasoning_format(chat_template)
     config = request.thinking
-    if config is None:
-        return Reasoning(False if reasoning else None)
     if not reasoning:
-        raise ApiError(
-            400,
-            f"thinking: not supported by the model {model}: it has no reasoning format"
-            " (its chat template has no <think>)",
-            param="thinking",
-        )
+        return Reasoning(None)
+    if config is None:
+        return Reasoning(False)
     budget = config.budget_tokens if isinstance(config, ThinkingEnabled) else None
     return Reasoning(not isinstance(config, ThinkingDisabled), budget)
 
 
 def _check_thinking(request: MessagesRequest, reasoning: Reasoning) -> None:
+    config = request.thinking
+    if isinstance(config, ThinkingEnabled):  # the API's rules, whichever the model
+        if config.budget_tokens < MIN_BUDGET:
+            raise ApiError(400, f"thinking.budget_tokens: must be >= {MIN_BUDGET}")
+        if config.budget_tokens >= request.max_tokens:
+            raise ApiError(400, "max_tokens: must be greater than thinking.budget_tokens")
     if not reasoning.think:
         return
-    if reasoning.budget is not None:
-        if reasoning.budget < MIN_BUDGET:
-            raise ApiError(400, f"thinking.budget_tokens: must be >= {MIN_BUDGET}")
-        if reasoning.budget >= request.max_tokens:
-            raise ApiError(400, "max_tokens: must be greater than thinking.budget_tokens")
     if request.messages and request.messages[-1].role == "assistant":
         raise ApiError(400, "thinking: may not be enabled with a prefilled assistant message")
     if request.return_token_ids or request.continue_token_ids:
