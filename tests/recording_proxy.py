@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
@@ -60,23 +60,21 @@ class Exchange:
         return record
 
 
-class RecordingProxy:
-    """Listens on 127.0.0.1 (port chosen by the OS) and forwards to `upstream`."""
+class BackgroundApp:
+    """An aiohttp application served on 127.0.0.1 (port chosen by the OS) from its own event
+    loop in a daemon thread, so sync tests can run it beside a subprocess client."""
 
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
-        self.exchanges: list[Exchange] = []
+    def __init__(self) -> None:
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> RecordingProxy:
+    def start(self) -> Self:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
         return self
@@ -86,16 +84,12 @@ class RecordingProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    def save(self, path: Path) -> None:
-        """Write every exchange so far as JSON lines (for a person to read)."""
-        lines = (json.dumps(e.as_record()) for e in self.exchanges)
-        path.write_text("".join(line + "\n" for line in lines))
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
 
     async def _start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self.routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -105,6 +99,32 @@ class RecordingProxy:
     async def _stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+class RecordingProxy(BackgroundApp):
+    """Forwards every request to `upstream` and keeps each exchange in `exchanges`."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__()
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[Exchange] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    def save(self, path: Path) -> None:
+        """Write every exchange so far as JSON lines (for a person to read)."""
+        lines = (json.dumps(e.as_record()) for e in self.exchanges)
+        path.write_text("".join(line + "\n" for line in lines))
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+
+    async def _start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        await super()._start()
+
+    async def _stop(self) -> None:
+        await super()._stop()
         if self._session is not None:
             await self._session.close()
 
