@@ -14,7 +14,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +36,7 @@ class Exchange:
 
     method: str
     path: str
-    request_headers: dict[str, str]
+    request_headers: dict[str, str]  # names in lower case, as HTTP/2 spells them
     request_body: bytes
     started: float
     status: int = 0
@@ -131,7 +131,7 @@ class RecordingProxy(BackgroundApp):
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         exchange = Exchange(
-            request.method, request.path_qs, dict(request.headers), body, time.time()
+            request.method, request.path_qs, _lower(request.headers), body, time.time()
         )
         self.exchanges.append(exchange)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
@@ -140,7 +140,7 @@ class RecordingProxy(BackgroundApp):
             request.method, self.upstream + request.path_qs, headers=headers, data=body
         ) as upstream:
             exchange.status = upstream.status
-            exchange.response_headers = dict(upstream.headers)
+            exchange.response_headers = _lower(upstream.headers)
             response = web.StreamResponse(status=upstream.status)
             for name, value in upstream.headers.items():
                 if name.lower() not in _HOP:
@@ -154,6 +154,10 @@ class RecordingProxy(BackgroundApp):
             exchange.seconds = time.time() - exchange.started
             await response.write_eof()
             return response
+
+
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 @contextmanager

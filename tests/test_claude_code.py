@@ -58,6 +58,15 @@ REFUSED_TODAY = (
     "beyond the 64k context"
 )
 xfail_refused = pytest.mark.xfail(strict=True, reason=REFUSED_TODAY)
+# Claude Code's first system block is `x-anthropic-billing-header: cc_version=2.1.332.d99;
+# cc_entrypoint=sdk-cli;`, whose suffix differs from session to session: rendered as prompt
+# it ends the shared prefix at its first block (cache_read_input_tokens 16 of ~12.5k, seen
+# with the refusals above worked around). The server should not render it into the prompt.
+BILLING_HEADER = (
+    "the first system block, x-anthropic-billing-header, differs per session and is rendered "
+    "into the prompt, so the shared prefix ends within the first cache block"
+)
+xfail_billing_header = pytest.mark.xfail(strict=True, reason=f"{REFUSED_TODAY}; {BILLING_HEADER}")
 
 
 @dataclass
@@ -74,7 +83,7 @@ class Sessions:
         """The exchanges of `run`'s session (Claude Code names it in a header)."""
         sid = run.session_id
         return [
-            e for e in self.exchanges if e.request_headers.get("X-Claude-Code-Session-Id") == sid
+            e for e in self.exchanges if e.request_headers.get("x-claude-code-session-id") == sid
         ]
 
     def streams(self) -> list[tuple[Exchange, Stream]]:
@@ -202,7 +211,7 @@ def test_every_stream_is_well_formed(sessions: Sessions) -> None:
             assert stream.usage.get("output_tokens", 0) >= 1, stream
 
 
-@xfail_refused
+@xfail_billing_header
 def test_the_new_session_reads_the_shared_prefix_from_the_cache(sessions: Sessions) -> None:
     """The second session's first request reads the system prompt and tools it shares with
     the first session from the prefix cache: cache_read_input_tokens is about their length
