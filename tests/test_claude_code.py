@@ -7,9 +7,13 @@ The sessions:
 0. Against a scripted stand-in for an earlier model (tests/claude_code.py EarlierModel),
    which asks for two Read calls; Claude Code runs them itself (one file is there, one is
    not: its result has is_error) and writes the session to its transcript. Random weights
-   never choose to call a tool, so this is how the conversation zerohop serves holds a real
-   tool call and Claude Code's own results of it (see the report in issue 38 for the
-   options weighed).
+   never choose to call a tool, and the other ways weighed were less honest: a transcript
+   written by hand for `--resume` (Claude Code's format is undocumented, ~30 entry kinds in
+   2.1.332, and the tool results would be ours, not its own); `--json-schema` (it adds a
+   StructuredOutput tool, but under tool_choice auto, so a random model still never calls
+   it); stream-json input (a host sends user turns, never an assistant's tool_use); weights
+   built to write a `<tool_call>` (scripting the served model's output). This is the real
+   case of a project whose sessions move to zerohop by changing ANTHROPIC_BASE_URL.
 1. `--resume` of that session against zerohop with a new question: the server gets the
    conversation with its tool_use and tool_result blocks, and answers.
 2. A new session with another question: its first request shares the system prompt and
