@@ -246,7 +246,7 @@ def _shared_prompt_tokens(server: LiveServer, exchange: Exchange) -> int:
         return int(response.json()["input_tokens"])
 
     word = [{"role": "user", "content": "Hi"}]
-    return count(word) - 8  # the user turn's markers and the generation prompt
+    return count(word) - 10  # "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_report(sessions: Sessions) -> None:
