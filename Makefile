@@ -4,12 +4,12 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.zerohop-installed
 
-.PHONY: run test lint typecheck format install bench clean postgres chromium
+.PHONY: run test lint typecheck format install bench clean postgres chromium claude-code
 
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
 
-test: $(STAMP) postgres chromium
+test: $(STAMP) postgres chromium claude-code
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -42,6 +42,13 @@ postgres:
 # skip, or fail under .ci/run's ZEROHOP_REQUIRE_BROWSER=1.
 chromium:
 	@bash scripts/ensure_chromium.sh
+
+# The real Claude Code CLI that tests/test_claude_code.py drives against a live server: npm's
+# @anthropic-ai/claude-code at a pinned version in .cache/claude-code (a no-op when that
+# version is there). Without npm the test skips, or fails under .ci/run's
+# ZEROHOP_REQUIRE_CLAUDE_CODE=1.
+claude-code:
+	@bash scripts/ensure_claude_code.sh
 
 # PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
 # on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
