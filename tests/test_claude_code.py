@@ -53,25 +53,6 @@ RESUMED_QUESTION = "What did notes.txt say?"
 NEW_QUESTION = "List the files in this folder."
 SAMPLE_ENV = "ZEROHOP_CLAUDE_EXCHANGE_DIR"  # where a copy of the recording goes, if set
 
-# What the server on main refuses in Claude Code's first request (issue 38), each 400
-# invalid_request_error; other branches fix them. Remove the xfail marks as they land.
-REFUSED_TODAY = (
-    "zerohop refuses Claude Code's requests today (400 invalid_request_error): "
-    "messages[].role 'system'; tools[].defer_loading; thinking.display 'updates'; "
-    "context_management; thinking on a model with no reasoning format; max_tokens 128000 "
-    "beyond the 64k context"
-)
-xfail_refused = pytest.mark.xfail(strict=True, reason=REFUSED_TODAY)
-# Claude Code's first system block is `x-anthropic-billing-header: cc_version=2.1.332.d99;
-# cc_entrypoint=sdk-cli;`, whose suffix differs from session to session: rendered as prompt
-# it ends the shared prefix at its first block (cache_read_input_tokens 16 of ~12.5k, seen
-# with the refusals above worked around). The server should not render it into the prompt.
-BILLING_HEADER = (
-    "the first system block, x-anthropic-billing-header, differs per session and is rendered "
-    "into the prompt, so the shared prefix ends within the first cache block"
-)
-xfail_billing_header = pytest.mark.xfail(strict=True, reason=f"{REFUSED_TODAY}; {BILLING_HEADER}")
-
 
 @dataclass
 class Sessions:
@@ -184,7 +165,6 @@ def test_the_resumed_session_sends_the_tool_call_and_its_results(sessions: Sessi
     assert first.get("thinking", {}).get("type") not in (None, "disabled"), first.get("thinking")
 
 
-@xfail_refused
 def test_no_request_is_refused(sessions: Sessions) -> None:
     """Every request of both zerohop sessions answered 2xx (Claude Code retries nothing:
     CLAUDE_CODE_MAX_RETRIES=0, so a refusal would show here)."""
@@ -193,7 +173,6 @@ def test_no_request_is_refused(sessions: Sessions) -> None:
     assert not refused, _summary(refused)
 
 
-@xfail_refused
 def test_both_sessions_complete(sessions: Sessions) -> None:
     """Claude Code ends each session as a success, with the server's answer as its result."""
     for run in (sessions.resumed, sessions.new):
@@ -203,7 +182,6 @@ def test_both_sessions_complete(sessions: Sessions) -> None:
         assert result.get("api_error_status") is None, result
 
 
-@xfail_refused
 def test_every_stream_is_well_formed(sessions: Sessions) -> None:
     """Each session's answers came as Messages SSE streams that a strict reader accepts."""
     for run in (sessions.resumed, sessions.new):
@@ -215,7 +193,6 @@ def test_every_stream_is_well_formed(sessions: Sessions) -> None:
             assert stream.usage.get("output_tokens", 0) >= 1, stream
 
 
-@xfail_billing_header
 def test_the_new_session_reads_the_shared_prefix_from_the_cache(sessions: Sessions) -> None:
     """The second session's first request reads the system prompt and tools it shares with
     the first session from the prefix cache: cache_read_input_tokens is about their length

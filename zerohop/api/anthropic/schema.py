@@ -186,13 +186,13 @@ class ThinkingEnabled(
     NullMeansDefault, tag="enabled", tag_field="type", forbid_unknown_fields=True
 ):
     budget_tokens: int
-    display: Literal["summarized", "omitted"] | None = None
+    display: str | None = None  # how a thought is shown ("summarized", "omitted", "updates")
 
 
 class ThinkingAdaptive(
     NullMeansDefault, tag="adaptive", tag_field="type", forbid_unknown_fields=True
 ):
-    display: Literal["summarized", "omitted"] | None = None
+    display: str | None = None  # any value: it shapes what is shown of a thought, not it
 
 
 class ThinkingDisabled(
@@ -206,6 +206,8 @@ class ThinkingBetweenTools(
 ):
     """Think between tool calls: here, as `adaptive` (the model decides)."""
 
+    display: str | None = None
+
 
 Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | ThinkingBetweenTools
 
@@ -215,6 +217,8 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
 
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
+    # The per-turn-control beta's settings for the turn (effort, ...): accepted, ignored.
+    output_config: Any = None
 
 
 class ToolDef(NullMeansDefault, forbid_unknown_fields=True):
