@@ -247,6 +247,11 @@ BAD = {
         'failed to compile JSON schema: Unimplemented keys: ["uniqueItems"]',
     ),
     "strict-uncompilable": ({"tools": STRICT_UNCOMPILABLE}, "tools", "uniqueItems"),
+    "forced-and-raw-constraint": (
+        {"tool_choice": "required", "structured_outputs": {"regex": "a+"}},
+        "tool_choice",
+        "cannot be combined with response_format or structured_outputs",
+    ),
 }
 
 

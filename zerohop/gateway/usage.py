@@ -106,9 +106,9 @@ class UsageRecorder:
             if self._store is None:
                 self._store = self._open_store()
             self._store.add_usage(_usage_rows(usage), _refusal_rows(refusals))
-        except Exception:
+        except Exception as exc:  # a full disk or a store that is down: an outage, not a bug
             self.failures += 1
-            log.exception("usage: writing %d rows failed; kept for retry", len(usage))
+            log.warning("usage: writing %d rows failed (%s); kept for retry", len(usage), exc)
             self._keep(usage, refusals)
             return False
         self.flushes += 1

@@ -7,9 +7,11 @@
 - The grammar: a forced call's (required: any tool, named: that tool; streamed as it is
   decoded), else the output format's, else, in auto mode with only strict tools read as
   Hermes and no thought asked for nor prefill, free text whose calls follow the tools'
-  schemas. With an output format and tools (forced, or auto read as Hermes), the grammar is
+  schemas. With an answer format and tools (forced, or auto read as Hermes), the grammar is
   the union: the call(s), or else the answer in the format (agent frameworks send both: a
-  tool to call or the final answer's schema). A forced call refuses a prefill.
+  tool to call or the final answer's schema); a raw-output constraint (vLLM's
+  structured_outputs, gRPC's constraint) is kept whole under auto and refused with a forced
+  call. A forced call refuses a prefill.
 - A thought is split off the answer when the model has a reasoning format, the request does
   not say not to think, and the output is not constrained by a forced call or an output
   format: a constrained output is written by its grammar from the first token, so it has no
@@ -100,9 +102,9 @@ def constrained_grammar(conv: Conversation, parser: ParserFactory) -> str | None
     if conv.output_grammar is None:
         return None
     tools = conv.tools
-    if conv.tool_choice.mode != "auto" or not tools or parser is not HermesParser:
+    if conv.tool_choice.mode != "auto" or not tools or not conv.output_is_answer:
         return conv.output_grammar
-    if conv.prefill is not None:
+    if parser is not HermesParser or conv.prefill is not None:
         return conv.output_grammar
     try:
         return call_or_answer_grammar(tools, conv.output_grammar, conv.tool_choice.parallel)
@@ -151,6 +153,12 @@ def forced_grammar(conv: Conversation) -> str | None:
     answer = conv.output_grammar
     if answer is None:
         return _tool_grammar(forced_call_grammar, chosen)
+    if not conv.output_is_answer:
+        raise ApiError(
+            400,
+            f"tool_choice: a forced tool call cannot be combined with {conv.output_field}",
+            param="tool_choice",
+        )
     return _tool_grammar(lambda tools: call_or_answer_grammar(tools, answer, False), chosen)
 
 

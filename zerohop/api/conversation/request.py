@@ -82,6 +82,10 @@ class Conversation:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     output_grammar: str | None = None
     output_field: str = "response_format"  # where the output format came from, for errors
+    # The format describes the answer (response_format, output_config.format), so with tools
+    # the output is a call or else the answer; False: a constraint on the raw output (vLLM's
+    # structured_outputs, gRPC's constraint), which a forced call refuses and auto keeps.
+    output_is_answer: bool = True
     reasoning: Reasoning = field(default_factory=Reasoning)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)

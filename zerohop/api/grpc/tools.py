@@ -44,6 +44,7 @@ def conversation(request: Request, output_grammar: str | None = None) -> Convers
         tool_choice=choice,
         output_grammar=output_grammar,
         output_field="constraint",
+        output_is_answer=False,
     )
 
 

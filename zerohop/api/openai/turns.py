@@ -34,6 +34,7 @@ def conversation(request: ChatRequest, template_kwargs: dict[str, Any]) -> Conve
         tool_choice=choice,
         output_grammar=chat_grammar(request),
         output_field=OUTPUT_FIELD,
+        output_is_answer=request.structured_outputs is None,
         reasoning=budget,
         template_kwargs=template_kwargs,
     )
