@@ -39,12 +39,6 @@ from tests.live_server import MODEL_NAME, LiveServer
 MAX_TOKENS = 300  # random whitespace between JSON tokens takes room
 QUESTION = "What is the weather in Oslo?"
 
-# Today's defects (issue 38) not fixed yet.
-TOOL_RUNNER_THREAD = (
-    "the anthropic tool runner's defaults send `thread: {type: create}` and the beta header "
-    "message-threads-2026-08-12: 400 'thread: Extra inputs are not permitted'"
-)
-
 
 class Unit(enum.StrEnum):
     """An Enum argument: `$defs` in Pydantic's schema (LangChain inlines it)."""
@@ -470,7 +464,6 @@ def test_instructor(live_server: LiveServer, sent: Recorder, mode: instructor.Mo
 # -- the anthropic SDK's tool runner ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=TOOL_RUNNER_THREAD)
 def test_anthropic_tool_runner(live_server: LiveServer, sent: Recorder) -> None:
     """client.beta.messages.tool_runner with a @beta_tool taking an Enum, its defaults: the
     run ends with a message, every request answered 200."""
