@@ -165,7 +165,7 @@ def client(keyed: dict[str, Any], tenant: str = "acme") -> anthropic.Anthropic:
 def create(c: anthropic.Anthropic, messages: list[dict[str, Any]], thread: dict[str, Any],
            **fields: Any) -> Any:  # fmt: skip
     return c.beta.messages.create(
-        model=MODEL_NAME, max_tokens=3, temperature=0, messages=messages,  # type: ignore[arg-type]
+        model=MODEL_NAME, max_tokens=3, messages=messages,  # type: ignore[arg-type]
         thread=thread, betas=[BETA], **fields,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -216,7 +216,7 @@ def test_another_tenants_thread_is_not_found(keyed: dict[str, Any]) -> None:
 def test_a_response_continues_once_and_a_streamed_answer_is_kept(keyed: dict[str, Any]) -> None:
     c = client(keyed)
     with c.beta.messages.stream(
-        model=MODEL_NAME, max_tokens=3, temperature=0, messages=user("hi"),  # type: ignore[arg-type]
+        model=MODEL_NAME, max_tokens=3, messages=user("hi"),  # type: ignore[arg-type]
         thread={"type": "create"}, betas=[BETA],
     ) as stream:  # fmt: skip
         first = stream.get_final_message()
