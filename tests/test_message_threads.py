@@ -235,3 +235,28 @@ def test_the_thread_helper_sends_only_new_messages(keyed: dict[str, Any]) -> Non
     second = thread.send({"role": "user", "content": "and?"})
     assert thread.previous_message_id == second.id  # continued, not replayed
     assert prompt_tokens(second) > prompt_tokens(first)
+
+
+def test_a_cancelled_answer_is_not_kept(keyed: dict[str, Any]) -> None:
+    """A continue whose stream the client drops keeps nothing: its response is continued
+    again once the server has noticed (until then, the in-flight 400)."""
+    import time
+
+    c = client(keyed)
+    first = create(c, user("hi"), {"type": "create"})
+    thread = {"type": "continue", "previous_message_id": first.id}
+    with c.beta.messages.stream(
+        model=MODEL_NAME, max_tokens=200, messages=user("go on"),  # type: ignore[arg-type]
+        thread=thread, betas=[BETA],  # type: ignore[arg-type]
+    ) as stream:  # fmt: skip
+        next(iter(stream))  # message_start, then the client goes
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            again = create(c, user("go on"), thread)
+            break
+        except anthropic.BadRequestError as exc:
+            code = exc.body["error"]["details"]["error_code"]  # type: ignore[index]
+            assert code == "thread_continue_in_flight" and time.monotonic() < deadline
+            time.sleep(0.1)
+    assert prompt_tokens(again) > prompt_tokens(first)
