@@ -39,12 +39,6 @@ from tests.live_server import MODEL_NAME, LiveServer
 MAX_TOKENS = 300  # random whitespace between JSON tokens takes room
 QUESTION = "What is the weather in Oslo?"
 
-# Today's defects (issue 38) not fixed yet.
-TOOL_RUNNER_THREAD = (
-    "the anthropic tool runner's defaults send `thread: {type: create}` and the beta header "
-    "message-threads-2026-08-12: 400 'thread: Extra inputs are not permitted'"
-)
-
 
 class Unit(enum.StrEnum):
     """An Enum argument: `$defs` in Pydantic's schema (LangChain inlines it)."""
@@ -470,7 +464,6 @@ def test_instructor(live_server: LiveServer, sent: Recorder, mode: instructor.Mo
 # -- the anthropic SDK's tool runner ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=TOOL_RUNNER_THREAD)
 def test_anthropic_tool_runner(live_server: LiveServer, sent: Recorder) -> None:
     """client.beta.messages.tool_runner with a @beta_tool taking an Enum, its defaults: the
     run ends with a message, every request answered 200."""
@@ -500,6 +493,45 @@ def test_anthropic_tool_runner(live_server: LiveServer, sent: Recorder) -> None:
     sent.all_ok()
     assert messages and messages[-1].stop_reason in {"end_turn", "max_tokens"}
     assert has_defs(anthropic_tool(sent.exchanges[0].body, "temperature")["input_schema"])
+
+
+def test_anthropic_tool_runner_continues_its_thread(
+    live_server: LiveServer, sent: Recorder
+) -> None:
+    """The tool runner with the tool forced for 3 turns: the first creates the thread, each
+    later one continues it with only the tool's result."""
+    from anthropic import beta_tool
+
+    calls: list[Unit] = []
+
+    @beta_tool
+    def temperature(unit: Unit) -> str:
+        """The temperature in Oslo (no free string: a random model's never ends).
+
+        Args:
+            unit: the unit.
+        """
+        calls.append(Unit(unit))
+        return "20"
+
+    client = anthropic.Anthropic(base_url=live_server.url, api_key="any", max_retries=0)
+    runner = client.beta.messages.tool_runner(
+        model=MODEL_NAME,
+        max_tokens=MAX_TOKENS,
+        tools=[temperature],
+        tool_choice={"type": "tool", "name": "temperature"},
+        max_iterations=3,
+        messages=[{"role": "user", "content": "The temperature in Oslo?"}],
+    )
+    messages = list(runner)
+    sent.all_ok()
+    bodies = [x.body for x in sent.exchanges]
+    assert len(messages) == len(bodies) == 3 and len(calls) >= 2
+    assert bodies[0]["thread"] == {"type": "create"} and "tools" in bodies[0]
+    for body, previous in zip(bodies[1:], messages, strict=False):
+        assert body["thread"] == {"type": "continue", "previous_message_id": previous.id}
+        assert "tools" not in body  # the thread keeps them
+        assert [m["content"][0]["type"] for m in body["messages"]] == ["tool_result"]
 
 
 # -- the OpenAI Agents SDK ----------------------------------------------------------------

@@ -300,10 +300,13 @@ def test_every_current_field_is_accepted(live_server: LiveServer) -> None:
     )  # fmt: skip
     response = post(live_server, **fields)
     assert response.status_code == 200, response.text
-    for unsupported in ("mcp_servers", "compaction", "thread"):
+    for unsupported in ("mcp_servers", "compaction"):
         refused = post(live_server, messages=messages[:1], **{unsupported: []})
         assert refused.status_code == 400
         assert f"{unsupported}: not supported by this server" in refused.text
+    # `thread` is decoded (tests/test_message_threads.py): a value of another shape is a 400.
+    refused = post(live_server, messages=messages[:1], thread=[])
+    assert refused.status_code == 400 and "thread" in refused.text
     counted = {k: v for k, v in fields.items() if k not in ("service_tier", "inference_geo",
                "metadata", "container", "diagnostics", "billing_policy", "fallbacks",
                "fallback_credit_token")}  # fmt: skip

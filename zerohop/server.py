@@ -207,6 +207,7 @@ async def serve(options: ServeOptions) -> int:
 
         ctx.admin = attach_operator(gateway, secure_cookies=options.tls_cert is not None)
         sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
+    ctx.threads = open_threads(gateway)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
@@ -267,6 +268,7 @@ async def serve(options: ServeOptions) -> int:
         if ctx.batches is not None:  # its running lines go back to waiting
             await ctx.batches.stop()
             ctx.batches.store.close()
+        await asyncio.to_thread(ctx.threads.close)
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
@@ -279,6 +281,18 @@ async def serve(options: ServeOptions) -> int:
         print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def open_threads(gateway: Gateway | None) -> Any:
+    """The Anthropic surface's message threads, in the key store (opened on first use); a
+    server without a gateway has no store, and keeps them in memory for its lifetime."""
+    from zerohop.api.anthropic.threads import Threads
+    from zerohop.gateway.store.sqlite import KeyStore
+
+    if gateway is None:
+        return Threads(lambda: KeyStore(Path(":memory:")))
+    spec = gateway.auth.spec
+    return Threads(lambda: open_store(spec))
 
 
 def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors).
 ANTHROPIC_TYPES = {
@@ -45,6 +46,8 @@ class ApiError(Exception):
     param: str | None = None  # OpenAI's `param`, when one field is at fault
     code: str | None = None  # OpenAI's `code`
     headers: list[tuple[bytes, bytes]] | None = None  # retry-after, x-should-retry
+    # Anthropic's `error.details` (its `error_code` picks the SDK's exception class).
+    details: dict[str, Any] | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -52,11 +55,10 @@ class ApiError(Exception):
 
 def anthropic_body(error: ApiError, request_id: str) -> dict:
     kind = ANTHROPIC_TYPES.get(error.status, "api_error")
-    return {
-        "type": "error",
-        "error": {"type": kind, "message": error.message},
-        "request_id": request_id,
-    }
+    inner: dict[str, Any] = {"type": kind, "message": error.message}
+    if error.details is not None:
+        inner["details"] = error.details
+    return {"type": "error", "error": inner, "request_id": request_id}
 
 
 def openai_body(error: ApiError, request_id: str) -> dict:

@@ -113,6 +113,7 @@ class ServingContext:
     max_batch_bytes: int = 256 * 2**20  # a Message Batches create body (the API's limit)
     max_file_bytes: int = 200 * 2**20  # an OpenAI batch input file (the API's limit)
     admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
+    threads: Any = None  # zerohop.api.anthropic.threads.Threads; None: `thread` is refused
     # The names requests may use (served names, aliases); None: `model_name` alone.
     names: ModelNames = field(default=None)  # type: ignore[assignment]
 

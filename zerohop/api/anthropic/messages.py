@@ -21,12 +21,14 @@ Decisions where the API leaves room (see also anthropic_schema.py):
   (`prompt is too long: N tokens > M maximum`, M the context less one output token).
 - The stream's headers go out with the engine's first delta, so a request the engine
   rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
+- `thread` (the message-threads beta) keeps the conversation per tenant: anthropic/threads.py.
 - A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE
   comment before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -43,6 +45,7 @@ from zerohop.api.anthropic.schema import (
     decode_count_tokens,
     decode_messages,
 )
+from zerohop.api.anthropic.threads import ThreadTurn, thread_error
 from zerohop.api.anthropic.turns import conversation, takes_late_system
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import plan, prompt_ids
@@ -109,8 +112,37 @@ class AnthropicSurface:
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
     async def messages(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
-        request = decode_messages(await self._body(scope, receive))
+        body = await self._body(scope, receive)
+        request = decode_messages(body)
         self.ctx.check_model(request.model, call)
+        request, thread = await self._thread(request, body, call)
+        try:
+            await self._generate(request, scope, receive, send, call, thread)
+        finally:
+            if thread is not None:  # no complete answer: nothing kept (threads.py)
+                await asyncio.shield(thread.abandon())
+
+    async def _thread(
+        self, request: MessagesRequest, body: bytes, call: Call
+    ) -> tuple[MessagesRequest, ThreadTurn | None]:
+        """The request with its thread's turns before it, and its turn (anthropic/threads.py)."""
+        if request.thread is None:
+            return request, None
+        if self.ctx.threads is None:
+            raise thread_error(
+                400, "thread_unsupported_request", "thread: not enabled on this server"
+            )
+        return await self.ctx.threads.begin(request, body, call.identity.tenant.name)
+
+    async def _generate(
+        self,
+        request: MessagesRequest,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+        thread: ThreadTurn | None,
+    ) -> None:
         continues = request.continue_token_ids
         conv, edited = self.conversation(request)
         if conv.tools and (request.return_token_ids or continues):
@@ -121,6 +153,7 @@ class AnthropicSurface:
         params = dataclasses.replace(planned.params, max_tokens=max_tokens)
         state = _Run(call.request_id, prompt, request.model, bool(request.return_token_ids))
         state.context = None if edited is None else edited.response()
+        state.thread = thread
         if conv.tools or planned.in_thought is not None:
             state.reader = planned.reader()
             state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
@@ -161,6 +194,8 @@ class _Run:
         self.reader: OutputReader | None = None
         self.blocks: ContentBlocks | None = None
         self.context: dict[str, Any] | None = None  # context_management (applied edits)
+        self.thread: ThreadTurn | None = None  # its answer is kept (anthropic/threads.py)
+        self.text: list[str] = []  # a threaded stream's text, for the kept answer
 
     async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
         pieces: list[str] = []
@@ -183,6 +218,8 @@ class _Run:
         }
         if self.context is not None:
             body["context_management"] = self.context
+        if self.thread is not None:  # kept before it is sent: the next turn finds it
+            await self.thread.answered(body["id"], content)
         await send_json(send, 200, body, request_id_headers(self.rid))
 
     async def stream(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
@@ -219,6 +256,8 @@ class _Run:
         if self.context is not None:
             end["context_management"] = self.context
         stop = _BLOCK_STOP if self.blocks is None else self.blocks.end()
+        if self.thread is not None:  # kept before message_stop: the next turn finds it
+            await self.thread.answered(self._message()["id"], self._content())
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
 
     def _blocks(self, delta: RequestDelta) -> bytes:
@@ -237,6 +276,14 @@ class _Run:
     def _count(self, delta: RequestDelta) -> None:
         self.output_tokens += len(delta.new_token_ids)
         self.cached = delta.cached_tokens
+        if self.thread is not None:
+            self.text.append(delta.new_text)
+
+    def _content(self) -> list[dict[str, Any]]:
+        """The answer's content blocks, once its output is all read."""
+        if self.blocks is not None:
+            return self.blocks.content()
+        return [{"type": "text", "text": "".join(self.text)}]
 
     def _finish(self, delta: RequestDelta) -> tuple[str, str | None]:
         """(stop_reason, stop_sequence) of the final delta; ApiError when it failed."""

@@ -14,7 +14,8 @@ is automatic), `metadata.user_id`, `service_tier`, `speed`, `inference_geo`, `co
 tool_use's `caller` and `toolset_name`, tool_result's `toolset_name`, and a tool's
 `allowed_callers`, `defer_loading`, `input_examples` and `eager_input_streaming`. Honoured:
 `context_management` (anthropic/context.py) and `role: "system"` messages (anthropic/turns.py).
-Refused as not supported: `mcp_servers`, `compaction` and `thread`. Blocks this text-only
+`thread` (the message-threads beta: anthropic/threads.py). Refused as not supported:
+`mcp_servers` and `compaction`. Blocks this text-only
 server cannot take (image, document, search_result, ...) decode as `UnsupportedBlock`s so
 that anthropic/turns.py can name them in its 400.
 """
@@ -30,7 +31,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.http.null_defaults import NullMeansDefault
 
 # Fields of the real API this server does not implement: a request using them is refused.
-UNSUPPORTED_FIELDS = frozenset({"mcp_servers", "compaction", "thread"})
+UNSUPPORTED_FIELDS = frozenset({"mcp_servers", "compaction"})
 
 
 class TextBlock(NullMeansDefault, tag="text", tag_field="type", forbid_unknown_fields=True):
@@ -326,6 +327,21 @@ class ContextManagement(NullMeansDefault, forbid_unknown_fields=True):
     edits: list[ClearToolUses | ClearThinking | Compact] | None = None
 
 
+# -- message threads (anthropic/threads.py) -------------------------------------------------
+
+
+class ThreadCreate(NullMeansDefault, tag="create", tag_field="type", forbid_unknown_fields=True):
+    """Keep this conversation, with its answer, under the response's `id`."""
+
+
+class ThreadContinue(
+    NullMeansDefault, tag="continue", tag_field="type", forbid_unknown_fields=True
+):
+    """Put the thread that ends at `previous_message_id` before this request's messages."""
+
+    previous_message_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
 class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[Message]
@@ -367,6 +383,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True, forbid_unknown_fields=Tr
     # ids of its tokens, and a request can continue another replica's partial answer.
     return_token_ids: bool | None = False
     continue_token_ids: list[int] | None = None
+    thread: ThreadCreate | ThreadContinue | None = None  # anthropic/threads.py
 
 
 _MESSAGES = msgspec.json.Decoder(MessagesRequest)

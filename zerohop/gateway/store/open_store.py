@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
 from zerohop.gateway.store.rows import InvalidKey, KeyRecord, TenantRow
 from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
+from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
 __all__ = ["SchemaMismatch", "Store", "StoreSpec", "StoreUnavailable", "open_store"]
@@ -68,6 +69,12 @@ class Store(Protocol):
     def usage(self, width: int, since: int, until: int) -> list[UsageRow]: ...
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]: ...
+
+    def take_thread(self, tenant: str, message_id: str, now: float, ttl: float) -> Taken: ...
+
+    def put_thread(self, new: NewThreadRow, now: float, ttl: float) -> None: ...
+
+    def release_thread(self, tenant: str, message_id: str, now: float) -> None: ...
 
     def close(self) -> None: ...
 

@@ -15,6 +15,7 @@ transaction that touches them keeps settled + leased <= the budget.
 
 from __future__ import annotations
 
+from zerohop.gateway.store.thread_tables import POSTGRES_SCHEMA as THREADS_SCHEMA
 from zerohop.gateway.store.usage_tables import POSTGRES_SCHEMA
 
 _KEYS_V1 = """
@@ -81,8 +82,16 @@ ALTER TABLE keys ADD COLUMN created_by text;
     + POSTGRES_SCHEMA
 )
 
+# Issue 38: the Anthropic surface's message threads (zerohop.gateway.store.thread_tables).
+# A new table only: a zerohop of version 2 serves as before beside it.
+_THREADS_V3 = THREADS_SCHEMA
+
 # (version, SQL): applied in order, each in one transaction.
-PG_MIGRATIONS: list[tuple[int, str]] = [(1, _KEYS_V1 + _LEASES_V1), (2, _ADMIN_V2)]
-MIN_READER: dict[int, int] = {1: 1, 2: 2}
+PG_MIGRATIONS: list[tuple[int, str]] = [
+    (1, _KEYS_V1 + _LEASES_V1),
+    (2, _ADMIN_V2),
+    (3, _THREADS_V3),
+]
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

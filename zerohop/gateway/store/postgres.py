@@ -44,6 +44,7 @@ from zerohop.gateway.store.sqlite import (
     key_columns,
     new_key,
 )
+from zerohop.gateway.store.thread_tables import NewThreadRow, Taken, ThreadTables
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow, UsageTables
 
 POOL_MIN, POOL_MAX = 1, 3
@@ -71,6 +72,7 @@ _INSERT_KEY = (
     f" change_version) VALUES ({', '.join(['%s'] * (len(LIMIT_COLUMNS) + 14))})"
 )
 _USAGE = UsageTables(postgres=True)
+_THREADS = ThreadTables(postgres=True)
 # Ordered as SQLite orders text (bytewise), whatever the database's collation.
 _TENANTS = 'SELECT * FROM tenants ORDER BY name COLLATE "C"'
 _KEYS = 'SELECT * FROM keys ORDER BY tenant COLLATE "C", created'
@@ -300,6 +302,20 @@ class PostgresStore(TenantReads):
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
         with self._connection() as conn:
             return _USAGE.refusal_totals(conn.cursor(row_factory=dict_row), since, until)
+
+    # -- message threads (zerohop.gateway.store.thread_tables) ------------------------------
+
+    def take_thread(self, tenant: str, message_id: str, now: float, ttl: float) -> Taken:
+        with self._connection() as conn, conn.transaction():
+            return _THREADS.take(conn.cursor(row_factory=dict_row), tenant, message_id, now, ttl)
+
+    def put_thread(self, new: NewThreadRow, now: float, ttl: float) -> None:
+        with self._connection() as conn, conn.transaction():
+            _THREADS.put(conn.cursor(), new, now, ttl)
+
+    def release_thread(self, tenant: str, message_id: str, now: float) -> None:
+        with self._connection() as conn, conn.transaction():
+            _THREADS.release(conn.cursor(), tenant, message_id, now)
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of the fleet: settled plus leased to replicas."""

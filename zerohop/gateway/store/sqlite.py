@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.store import thread_tables as thread_sql
 from zerohop.gateway.store import usage_tables as usage_sql
 from zerohop.gateway.store.rows import (
     InvalidKey,
@@ -30,6 +31,7 @@ from zerohop.gateway.store.rows import (
     key_record,
     tenant_row,
 )
+from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
 KEY_PREFIX = "zh-"
@@ -83,6 +85,7 @@ _INSERT_KEY = (
 )
 NO_LIMITS = Limits()
 _USAGE = usage_sql.UsageTables(postgres=False)
+_THREADS = thread_sql.ThreadTables(postgres=False)
 
 
 def default_db_path() -> Path:
@@ -103,7 +106,8 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
     committed when the process is killed, only on an OS crash or power loss (the budget
     ledger's `--durability normal`)."""
-    conn = open_wal(path, SCHEMA + usage_sql.SQLITE_SCHEMA, synchronous)
+    schema = SCHEMA + usage_sql.SQLITE_SCHEMA + thread_sql.SQLITE_SCHEMA
+    conn = open_wal(path, schema, synchronous)
     _add_key_columns(conn)
     return conn
 
@@ -317,6 +321,20 @@ class KeyStore(TenantReads):
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
         return _USAGE.refusal_totals(self.conn, since, until)
+
+    # -- message threads (zerohop.gateway.store.thread_tables) ------------------------------
+
+    def take_thread(self, tenant: str, message_id: str, now: float, ttl: float) -> Taken:
+        with self._transaction() as conn:
+            return _THREADS.take(conn, tenant, message_id, now, ttl)
+
+    def put_thread(self, new: NewThreadRow, now: float, ttl: float) -> None:
+        with self._transaction() as conn:
+            _THREADS.put(conn, new, now, ttl)
+
+    def release_thread(self, tenant: str, message_id: str, now: float) -> None:
+        with self._transaction() as conn:
+            _THREADS.release(conn, tenant, message_id, now)
 
 
 SqliteStore = KeyStore  # the Store (zerohop.gateway.store.open_store) of one replica's own file
