@@ -181,8 +181,10 @@ def test_client_gone_mid_prefill_aborts_the_request(server) -> None:
 # -- identical requests of one key attach to one run ----------------------------------------
 
 
-async def read_stream(client: httpx.AsyncClient, body: dict, key: str) -> list[tuple[str, dict]]:
-    headers = {"x-api-key": key}
+async def read_stream(
+    client: httpx.AsyncClient, body: dict, key: str, retry: bool = False
+) -> list[tuple[str, dict]]:
+    headers = {"x-api-key": key} | ({"x-stainless-retry-count": "1"} if retry else {})
     async with client.stream("POST", "/v1/messages", json=body, headers=headers) as response:
         assert response.status_code == 200
         return [
@@ -196,14 +198,16 @@ def text(events: list[tuple[str, dict]]) -> str:
     return "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta")
 
 
-async def two_at_once(server: LiveServer, body: dict, keys: tuple[str, str]) -> list[list]:
+async def two_at_once(
+    server: LiveServer, body: dict, keys: tuple[str, str], retry: bool = False
+) -> list[list]:
     """The first request up to message_start, then the second; both read to their end."""
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         headers = {"x-api-key": keys[0]}
         async with client.stream("POST", "/v1/messages", json=body, headers=headers) as first:
             events = sse.aevents(first.aiter_bytes())
             head = [e async for e in _until(events, b"message_start")]
-            second = asyncio.create_task(read_stream(client, body, keys[1]))
+            second = asyncio.create_task(read_stream(client, body, keys[1], retry))
             rest = [e async for e in events]
         parsed = [
             (e.name.decode() if e.name else "", json.loads(e.data))
@@ -297,5 +301,42 @@ def test_first_caller_gone_does_not_cancel_an_attached_one(server) -> None:
     assert not any(name == "error" for name, _ in events)
     delta = next(data for name, data in events if name == "message_delta")
     assert delta["usage"]["output_tokens"] == 8
+    settle(server)
+    assert engine_requests(server) == before + 1
+
+
+def test_a_retried_sampled_request_attaches(server) -> None:
+    settle(server)
+    before = engine_requests(server)
+    body = message_body("sampled-retry", temperature=1.0)
+    first, second = asyncio.run(two_at_once(server, body, ("key-a", "key-a"), retry=True))
+    assert text(first) == text(second)
+    settle(server)
+    assert engine_requests(server) == before + 1
+
+
+def test_openai_identical_seeded_requests_attach(server) -> None:
+    settle(server)
+    before = engine_requests(server)
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": long_prompt("openai-attached")}],
+        "max_tokens": 6,
+        "stream": True,
+        "seed": 7,
+    }
+
+    async def both() -> list[list[str]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(*(lines(client) for _ in range(2)))
+
+    async def lines(client: httpx.AsyncClient) -> list[str]:
+        headers = {"authorization": "Bearer key-a"}
+        post = client.stream("POST", "/v1/chat/completions", json=body, headers=headers)
+        async with post as response:
+            return [line async for line in response.aiter_lines() if line.startswith("data:")]
+
+    first, second = asyncio.run(both())
+    assert first == second and first[-1] == "data: [DONE]"
     settle(server)
     assert engine_requests(server) == before + 1
