@@ -31,6 +31,7 @@ from zerohop.api.http.guard import (
     guarded_protocol,
     raise_file_limit,
 )
+from zerohop.api.http.keepalive import DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.model_names import ModelNames
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
@@ -65,6 +66,7 @@ class ServeOptions:
     grpc_max_concurrent_streams: int = 100
     body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
     max_header_bytes: int = 32 * 1024
+    ping_interval: float = DEFAULT_PING_INTERVAL  # seconds of silence before a stream's ping
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
     engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
@@ -193,6 +195,7 @@ async def serve(options: ServeOptions) -> int:
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
+        ping_interval=options.ping_interval,
         tool_call_parser=options.tool_call_parser,
         admission=AdmissionControl(
             engine,

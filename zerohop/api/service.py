@@ -20,9 +20,11 @@ from typing import Any
 
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
+from zerohop.api.http.keepalive import DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
+from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
@@ -107,6 +109,8 @@ class ServingContext:
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
+    ping_interval: float = DEFAULT_PING_INTERVAL  # a stream's keep-alive (http/keepalive.py)
+    runs: SharedRuns = field(default_factory=SharedRuns)  # identical requests attach to one
     admission: AdmissionControl | None = None  # overload refusals and load headers
     tool_call_parser: str | None = None  # --tool-call-parser; None or auto: by template
     batches: Any = None  # zerohop.batches.runtime.BatchRuntime, or None: no batch routes
@@ -265,8 +269,13 @@ class ServingContext:
         params: SamplingParams,
         receive: Receive | None = None,
         continues: list[int] | None = None,
+        announce: bool = False,
     ) -> AsyncGenerator[RequestDelta, None]:
         """The engine's deltas for one request; engine-side rejections become ApiErrors.
+
+        With `announce`, the first delta is the admission (`delta.admitted`: no tokens, the
+        prompt's size and expected cache hit) once the gateway and the engine accepted it:
+        a stream can start then, errors before it still get their HTTP status.
 
         With an ASGI `receive`, a client that goes away aborts the request in the engine.
         Each step's tokens are charged to the caller's limits and budget as they come.
@@ -282,7 +291,7 @@ class ServingContext:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
-        deltas = self.engine.generate(request_id, prompt, params, **options)
+        deltas = self.engine.generate(request_id, prompt, params, announce=announce, **options)
         timing: QueueTiming | None = call.queue_timing
         if timing is not None:
             timing.sent()
@@ -293,6 +302,9 @@ class ServingContext:
         try:
             async with contextlib.aclosing(deltas):
                 async for delta in deltas:
+                    if delta.admitted:  # not a step: no queue time, nothing to charge
+                        yield delta
+                        continue
                     if timing is not None and timing.actual is None:
                         timing.first_delta(self._step_seconds())
                     if gateway is not None:

@@ -68,6 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         engine_restarts=RestartPolicy(args.engine_max_restarts, args.engine_restart_window),
         max_header_bytes=args.max_header_bytes,
+        ping_interval=args.stream_ping_interval,
         tool_call_parser=args.tool_call_parser,
         batches=BatchOptions(
             enabled=not args.no_batches,
@@ -270,6 +271,12 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
         type=POSITIVE_NUMBER,
         default=5.0,
         help="idle seconds before closing",
+    )
+    g.add_argument(
+        "--stream-ping-interval",
+        type=POSITIVE_NUMBER,
+        default=5.0,  # zerohop.api.http.keepalive.DEFAULT_PING_INTERVAL
+        help="seconds a stream may stay silent (a long prefill) before a keep-alive ping",
     )
     g.add_argument(
         "--max-header-bytes",

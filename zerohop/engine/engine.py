@@ -97,7 +97,9 @@ class LLMEngine(StepLoop):
         self._pending_aborts: list[str] = []
         self._failed_adds: list[RequestDelta] = []  # reported by the next step
         self._failed_steps = 0  # in a row
+        self.requests_added = 0
         warm_up(self)
+        self.requests_added = 0  # the warm-up's are not the clients'
 
 
 def default_policy(config: EngineConfig) -> SchedulingPolicy:

@@ -55,6 +55,7 @@ class RequestBook:
     _pending_aborts: list[str]
     _failed_adds: list[RequestDelta]
     _failed_steps: int
+    requests_added: int  # requests accepted since start (the warm-up's excluded)
 
     @functools.cached_property
     def thought_tags(self) -> ThoughtTags:
@@ -104,6 +105,7 @@ class RequestBook:
                 raise InvalidRequestError("the prompt must end with the tokens it continues")
             seq.detokenizer.replay(continues)
         self.requests[request_id] = seq
+        self.requests_added += 1
         if params.grammar is not None:  # it waits for its grammar, not in the scheduler
             return self.constraints.add(seq, continues)
         self._schedule(seq)
@@ -132,6 +134,12 @@ class RequestBook:
         room = capacity - n
         return room if params.max_tokens is None else min(params.max_tokens, room)
 
+    def prefix_hit(self, request_id: str) -> int:
+        """The prompt tokens of a waiting request the prefix cache holds now: what its
+        admission will most likely read from the cache (blocks may be evicted meanwhile)."""
+        seq = self.requests.get(request_id)
+        return 0 if seq is None else len(self.pool.match_prefix(seq)) * self.pool.block_size
+
     def abort(self, request_id: str) -> None:
         """Takes effect at the next step; unknown or finished ids are ignored."""
         self._pending_aborts.append(request_id)
@@ -156,6 +164,7 @@ class RequestBook:
             prefix_hit_tokens=pool.counters.prefix_hit_tokens,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.policy),
+            requests_added=self.requests_added,
             tokens_per_second=self.throughput.tokens_per_second(),
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_num_seqs=self.config.max_num_seqs,

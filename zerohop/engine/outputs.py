@@ -24,6 +24,9 @@ class RequestDelta:
     cached_tokens: int = 0
     prompt_tokens_processed: int = 0  # prefilled this step (what the gateway charges)
     index: int = 0  # which of the request's `n` choices this delta belongs to
+    # The engine's acknowledgement that it accepted the request (AsyncEngine makes it; no
+    # tokens; cached_tokens: the prefix-cache hit expected then, `LLMEngine.prefix_hit`).
+    admitted: bool = False
 
 
 @dataclass(slots=True)
@@ -36,6 +39,7 @@ class EngineStats:
     prefix_hit_tokens: int
     num_running: int
     num_waiting: int
+    requests_added: int = 0  # requests the engine accepted since it started
     tokens_per_second: float = 0.0  # tokens computed per second of step time, last seconds
     max_num_batched_tokens: int = 0
     max_num_seqs: int = 0

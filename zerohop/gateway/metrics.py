@@ -325,6 +325,11 @@ class GatewayMetrics:
             "zerohop_kv_cache_blocks", "KV-cache blocks in the pool.", value=num_blocks
         )
         yield CounterMetricFamily(
+            "zerohop_engine_requests",
+            "Requests the engine accepted (computed; a request attached to another is not).",
+            value=s.get("requests_added", 0),
+        )
+        yield CounterMetricFamily(
             "zerohop_prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
             value=s["prefix_query_tokens"],

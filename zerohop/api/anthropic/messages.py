@@ -19,9 +19,23 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 - `max_tokens` beyond the room the context leaves after the prompt is clamped to that room
   (as llama.cpp's server does); a prompt that leaves no room is a 400 in the API's words
   (`prompt is too long: N tokens > M maximum`, M the context less one output token).
-- The stream's headers go out with the engine's first delta, so a request the engine
-  rejects still gets a proper HTTP error status, and `message_start` can report cache reads.
-- `thread` (the message-threads beta) keeps the conversation per tenant: anthropic/threads.py.
+        key = run_key(call, scope, body)  # an identical request running: attached to it
+        attach = request.temperature == 0 or is_retry(scope)
+
+        async def work(receive: Receive, send: Send) -> None:
+            await self._messages(request, body, scope, receive, send, call)
+
+        await self.ctx.runs.serve(key, attach, receive, send, work)
+
+    async def _messages(
+        self,
+        request: MessagesRequest,
+        body: bytes,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+    ) -> None:
 - A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE
   comment before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 """
@@ -62,8 +76,10 @@ from zerohop.api.http.asgi import (
     send_json,
     start_stream,
 )
+from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
+from zerohop.api.shared_runs import is_retry, run_key
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call
@@ -114,6 +130,23 @@ class AnthropicSurface:
     async def messages(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         body = await self._body(scope, receive)
         request = decode_messages(body)
+        key = run_key(call, scope, body)  # an identical request running: attached to it
+        attach = request.temperature == 0 or is_retry(scope)
+
+        async def work(receive: Receive, send: Send) -> None:
+            await self._messages(request, body, scope, receive, send, call)
+
+        await self.ctx.runs.serve(key, attach, receive, send, work)
+
+    async def _messages(
+        self,
+        request: MessagesRequest,
+        body: bytes,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+    ) -> None:
         self.ctx.check_model(request.model, call)
         request, thread = await self._thread(request, body, call)
         try:
@@ -157,10 +190,13 @@ class AnthropicSurface:
         if conv.tools or planned.in_thought is not None:
             state.reader = planned.reader()
             state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
-        generation = self.ctx.generate(call, prompt, params, receive, continues)
+        generation = self.ctx.generate(
+            call, prompt, params, receive, continues, announce=bool(request.stream)
+        )
         async with contextlib.aclosing(generation) as deltas:
             if request.stream:
-                await state.stream(deltas, with_send_times(scope, send))
+                interval = self.ctx.ping_interval
+                await state.stream(deltas, with_send_times(scope, send), interval)
             else:
                 await state.complete(deltas, send)
 
@@ -222,8 +258,10 @@ class _Run:
             await self.thread.answered(body["id"], content)
         await send_json(send, 200, body, request_id_headers(self.rid))
 
-    async def stream(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
-        # Errors before the first delta become the HTTP status (the app sends them).
+    async def stream(
+        self, deltas: AsyncIterator[RequestDelta], send: Send, ping_interval: float
+    ) -> None:
+        # Errors before admission become the HTTP status (the app sends them).
         delta = await anext(deltas)
         self._count(delta)
         await start_stream(send, request_id_headers(self.rid))
@@ -231,18 +269,10 @@ class _Run:
         start["usage"] = self._usage()
         first = _BLOCK_START if self.blocks is None else self.blocks.opening() + _PING
         await send_chunk(send, _event("message_start", {"message": start}) + first)
+        pings = Pings(deltas, ping_interval)
         try:
-            while True:
-                if self.blocks is not None:
-                    if chunk := self._blocks(delta):
-                        await send_chunk(send, chunk)
-                elif delta.new_token_ids:  # one event per token, even one with no text yet
-                    await send_chunk(send, self._delta_event(delta))
-                if delta.finished:
-                    break
-                delta = await anext(deltas)
-                self._count(delta)
-            stop_reason, stop_sequence = self._finish(delta)
+            async with contextlib.aclosing(pings.items()) as items:
+                stop_reason, stop_sequence = await self._follow(delta, items, pings, send)
         except ApiError as exc:
             return await end_stream(send, _event("error", anthropic_body(exc, self.rid)))
         except Exception:
@@ -259,6 +289,37 @@ class _Run:
         if self.thread is not None:  # kept before message_stop: the next turn finds it
             await self.thread.answered(self._message()["id"], self._content())
         await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
+
+    async def _follow(
+        self,
+        delta: RequestDelta,
+        items: AsyncIterator[RequestDelta | None],
+        pings: Pings[RequestDelta],
+        send: Send,
+    ) -> tuple[str, str | None]:
+        """Each delta's events (from `delta`, the admission or an error, on), a ping when
+        nothing was written for a while; the final delta's (stop_reason, stop_sequence)."""
+        if not delta.admitted and (chunk := self._chunk(delta)):
+            await send_chunk(send, chunk)
+        while not delta.finished:
+            item = await anext(items)
+            if item is None:
+                await send_chunk(send, _PING)
+                continue
+            delta = item
+            self._count(delta)
+            chunk = self._chunk(delta)
+            if chunk:
+                await send_chunk(send, chunk)
+                pings.wrote()
+        return self._finish(delta)
+
+    def _chunk(self, delta: RequestDelta) -> bytes:
+        if self.blocks is not None:
+            return self._blocks(delta)
+        if delta.new_token_ids:  # one event per token, even one with no text yet
+            return self._delta_event(delta)
+        return b""
 
     def _blocks(self, delta: RequestDelta) -> bytes:
         """The step's output through the reader into the content blocks (their events)."""

@@ -1,8 +1,12 @@
 """The OpenAI API surface: chat completions and legacy completions, as vLLM serves them.
 
 Streams send one SSE chunk per engine step (one token, normally) the moment it arrives; each
-content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The first
-delta is awaited before the response starts, so engine-side rejections still get a real 400.
+content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffix. The stream
+starts once the request is admitted (the gateway and the engine accepted it: refusals before
+that still get a real status), before the prefill: chat sends its first chunk then (role
+`assistant`, empty content, as the OpenAI API begins), and an SSE comment `: ping` whenever
+nothing was written for `--stream-ping-interval` seconds (http/keepalive.py; OpenAI clients
+skip comments), so a slow prefill never trips a client's first-byte or idle timeout.
 A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE comment
 before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 
@@ -33,6 +37,7 @@ from zerohop.api.http.asgi import (
     send_json,
     start_stream,
 )
+from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.openai.choices import ChatAnswer, CompletionAnswer
 from zerohop.api.openai.events_stream import EventChatStream
@@ -48,9 +53,10 @@ from zerohop.api.openai.schema import (
     decode,
     sampling_params,
 )
-from zerohop.api.openai.stream import DONE, ChatStream, CompletionStream, Stream, sse
+from zerohop.api.openai.stream import DONE, PING, ChatStream, CompletionStream, Stream, sse
 from zerohop.api.openai.turns import conversation
 from zerohop.api.service import ServingContext
+from zerohop.api.shared_runs import is_retry, run_key
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
@@ -105,16 +111,45 @@ class OpenAIApi:
 
     # -- shared request path ---------------------------------------------------------------
 
-    async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> T:
+    async def _read(self, scope: Scope, receive: Receive, kind: type[T]) -> tuple[bytes, T]:
         ctx = self.ctx
         body = await read_json_body(scope, receive, ctx.max_body_bytes, ctx.body_deadline)
-        return decode(body, kind)
+        return body, decode(body, kind)
+
+    async def _shared(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+        body: bytes,
+        request: Any,
+        work: Callable[[Receive, Send], Awaitable[None]],
+    ) -> None:
+        """`work`, or the identical request of this key that runs (shared_runs.py): when
+        the sampling is deterministic (temperature 0, a seed) or an SDK retries."""
+        attach = request.temperature == 0 or request.seed is not None or is_retry(scope)
+        await self.ctx.runs.serve(run_key(call, scope, body), attach, receive, send, work)
 
     # -- chat completions ------------------------------------------------------------------
 
     async def chat(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        body, request = await self._read(scope, receive, TemplatedChatRequest)
+
+        async def work(receive: Receive, send: Send) -> None:
+            await self._chat(request, scope, receive, send, call)
+
+        await self._shared(scope, receive, send, call, body, request, work)
+
+    async def _chat(
+        self,
+        request: TemplatedChatRequest,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+    ) -> None:
         request_id = call.request_id
-        request = await self._read(scope, receive, TemplatedChatRequest)
         check_chat(request)
         kwargs = template_kwargs(request)
         self.ctx.check_model(request.model, call)
@@ -129,7 +164,9 @@ class OpenAIApi:
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
         readers = _readers(planned)
-        deltas = self.ctx.generate(call, prompt, params, receive, continues)
+        deltas = self.ctx.generate(
+            call, prompt, params, receive, continues, announce=bool(request.stream)
+        )
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
@@ -173,8 +210,22 @@ class OpenAIApi:
     # -- completions -----------------------------------------------------------------------
 
     async def completions(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        body, request = await self._read(scope, receive, CompletionRequest)
+
+        async def work(receive: Receive, send: Send) -> None:
+            await self._completions(request, scope, receive, send, call)
+
+        await self._shared(scope, receive, send, call, body, request, work)
+
+    async def _completions(
+        self,
+        request: CompletionRequest,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+    ) -> None:
         request_id = call.request_id
-        request = await self._read(scope, receive, CompletionRequest)
         check_completion(request)
         self.ctx.check_model(request.model, call)
         given = completion_prompt(request, self.ctx.vocab_size)
@@ -191,7 +242,9 @@ class OpenAIApi:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
         rid = "cmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        deltas = self.ctx.generate(call, prompt, params, receive, continues)
+        deltas = self.ctx.generate(
+            call, prompt, params, receive, continues, announce=bool(request.stream)
+        )
         async with contextlib.aclosing(deltas):
             if request.stream:
                 options = request.stream_options
@@ -231,33 +284,50 @@ class OpenAIApi:
     async def _stream(
         self, stream: Stream, deltas: AsyncIterator[RequestDelta], send: Send, request_id: str
     ) -> None:
-        first = await anext(deltas)  # engine rejections still get a proper status
+        first = await anext(deltas)  # the admission: refusals before it get a proper status
         if first.finished:
             raise_failure(first)
         await start_stream(send, request_id_headers(request_id))
-        data = stream.opening()  # goes out with the first token: one write, not two
+        pings = Pings(deltas, self.ctx.ping_interval)
+        if opening := stream.opening():  # chat: the role chunk, at once
+            await send_chunk(send, opening)
         try:
-            delta = first
-            while True:
-                if delta.finished and delta.finish_reason in ("abort", "error"):
-                    raise_failure(delta)
-                data += stream.step(self.logprob_formatter, delta)
-                if stream.done:  # every choice has finished
-                    return await end_stream(send, data + stream.closing() + DONE)
-                if data:
-                    await send_chunk(send, data)
-                    data = b""
-                delta = await anext(deltas)
+            async with contextlib.aclosing(pings.items()) as items:
+                await end_stream(send, await self._follow(stream, first, items, pings, send))
         except StopAsyncIteration:
-            await end_stream(send, data + DONE)
+            await end_stream(send, DONE)
         except ClientDisconnected:
             await end_stream(send)
         except ApiError as exc:
-            await end_stream(send, data + sse(openai_body(exc, request_id)) + DONE)
+            await end_stream(send, sse(openai_body(exc, request_id)) + DONE)
         except Exception:
             log.exception("stream %s failed", request_id)
             error = ApiError(500, "internal server error")
-            await end_stream(send, data + sse(openai_body(error, request_id)) + DONE)
+            await end_stream(send, sse(openai_body(error, request_id)) + DONE)
+
+    async def _follow(
+        self,
+        stream: Stream,
+        delta: RequestDelta | None,
+        items: AsyncIterator[RequestDelta | None],
+        pings: Pings[RequestDelta],
+        send: Send,
+    ) -> bytes:
+        """Each delta's chunks (from `delta`, the admission or the first step, on), a ping
+        comment when nothing was written for a while; the stream's last bytes."""
+        while True:
+            if delta is None:
+                await send_chunk(send, PING)
+            elif not delta.admitted:
+                if delta.finished and delta.finish_reason in ("abort", "error"):
+                    raise_failure(delta)
+                data = stream.step(self.logprob_formatter, delta)
+                if stream.done:  # every choice has finished
+                    return data + stream.closing() + DONE
+                if data:
+                    await send_chunk(send, data)
+                    pings.wrote()
+            delta = await anext(items)
 
 
 def _readers(planned: Plan) -> Callable[[], OutputReader] | None:

@@ -15,6 +15,7 @@ from zerohop.api.openai.output import Choices, LogprobFormatter, legacy_columns
 from zerohop.engine.outputs import RequestDelta
 
 DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"  # an SSE comment: keeps a silent stream alive, clients skip it
 
 
 def sse(body: Any) -> bytes:

@@ -117,9 +117,13 @@ class AsyncEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        announce: bool = False,
         **options: Any,  # tenant, weight, priority, cache_salt
     ) -> AsyncGenerator[RequestDelta, None]:
         """Yield each step's delta for this request; leaving early aborts it in the engine.
+
+        With `announce`, the first item is the engine's acknowledgement (`delta.admitted`, no
+        tokens) once it has accepted the request; a rejection raises instead.
 
         With `params.n` > 1 the deltas of every choice come here (`delta.index`); the stream
         ends when each has finished, or at the first that failed or was aborted (the
@@ -141,9 +145,13 @@ class AsyncEngine:
         try:
             while True:
                 item = await stream.queue.get()
-                self._dequeue(request_id)
                 if isinstance(item, Exception):
                     raise item
+                if item.admitted:  # still queued until its first step
+                    if announce:
+                        yield item
+                    continue
+                self._dequeue(request_id)
                 yield item
                 if item.finished:
                     unfinished.discard(item.index)
@@ -205,6 +213,13 @@ class AsyncEngine:
                 stream = self._streams.get(delta.request_id)
                 if stream is not None:
                     stream.queue.put_nowait(delta)
+        elif kind == "added":
+            stream = self._streams.get(message[1])
+            if stream is not None:
+                _, request_id, prompt_tokens, cached = message
+                admitted = RequestDelta(request_id, num_prompt_tokens=prompt_tokens, admitted=True)
+                admitted.cached_tokens = cached
+                stream.queue.put_nowait(admitted)
         elif kind == "rejected":
             stream = self._streams.get(message[1])
             if stream is not None:

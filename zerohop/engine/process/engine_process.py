@@ -3,7 +3,9 @@
 Messages in: ["add", request_id, prompt_ids, params, options], ["abort", request_id],
 ["call", call_id, name], ["shutdown"]. Messages out: ["ready", info],
 ["deltas", [delta, ...], stats] once per step (the engine's counters after it, so the API
-process answers /metrics without waiting for a step), ["rejected", request_id, message],
+process answers /metrics without waiting for a step), ["added", request_id, prompt_tokens,
+cached_tokens] when a request was accepted (its prefix-cache hit as expected now: the API
+streams `message_start` with it), ["rejected", request_id, message],
 ["reply", call_id, value], ["fatal", message].
 
 A request that cannot be added is answered alone: "rejected" when its values are invalid
@@ -95,6 +97,7 @@ def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:
         _, request_id, prompt, params, options = message
         try:
             engine.add_request(request_id, prompt, params_from_wire(params), **options)
+            channel.send(["added", request_id, len(prompt), engine.prefix_hit(request_id)])
         except (InvalidRequestError, ValueError, TypeError) as exc:
             channel.send(["rejected", request_id, str(exc)])
         except Exception:
