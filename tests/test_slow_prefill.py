@@ -340,3 +340,23 @@ def test_openai_identical_seeded_requests_attach(server) -> None:
     assert first == second and first[-1] == "data: [DONE]"
     settle(server)
     assert engine_requests(server) == before + 1
+
+
+def test_a_request_resent_after_its_caller_left_gets_its_own_answer(server) -> None:
+    """A request whose only caller has gone is being aborted: the same request sent again
+    (the client's retry after a timeout) is not attached to it but answered in full."""
+    settle(server)
+    body = message_body("left-then-resent", max_tokens=8)
+    raw_request(server, body).close()  # the caller goes once the stream has started
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/messages",
+        content=json.dumps(body).encode(),
+        headers={"x-api-key": "key-a", "content-type": "application/json"},
+        timeout=60,
+    ) as response:
+        events = [(e.name, json.loads(e.data)) for e in sse.events(response.iter_bytes())
+                  if e.data is not None]  # fmt: skip
+    assert events[-1][0] == b"message_stop", events
+    delta = next(data for name, data in events if name == b"message_delta")
+    assert delta["usage"]["output_tokens"] == 8

@@ -117,8 +117,8 @@ class SharedRuns:
         """Attach to the running request under `key` when `attach` allows; else run `work`
         (with the shared `receive`, and a `send` that records) for others to attach to."""
         run = self.runs.get(key)
-        if attach and run is not None and not run.done:
-            return await _follow(run, receive, send)
+        if attach and run is not None and not run.done and not run.gone.is_set():
+            return await _follow(run, receive, send)  # not one being aborted: all left it
         run = SharedRun()
         self.runs[key] = run
         watcher = on_disconnect(receive, run.leave)
