@@ -1,6 +1,6 @@
 """The Anthropic Messages API: `POST /v1/messages` (streaming or not) and `count_tokens`.
 
-Decisions where the API leaves room (see also anthropic_schema.py):
+Decisions where the API leaves room (see also schema.py):
 - Text blocks of one message are concatenated as they are (blocks are often split only to
   place cache breakpoints); consecutive same-role turns are joined with a blank line.
 - A final assistant message is a prefill: the prompt is the chat template's rendering of the
@@ -8,9 +8,9 @@ Decisions where the API leaves room (see also anthropic_schema.py):
   continues from it. As in the API it may not end with whitespace.
 - Usage: `input_tokens` excludes prefix-cache hits, which are `cache_read_input_tokens`;
   `cache_creation_input_tokens` is always 0 (caching is automatic and never billed as a write).
-- A response without tools always holds one text block, possibly empty (tool use:
-  anthropic_tools.py), after the thinking block when the request thinks
-  (anthropic_thinking.py).
+- A response without tools always holds one text block, possibly empty (tool use and
+  thinking blocks: blocks.py, from the conversation's events), after the thinking block
+  when the request thinks.
 - `metadata.user_id`, `service_tier`, `cache_control`, `anthropic-version` and
   `anthropic-beta` (any value) are accepted and ignored, as is a query string (the SDK's
   beta calls add `?beta=true`); the key (`x-api-key` or `Authorization: Bearer`) is the
@@ -19,23 +19,20 @@ Decisions where the API leaves room (see also anthropic_schema.py):
 - `max_tokens` beyond the room the context leaves after the prompt is clamped to that room
   (as llama.cpp's server does); a prompt that leaves no room is a 400 in the API's words
   (`prompt is too long: N tokens > M maximum`, M the context less one output token).
-        key = run_key(call, scope, body)  # an identical request running: attached to it
-        attach = request.temperature == 0 or is_retry(scope)
-
-        async def work(receive: Receive, send: Send) -> None:
-            await self._messages(request, body, scope, receive, send, call)
-
-        await self.ctx.runs.serve(key, attach, receive, send, work)
-
-    async def _messages(
-        self,
-        request: MessagesRequest,
-        body: bytes,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        call: Call,
-    ) -> None:
+- The stream's headers and `message_start` go out once the request is admitted (the
+  gateway and the engine accepted it), before the prefill, so a slow prefill never trips a
+  client's first-byte timeout; a request refused before that still gets its HTTP error
+  status. Then `event: ping` whenever nothing was written for `--stream-ping-interval`
+  seconds (5; http/keepalive.py): during the prefill, a queue wait, a tool call read.
+- `message_start`'s usage: `input_tokens` as known at admission, and the prefix-cache hit
+  the engine expected when it accepted the request (`cache_read_input_tokens`, as the API
+  reports it there). Blocks can be evicted before the request is scheduled: the final
+  `message_delta` carries the whole usage as it was (input, cache reads, output), as the
+  API's message_delta does, and that is the one to bill by.
+- An identical request resent by the same key while the first runs (temperature 0, or an
+  SDK's retry) gets the first one's response instead of a second computation
+  (shared_runs.py).
+- `thread` (the message-threads beta) keeps the conversation per tenant: anthropic/threads.py.
 - A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE
   comment before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 """
