@@ -70,8 +70,9 @@ def build(folder: Path) -> None:
     save_file(random_weights(), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def random_weights(seed: int = 0) -> dict[str, torch.Tensor]:
-    c = CONFIG
+def random_weights(seed: int = 0, c: dict[str, Any] = CONFIG) -> dict[str, torch.Tensor]:
+    """Seeded normal weights and unit norms for a Llama of config `c`: deterministic
+    gibberish (tests/fixtures/long_context_model.py builds its model from them too)."""
     gen = torch.Generator().manual_seed(seed)
     hidden, inter, head_dim = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q_dim, kv_dim = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
