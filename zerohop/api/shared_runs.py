@@ -99,6 +99,12 @@ def run_key(call: Call, scope: Scope, body: bytes) -> bytes:
     return digest.digest()
 
 
+def may_attach(scope: Scope, temperature: float | None, seed: int | None = None) -> bool:
+    """Whether a request may attach to an identical running one: its answer could not
+    differ (temperature 0, a seed) or an SDK says it is a retry (see the module doc)."""
+    return temperature == 0 or seed is not None or is_retry(scope)
+
+
 def is_retry(scope: Scope) -> bool:
     """Whether an official SDK marked the request a retry of an earlier one."""
     value = header(scope, RETRY_HEADER)

@@ -76,7 +76,7 @@ from zerohop.api.http.asgi import (
 from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
-from zerohop.api.shared_runs import is_retry, run_key
+from zerohop.api.shared_runs import may_attach, run_key
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call
@@ -128,7 +128,7 @@ class AnthropicSurface:
         body = await self._body(scope, receive)
         request = decode_messages(body)
         key = run_key(call, scope, body)  # an identical request running: attached to it
-        attach = request.temperature == 0 or is_retry(scope)
+        attach = may_attach(scope, request.temperature)
 
         async def work(receive: Receive, send: Send) -> None:
             await self._messages(request, body, scope, receive, send, call)

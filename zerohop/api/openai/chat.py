@@ -56,7 +56,7 @@ from zerohop.api.openai.schema import (
 from zerohop.api.openai.stream import DONE, PING, ChatStream, CompletionStream, Stream, sse
 from zerohop.api.openai.turns import conversation
 from zerohop.api.service import ServingContext
-from zerohop.api.shared_runs import is_retry, run_key
+from zerohop.api.shared_runs import may_attach, run_key
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
@@ -128,7 +128,7 @@ class OpenAIApi:
     ) -> None:
         """`work`, or the identical request of this key that runs (shared_runs.py): when
         the sampling is deterministic (temperature 0, a seed) or an SDK retries."""
-        attach = request.temperature == 0 or request.seed is not None or is_retry(scope)
+        attach = may_attach(scope, request.temperature, request.seed)
         await self.ctx.runs.serve(run_key(call, scope, body), attach, receive, send, work)
 
     # -- chat completions ------------------------------------------------------------------
