@@ -15,7 +15,8 @@ import pytest
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic.context import PLACEHOLDER
 from zerohop.api.anthropic.schema import decode_messages
-from zerohop.api.anthropic.turns import conversation, takes_late_system
+from zerohop.api.anthropic.turns import conversation
+from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.text.tokenizer import Tokenizer
 

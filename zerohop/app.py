@@ -13,6 +13,7 @@ from zerohop.api.errors import ApiError, anthropic_body, openai_body
 from zerohop.api.http.asgi import ClientDisconnected, Receive, Scope, Send, api_key, send_json
 from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.openai import chat as openai
+from zerohop.api.responses import surface as responses
 from zerohop.api.service import ServingContext, api_error, new_request_id
 from zerohop.engine.process.async_engine import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
@@ -23,7 +24,14 @@ Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 ErrorShape = Callable[[ApiError, str], dict]
 Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
 SURFACES: dict[ErrorShape, str] = {anthropic_body: "anthropic", openai_body: "openai"}
-OPENAI_PATHS = ("/v1/chat", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
+OPENAI_PATHS = (
+    "/v1/chat",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/v1/files",
+    "/v1/batches",
+)
 
 _HEALTHY = b'{"status":"ok"}'
 _NOT_READY = b'{"status":"unavailable"}'
@@ -34,6 +42,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
     routes: Routes = {
         **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx).items()},
         **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
+        **{k: (h, openai_body) for k, h in responses.routes(ctx).items()},
         **{k: (h, openai_body) for k, h in model_list.routes(ctx).items()},
     }
     if ctx.batches is not None:  # mounted only where a batch store runs

@@ -211,6 +211,7 @@ async def serve(options: ServeOptions) -> int:
         ctx.admin = attach_operator(gateway, secure_cookies=options.tls_cert is not None)
         sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
     ctx.threads = open_threads(gateway)
+    ctx.responses = open_responses(gateway)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
@@ -272,6 +273,7 @@ async def serve(options: ServeOptions) -> int:
             await ctx.batches.stop()
             ctx.batches.store.close()
         await asyncio.to_thread(ctx.threads.close)
+        await asyncio.to_thread(ctx.responses.close)
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
@@ -287,15 +289,28 @@ async def serve(options: ServeOptions) -> int:
 
 
 def open_threads(gateway: Gateway | None) -> Any:
-    """The Anthropic surface's message threads, in the key store (opened on first use); a
-    server without a gateway has no store, and keeps them in memory for its lifetime."""
+    """The Anthropic surface's message threads, in the key store (opened on first use)."""
     from zerohop.api.anthropic.threads import Threads
+
+    return Threads(_store_opener(gateway))
+
+
+def open_responses(gateway: Gateway | None) -> Any:
+    """The Responses API's stored responses, in the key store (opened on first use)."""
+    from zerohop.api.responses.stored import StoredResponses
+
+    return StoredResponses(_store_opener(gateway))
+
+
+def _store_opener(gateway: Gateway | None) -> Callable[[], Any]:
+    """Opens the key store; a server without a gateway has none, and keeps what it would
+    store in memory for its lifetime."""
     from zerohop.gateway.store.sqlite import KeyStore
 
     if gateway is None:
-        return Threads(lambda: KeyStore(Path(":memory:")))
+        return lambda: KeyStore(Path(":memory:"))
     spec = gateway.auth.spec
-    return Threads(lambda: open_store(spec))
+    return lambda: open_store(spec)
 
 
 def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):

@@ -118,6 +118,7 @@ class ServingContext:
     max_file_bytes: int = 200 * 2**20  # an OpenAI batch input file (the API's limit)
     admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
     threads: Any = None  # zerohop.api.anthropic.threads.Threads; None: `thread` is refused
+    responses: Any = None  # zerohop.api.responses.stored.StoredResponses; None: none kept
     # The names requests may use (served names, aliases); None: `model_name` alone.
     names: ModelNames = field(default=None)  # type: ignore[assignment]
 

@@ -57,10 +57,11 @@ from zerohop.api.anthropic.schema import (
     decode_messages,
 )
 from zerohop.api.anthropic.threads import ThreadTurn, thread_error
-from zerohop.api.anthropic.turns import conversation, takes_late_system
+from zerohop.api.anthropic.turns import conversation
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.request import Conversation
+from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.errors import ApiError, anthropic_body
 from zerohop.api.http.asgi import (
     Receive,

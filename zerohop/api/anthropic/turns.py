@@ -37,7 +37,7 @@ Decisions where the API leaves room:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from zerohop.api.anthropic.schema import (
     ChoiceAny,
@@ -65,6 +65,7 @@ from zerohop.api.conversation.request import (
     ToolChoice,
     Turn,
 )
+from zerohop.api.conversation.system_turns import append_turn, leading_system
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.spec import Tool, checked_tools
 from zerohop.engine.errors import InvalidRequestError
@@ -72,17 +73,6 @@ from zerohop.engine.structured.grammar import json_schema_grammar
 
 MIN_BUDGET = 1024
 BILLING_HEADER = "x-anthropic-billing-header:"
-_LATE_SYSTEM_PROBE = "zerohop-late-system-probe"
-_LATE_SYSTEM: dict[str, bool] = {}  # chat template -> takes_late_system
-
-
-class ChatRenderer(Protocol):
-    @property
-    def chat_template(self) -> str | None: ...
-
-    def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
-    ) -> str: ...
 
 
 def conversation(
@@ -92,7 +82,7 @@ def conversation(
     False: the chat template takes a leading system turn only (module docstring)."""
     turns, prefill = _turns(request)
     if not late_system:
-        turns = _leading_system(turns)
+        turns = leading_system(turns)
     conv = Conversation(turns, prefill, tools=request_tools(request))
     conv.tool_choice = _tool_choice(request)
     conv.reasoning = _reasoning(request, chat_template)
@@ -100,27 +90,6 @@ def conversation(
         _check_thinking(request, conv.reasoning)
         conv.output_grammar, conv.output_field = output_format(request, prefill)
     return conv
-
-
-def takes_late_system(tokenizer: ChatRenderer) -> bool:
-    """Whether the chat template renders a system turn after a user turn (rendered once per
-    template): it must neither raise nor drop it."""
-    template = tokenizer.chat_template
-    if template is None:
-        return True  # no prompt can be rendered: the planner says so
-    if template not in _LATE_SYSTEM:
-        probe = [
-            {"role": "user", "content": "a"},
-            {"role": "assistant", "content": "b"},
-            {"role": "system", "content": _LATE_SYSTEM_PROBE},
-            {"role": "user", "content": "c"},
-        ]
-        try:
-            rendered = tokenizer.apply_chat_template(probe, add_generation_prompt=True)
-        except InvalidRequestError:
-            rendered = ""
-        _LATE_SYSTEM[template] = _LATE_SYSTEM_PROBE in rendered
-    return _LATE_SYSTEM[template]
 
 
 def request_tools(request: CountTokensRequest) -> list[Tool]:
@@ -169,7 +138,7 @@ def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
         blocks = _blocks(message.content)
         _check_content(i, message.role, bool(blocks), last)
         for turn in _message_turns(i, message.role, blocks, calls, bool(request.tools)):
-            _append(turns, turn)
+            append_turn(turns, turn)
     prefill = None
     if turns and turns[-1].role == "assistant" and not turns[-1].calls:
         prefill = turns.pop().text
@@ -178,16 +147,6 @@ def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
                 400, "messages: final assistant content cannot end with trailing whitespace"
             )
     return turns, prefill
-
-
-def _leading_system(turns: list[Turn]) -> list[Turn]:
-    """The turns with every system turn merged into one leading system turn."""
-    text = "\n\n".join(t.text for t in turns if t.role == "system")
-    merged = [Turn("system", text)] if text else []
-    for turn in turns:
-        if turn.role != "system":
-            _append(merged, turn)
-    return merged
 
 
 def _system_text(content: str | list[Any], at: str) -> str:
@@ -241,16 +200,6 @@ def _message_turns(
         else:
             turns[-1].text += block.text
     return [t for t in turns if t.text or t.calls or t.role == "tool"] or turns[:1]
-
-
-def _append(turns: list[Turn], turn: Turn) -> None:
-    """Add a turn, joining it to the previous one of the same role with a blank line."""
-    last = turns[-1] if turns else None
-    if last is None or last.role != turn.role or turn.role == "tool":
-        turns.append(turn)
-        return
-    last.text += ("\n\n" if last.text and turn.text else "") + turn.text
-    last.calls += turn.calls
 
 
 def _tool_result(block: ToolResultBlock, calls: dict[str, str], at: str) -> Turn:

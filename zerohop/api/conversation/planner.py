@@ -19,6 +19,8 @@
   together with a forced call or an output format is therefore a 400, and a thought the
   model would only have written on its own is skipped.
 - Calls are parsed unless tool choice is none; with `parallel` off, the first call only.
+- A forced call of a raw-input tool (`raw_call`, tools/raw_input.py) is the whole output:
+  its grammar is the tool's (free text without one), and it is read as that call's input.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.parsers import ParserFactory
 from zerohop.api.tools.prompt import render_messages
+from zerohop.api.tools.raw_input import raw_input_parser
 from zerohop.api.tools.spec import Tool, ToolSet
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -77,6 +80,8 @@ def plan(
     """The engine request of `conv`; `params`: the surface's sampling parameters (no grammar),
     `continues`: tokens a failed-over stream already produced (service.continued)."""
     prompt = ctx.continued(prompt_ids(conv, ctx), continues)
+    if conv.raw_call is not None:
+        return _raw_call_plan(conv, ctx, params, prompt)
     constrained = constrained_grammar(conv, ctx.tool_parser)
     in_thought = _thought_start(conv, ctx, prompt, constrained)
     params = replace(params, grammar=constrained or strict_grammar(conv, ctx.tool_parser))
@@ -87,6 +92,25 @@ def plan(
     parser = call_parser(conv, ctx.tool_parser)
     tools = ToolSet(conv.tools)
     return Plan(prompt, params, in_thought, parser, tools, not choice.parallel, choice.forced)
+
+
+def _raw_call_plan(
+    conv: Conversation, ctx: ServingContext, params: SamplingParams, prompt: list[int]
+) -> Plan:
+    raw = conv.raw_call
+    assert raw is not None
+    if conv.prefill is not None:
+        raise ApiError(400, "tool_choice: a forced tool call cannot continue a prefill")
+    if conv.output_grammar is not None:
+        raise ApiError(
+            400,
+            f"tool_choice: a forced custom tool call cannot be combined with {conv.output_field}",
+            param="tool_choice",
+        )
+    _thought_start(conv, ctx, prompt, raw.grammar or "")  # a thought asked for: the 400
+    params = replace(params, grammar=raw.grammar)
+    parser = raw_input_parser(raw.name)
+    return Plan(prompt, params, None, parser, ToolSet(conv.tools), single=True, forced=True)
 
 
 def grammar(conv: Conversation, parser: ParserFactory) -> str | None:

@@ -59,6 +59,15 @@ class ToolChoice:
         return self.mode in ("required", "named")
 
 
+@dataclass(slots=True, frozen=True)
+class RawCall:
+    """A forced call of a raw-input tool (tools/raw_input.py): the whole output is its
+    input, decoded by `grammar` (None: free text)."""
+
+    name: str
+    grammar: str | None = None
+
+
 @dataclass(slots=True)
 class Reasoning:
     """think: True to think, False not to, None as the model and its template decide.
@@ -86,6 +95,7 @@ class Conversation:
     # the output is a call or else the answer; False: a constraint on the raw output (vLLM's
     # structured_outputs, gRPC's constraint), which a forced call refuses and auto keeps.
     output_is_answer: bool = True
+    raw_call: RawCall | None = None  # set: the output is this tool's raw input, nothing else
     reasoning: Reasoning = field(default_factory=Reasoning)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)

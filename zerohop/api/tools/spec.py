@@ -21,6 +21,7 @@ import referencing.exceptions
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
+from zerohop.api.tools.input_grammar import input_matches
 from zerohop.engine.errors import InvalidRequestError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # both APIs' rule for tool names
@@ -32,6 +33,8 @@ class Tool:
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     strict: bool = False
+    # A raw-input tool's grammar (tools/raw_input.py): its `input` must be a sentence of it.
+    input_grammar: str | None = None
 
     def as_function(self) -> dict[str, Any]:
         """The OpenAI function shape chat templates take as `tools` (transformers' too)."""
@@ -121,9 +124,11 @@ class ToolSet(Mapping[str, Tool]):
         """Whether `arguments` follow the schema of the tool `name`. A schema whose `$ref`
         cannot be resolved (remote documents are never fetched) validates nothing."""
         try:
-            return self._validators[name].is_valid(arguments)
+            valid = self._validators[name].is_valid(arguments)
         except referencing.exceptions.Unresolvable:
             return False
+        grammar = self._tools[name].input_grammar
+        return valid and (grammar is None or input_matches(grammar, arguments["input"]))
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import InvalidKey, KeyRecord, TenantRow
 from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
@@ -75,6 +76,16 @@ class Store(Protocol):
     def put_thread(self, new: NewThreadRow, now: float, ttl: float) -> None: ...
 
     def release_thread(self, tenant: str, message_id: str, now: float) -> None: ...
+
+    def put_response(self, row: ResponseRow, now: float) -> None: ...
+
+    def get_response(self, tenant: str, response_id: str, now: float) -> StoredResponse | None: ...
+
+    def delete_response(self, tenant: str, response_id: str, now: float) -> bool: ...
+
+    def set_response_status(
+        self, tenant: str, response_id: str, status: str, body: str | None, now: float
+    ) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -15,6 +15,7 @@ transaction that touches them keeps settled + leased <= the budget.
 
 from __future__ import annotations
 
+from zerohop.gateway.store.response_tables import POSTGRES_SCHEMA as RESPONSES_SCHEMA
 from zerohop.gateway.store.thread_tables import POSTGRES_SCHEMA as THREADS_SCHEMA
 from zerohop.gateway.store.usage_tables import POSTGRES_SCHEMA
 
@@ -86,12 +87,17 @@ ALTER TABLE keys ADD COLUMN created_by text;
 # A new table only: a zerohop of version 2 serves as before beside it.
 _THREADS_V3 = THREADS_SCHEMA
 
+# The OpenAI Responses API's stored responses (zerohop.gateway.store.response_tables). A new
+# table only: a zerohop of version 2 or 3 serves as before beside it.
+_RESPONSES_V4 = RESPONSES_SCHEMA
+
 # (version, SQL): applied in order, each in one transaction.
 PG_MIGRATIONS: list[tuple[int, str]] = [
     (1, _KEYS_V1 + _LEASES_V1),
     (2, _ADMIN_V2),
     (3, _THREADS_V3),
+    (4, _RESPONSES_V4),
 ]
-MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2}
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, SCHEMA_VERSION
+from zerohop.gateway.store.response_tables import ResponseRow, ResponseTables, StoredResponse
 from zerohop.gateway.store.rows import (
     InvalidKey,
     KeyRecord,
@@ -73,6 +74,7 @@ _INSERT_KEY = (
 )
 _USAGE = UsageTables(postgres=True)
 _THREADS = ThreadTables(postgres=True)
+_RESPONSES = ResponseTables(postgres=True)
 # Ordered as SQLite orders text (bytewise), whatever the database's collation.
 _TENANTS = 'SELECT * FROM tenants ORDER BY name COLLATE "C"'
 _KEYS = 'SELECT * FROM keys ORDER BY tenant COLLATE "C", created'
@@ -316,6 +318,27 @@ class PostgresStore(TenantReads):
     def release_thread(self, tenant: str, message_id: str, now: float) -> None:
         with self._connection() as conn, conn.transaction():
             _THREADS.release(conn.cursor(), tenant, message_id, now)
+
+    # -- stored responses (zerohop.gateway.store.response_tables) ---------------------------
+
+    def put_response(self, row: ResponseRow, now: float) -> None:
+        with self._connection() as conn, conn.transaction():
+            _RESPONSES.put(conn.cursor(), row, now)
+
+    def get_response(self, tenant: str, response_id: str, now: float) -> StoredResponse | None:
+        with self._connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            return _RESPONSES.get(cur, tenant, response_id, now)
+
+    def delete_response(self, tenant: str, response_id: str, now: float) -> bool:
+        with self._connection() as conn, conn.transaction():
+            return _RESPONSES.delete(conn.cursor(), tenant, response_id, now)
+
+    def set_response_status(
+        self, tenant: str, response_id: str, status: str, body: str | None, now: float
+    ) -> bool:
+        with self._connection() as conn, conn.transaction():
+            return _RESPONSES.set_status(conn.cursor(), tenant, response_id, status, body, now)
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of the fleet: settled plus leased to replicas."""

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.store import response_tables as response_sql
 from zerohop.gateway.store import thread_tables as thread_sql
 from zerohop.gateway.store import usage_tables as usage_sql
+from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import (
     InvalidKey,
     KeyRecord,
@@ -86,6 +88,7 @@ _INSERT_KEY = (
 NO_LIMITS = Limits()
 _USAGE = usage_sql.UsageTables(postgres=False)
 _THREADS = thread_sql.ThreadTables(postgres=False)
+_RESPONSES = response_sql.ResponseTables(postgres=False)
 
 
 def default_db_path() -> Path:
@@ -106,7 +109,9 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     revoked key stays revoked across power loss) fsyncs every commit; NORMAL loses nothing
     committed when the process is killed, only on an OS crash or power loss (the budget
     ledger's `--durability normal`)."""
-    schema = SCHEMA + usage_sql.SQLITE_SCHEMA + thread_sql.SQLITE_SCHEMA
+    schema = (
+        SCHEMA + usage_sql.SQLITE_SCHEMA + thread_sql.SQLITE_SCHEMA + response_sql.SQLITE_SCHEMA
+    )
     conn = open_wal(path, schema, synchronous)
     _add_key_columns(conn)
     return conn
@@ -335,6 +340,26 @@ class KeyStore(TenantReads):
     def release_thread(self, tenant: str, message_id: str, now: float) -> None:
         with self._transaction() as conn:
             _THREADS.release(conn, tenant, message_id, now)
+
+    # -- stored responses (zerohop.gateway.store.response_tables) ---------------------------
+
+    def put_response(self, row: ResponseRow, now: float) -> None:
+        with self._transaction() as conn:
+            _RESPONSES.put(conn, row, now)
+
+    def get_response(self, tenant: str, response_id: str, now: float) -> StoredResponse | None:
+        # One SELECT is its own transaction: no need to take the writers' lock to read.
+        return _RESPONSES.get(self.conn, tenant, response_id, now)
+
+    def delete_response(self, tenant: str, response_id: str, now: float) -> bool:
+        with self._transaction() as conn:
+            return _RESPONSES.delete(conn, tenant, response_id, now)
+
+    def set_response_status(
+        self, tenant: str, response_id: str, status: str, body: str | None, now: float
+    ) -> bool:
+        with self._transaction() as conn:
+            return _RESPONSES.set_status(conn, tenant, response_id, status, body, now)
 
 
 SqliteStore = KeyStore  # the Store (zerohop.gateway.store.open_store) of one replica's own file

@@ -1,0 +1,82 @@
+"""A Responses API request body (`POST /v1/responses`), decoded with OpenAI-shaped errors.
+
+The API moves fast and its clients send fields no SDK names yet (Codex's `client_metadata`),
+so fields this server does not read are accepted and ignored rather than refused; the ones it
+reads are typed here, and their values are checked where they are mapped (items.py,
+tools.py, surface.py). `input` items, `tools` and `tool_choice` stay raw JSON values here:
+their many shapes are told apart by their `type` when they are mapped, so that an item type
+added to the API later is skipped, not a 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerohop.api.errors import ApiError
+from zerohop.api.http.null_defaults import NullMeansDefault
+from zerohop.api.openai.schema import decode
+
+TRUNCATIONS = ("auto", "disabled")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+class Reasoning(NullMeansDefault):
+    effort: str | None = None
+    summary: str | None = None  # auto / concise / detailed: accepted (thoughts are whole)
+    generate_summary: str | None = None  # the older name of `summary`
+
+
+class TextConfig(NullMeansDefault):
+    format: dict[str, Any] | None = None  # text / json_object / json_schema (flattened)
+    verbosity: str | None = None  # low / medium / high: accepted, ignored
+
+
+class ResponsesRequest(NullMeansDefault):
+    model: str | None = None
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    store: bool = True  # the API's default: a response is kept unless told otherwise
+    previous_response_id: str | None = None
+    truncation: str = "disabled"
+    prompt_cache_key: str | None = None  # a routing hint for zerohop.client, never a salt
+    stream: bool = False
+    background: bool = False
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    seed: int | None = None  # vLLM's extension: reproducible sampling
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.truncation not in TRUNCATIONS:
+            raise _invalid("truncation", f"must be one of {', '.join(TRUNCATIONS)}")
+        effort = self.reasoning.effort if self.reasoning else None
+        if effort is not None and effort not in EFFORTS:
+            raise _invalid("reasoning.effort", f"must be one of {', '.join(EFFORTS)}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise _invalid("max_output_tokens", "must be at least 1")
+        if self.background and not self.store:
+            raise _invalid("background", "background responses must be stored (store: true)")
+
+
+def decode_request(body: bytes) -> ResponsesRequest:
+    request = decode(body, ResponsesRequest)
+    if not request.model:
+        raise ApiError(400, "Missing required parameter: 'model'.", param="model")
+    return request
+
+
+def _invalid(name: str, problem: str) -> ApiError:
+    return ApiError(400, f"Invalid value for '{name}': {problem}", param=name)

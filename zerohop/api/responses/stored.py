@@ -1,0 +1,144 @@
+"""Stored responses (`store: true`, the API's default), in the key store
+(`zerohop.gateway.store.response_tables`: SQLite per replica, or the fleet's PostgreSQL, so
+that any replica answers any id).
+
+Decisions where the API leaves room:
+- A response belongs to the tenant of the key that created it (every key of the tenant may
+  read, continue, list or delete it). Another tenant's id, an unknown one and an expired
+  one are the same 404: nothing tells them apart.
+- Kept `ttl_s` (default 30 days, as the API keeps them) from its creation.
+- A row holds the response object as GET returns it and the items it saw before its output
+  (those its `previous_response_id` chain gave it, then its own input): a continue reads
+  one row, whatever the chain's length. A response whose items and body exceed `max_bytes`
+  (default 16 MiB) is answered and not kept.
+- The store unreachable: a create's answer is sent and not kept (logged); a read is a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from zerohop.api.errors import ApiError
+from zerohop.gateway.store.response_tables import ResponseRow
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 30 * 86400.0
+DEFAULT_MAX_BYTES = 16 * 2**20
+
+
+@dataclass(slots=True, frozen=True)
+class StoreOptions:
+    ttl_s: float = DEFAULT_TTL_S
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ttl_s) and self.ttl_s > 0):
+            raise ValueError(f"responses: ttl_s must be a positive number, got {self.ttl_s!r}")
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int):
+            raise ValueError(f"responses: max_bytes must be an integer, got {self.max_bytes!r}")
+        if self.max_bytes < 1024:
+            raise ValueError(f"responses: max_bytes must be at least 1024, got {self.max_bytes}")
+
+
+@dataclass(slots=True)
+class Found:
+    """A stored response: its status, its object and the items before its output."""
+
+    status: str
+    body: dict[str, Any]
+    items: list[Any]
+
+
+def not_found(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(
+        404,
+        f"Response with id '{response_id}' not found.",
+        param=param,
+        code="previous_response_not_found" if param == "previous_response_id" else None,
+    )
+
+
+class StoredResponses:
+    """The stored responses of one server, over its key store (opened on first use, in a
+    worker thread; one call at a time, as one SQLite connection takes)."""
+
+    def __init__(
+        self,
+        open_store: Callable[[], Any],
+        options: StoreOptions = StoreOptions(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._open_store, self.options, self.clock = open_store, options, clock
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    async def get(self, tenant: str, response_id: str, param: str | None = None) -> Found:
+        """The tenant's response `response_id`; the 404 when there is none."""
+        try:
+            row = await self._run("get_response", tenant, response_id, self.clock())
+        except Exception:
+            log.exception("responses: reading %s failed", response_id)
+            raise ApiError(503, "the server could not read its stored responses now") from None
+        if row is None:
+            raise not_found(response_id, param)
+        return Found(row.status, orjson.loads(row.body), orjson.loads(row.items))
+
+    async def put(self, tenant: str, body: dict[str, Any], items: list[Any]) -> bool:
+        """Keep a response (best-effort: False when it is too large or the store failed)."""
+        now = self.clock()
+        encoded, seen = orjson.dumps(body).decode(), orjson.dumps(items).decode()
+        if len(encoded) + len(seen) > self.options.max_bytes:
+            limit = self.options.max_bytes
+            log.info("responses: %s is larger than %d bytes, not kept", body["id"], limit)
+            return False
+        row = ResponseRow(
+            body["id"], tenant, body["status"], encoded, seen, now + self.options.ttl_s
+        )
+        try:
+            await self._run("put_response", row, now)
+        except Exception:
+            log.exception("responses: keeping %s failed", body["id"])
+            return False
+        return True
+
+    async def finish(self, tenant: str, body: dict[str, Any]) -> bool:
+        """A background response's end: its final object, unless it was cancelled meanwhile
+        (only a queued or running response changes)."""
+        args = (tenant, body["id"], body["status"], orjson.dumps(body).decode(), self.clock())
+        try:
+            return bool(await self._run("set_response_status", *args))
+        except Exception:
+            log.exception("responses: finishing %s failed", body["id"])
+            return False
+
+    async def cancel(self, tenant: str, response_id: str, body: dict[str, Any]) -> bool:
+        args = (tenant, response_id, "cancelled", orjson.dumps(body).decode(), self.clock())
+        return bool(await self._run("set_response_status", *args))
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return bool(await self._run("delete_response", tenant, response_id, self.clock()))
+
+    async def _run(self, method: str, *args: Any) -> Any:
+        return await asyncio.to_thread(self._call, method, *args)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        with self._lock:
+            if self._store is None:
+                self._store = self._open_store()
+            return getattr(self._store, method)(*args)

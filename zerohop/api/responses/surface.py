@@ -1,0 +1,430 @@
+"""The OpenAI Responses API: `POST /v1/responses` (streamed or not, or in the background),
+`GET` / `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
+`POST /v1/responses/{id}/cancel` and `POST /v1/responses/input_tokens`.
+
+A fourth surface over the conversation spine: items.py and tools.py map the request into a
+`Conversation`, the planner decides the prompt and grammar, output.py turns the reader's
+events into output items and the stream's events. Admission, charging and audit are the
+gateway's (`ServingContext.generate`), as on every surface; streams start once the request is
+admitted and carry an SSE comment `: ping` whenever nothing was written for
+`--stream-ping-interval` seconds; an identical request of the same key attaches to the one
+running (shared_runs.py).
+
+Decisions where the API leaves room:
+- `max_output_tokens` beyond the room the context leaves after the prompt is clamped to it
+  (absent: all of that room). `truncation: "auto"` drops the oldest turns (from a user turn
+  to the next) until the prompt leaves room for an answer; `disabled` (the default) makes a
+  prompt that does not fit a 400.
+- `reasoning.effort` "none" or "minimal" asks a reasoning model not to think; other efforts
+  leave it to the model (no thinking budget is derived from them). `reasoning.summary`,
+  `text.verbosity`, `include`, `top_logprobs`, `max_tool_calls`, `service_tier`,
+  `prompt_cache_retention` and `safety_identifier` are accepted and do not change the output.
+- `prompt_cache_key` is echoed and never salts the prefix cache: zerohop.client routes a
+  request by it (the replica that served the key before holds the prefix).
+- `instructions` and `tools` are not carried over by `previous_response_id` (as in the
+  API): each request sends its own.
+- A response that ends at `max_output_tokens` (or the context) is `incomplete` with
+  `incomplete_details.reason` "max_output_tokens"; a failed generation mid-stream is
+  `response.failed` with the error. Usage counts prefix-cache hits within `input_tokens`
+  (`input_tokens_details.cached_tokens`), and thought tokens as `reasoning_tokens`.
+- `background: true` answers at once with the `queued` response and runs it to the end on
+  this replica (whether or not the client stays), keeping it as it goes; `GET` polls it and
+  `cancel` stops it (on any replica sharing the store: the one running it sees the stored
+  status). `stream` with `background` streams as a foreground request does, and keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from zerohop.api.conversation.planner import Plan, plan, prompt_ids
+from zerohop.api.conversation.request import Conversation, Reasoning, Turn
+from zerohop.api.conversation.system_turns import takes_late_system
+from zerohop.api.errors import ApiError
+from zerohop.api.http.asgi import (
+    ClientDisconnected,
+    Receive,
+    Scope,
+    Send,
+    end_stream,
+    read_json_body,
+    request_id_headers,
+    send_chunk,
+    send_json,
+    start_stream,
+)
+from zerohop.api.http.keepalive import Pings
+from zerohop.api.http.send_times import with_send_times
+from zerohop.api.openai.stream import PING
+from zerohop.api.responses.formats import text_grammar
+from zerohop.api.responses.items import as_items, input_turns
+from zerohop.api.responses.listing import input_items_page, with_ids
+from zerohop.api.responses.output import EventWriter, OutputItems
+from zerohop.api.responses.schema import ResponsesRequest, decode_request
+from zerohop.api.responses.stored import Found, StoredResponses, not_found
+from zerohop.api.responses.tools import Choice, RequestTools, request_tools, tool_choice
+from zerohop.api.service import ServingContext, sampling_params
+from zerohop.api.shared_runs import may_attach, run_key
+from zerohop.engine.outputs import RequestDelta
+from zerohop.gateway.gateway import Call
+
+log = logging.getLogger(__name__)
+
+BASE = "/v1/responses"
+ONE = BASE + "/{response_id}"
+RUNNING = ("queued", "in_progress")
+
+
+def routes(ctx: ServingContext) -> dict:
+    surface = ResponsesSurface(ctx)
+    return {
+        ("POST", BASE): surface.create,
+        ("POST", BASE + "/input_tokens"): surface.input_tokens,
+        ("GET", ONE): surface.retrieve,
+        ("DELETE", ONE): surface.delete,
+        ("GET", ONE + "/input_items"): surface.input_items,
+        ("POST", ONE + "/cancel"): surface.cancel,
+    }
+
+
+@dataclasses.dataclass(slots=True)
+class Prepared:
+    """A request made ready to run: its conversation's plan, the items it saw, its tools."""
+
+    request: ResponsesRequest
+    planned: Plan
+    items: list[Any]
+    tools: RequestTools
+    choice: Choice
+
+
+class ResponsesSurface:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self._running: dict[str, str] = {}  # response id -> engine request id (background)
+
+    @property
+    def store(self) -> StoredResponses | None:
+        return self.ctx.responses
+
+    # -- create ----------------------------------------------------------------------------
+
+    async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        body = await self._body(scope, receive)
+        request = decode_request(body)
+        attach = may_attach(scope, request.temperature, request.seed)
+
+        async def work(receive: Receive, send: Send) -> None:
+            await self._create(request, scope, receive, send, call)
+
+        await self.ctx.runs.serve(run_key(call, scope, body), attach, receive, send, work)
+
+    async def _create(
+        self, request: ResponsesRequest, scope: Scope, receive: Receive, send: Send, call: Call
+    ) -> None:
+        assert request.model is not None
+        self.ctx.check_model(request.model, call)
+        ready = await self._prepare(request, call)
+        run = _Run(ready, call, self._skeleton(ready, call))
+        run.store = self.store if request.store else None
+        if request.background and not request.stream:
+            return await self._background(run, send)
+        deltas = self._generate(run, receive, announce=request.stream)
+        async with contextlib.aclosing(deltas):
+            if request.stream:
+                await run.stream(deltas, with_send_times(scope, send), self.ctx.ping_interval)
+            else:
+                await run.complete(deltas)
+                await run.keep()
+                await send_json(send, 200, run.body, request_id_headers(call.request_id))
+
+    def _generate(
+        self, run: _Run, receive: Receive | None, announce: bool = False
+    ) -> AsyncGenerator[RequestDelta, None]:
+        prompt, params = run.ready.planned.prompt, run.ready.planned.params
+        return self.ctx.generate(run.call, prompt, params, receive, announce=announce)
+
+    async def _prepare(self, request: ResponsesRequest, call: Call) -> Prepared:
+        inherited: list[Any] = []
+        if request.previous_response_id is not None:
+            found = await self._found(call, request.previous_response_id, "previous_response_id")
+            inherited = [*found.items, *found.body.get("output", [])]
+        items = [*inherited, *with_ids(as_items(request.input))]
+        tools = request_tools(request.tools)
+        choice = tool_choice(request.tool_choice, request.parallel_tool_calls, tools)
+        late = takes_late_system(self.ctx.tokenizer)
+        turns = input_turns(items, request.instructions, tools, late)
+        conv = Conversation(
+            turns,
+            tools=choice.tools,
+            tool_choice=choice.choice,
+            output_grammar=text_grammar(request.text.format if request.text else None),
+            output_field="text.format",
+            reasoning=_reasoning(request),
+            raw_call=choice.raw_call,
+        )
+        if request.truncation == "auto":
+            conv.turns = self._truncated(conv)
+        params = sampling_params(
+            temperature=request.temperature, top_p=request.top_p, max_tokens=1, seed=request.seed
+        )
+        planned = plan(conv, self.ctx, params)
+        room = self.ctx.max_model_len - len(planned.prompt)
+        wanted = request.max_output_tokens or max(room, 1)
+        max_tokens = self.ctx.output_room(len(planned.prompt), wanted)
+        planned.params = dataclasses.replace(planned.params, max_tokens=max_tokens)
+        return Prepared(request, planned, items, tools, choice)
+
+    def _truncated(self, conv: Conversation) -> list[Turn]:
+        """The turns, the oldest dropped (a user turn up to the next) until the prompt leaves
+        room for an answer (`truncation: "auto"`)."""
+        turns = conv.turns
+        while len(prompt_ids(conv, self.ctx)) >= self.ctx.max_model_len - 1:
+            starts = [i for i, t in enumerate(turns) if t.role == "user"]
+            if len(starts) < 2:
+                break  # the last user turn stays: the 400 says the prompt is too long
+            turns = [t for t in turns[: starts[0]] if t.role == "system"] + turns[starts[1] :]
+            conv = dataclasses.replace(conv, turns=turns)
+        return turns
+
+    def _skeleton(self, ready: Prepared, call: Call) -> dict[str, Any]:
+        """The response object before any output (`status` in_progress)."""
+        request = ready.request
+        text = request.text
+        fmt = text.format if text and text.format else {"type": "text"}
+        effort = request.reasoning.effort if request.reasoning else None
+        summary = request.reasoning.summary if request.reasoning else None
+        return {
+            "id": "resp_" + call.request_id.removeprefix("req_"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "in_progress",
+            "background": request.background,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "max_tool_calls": request.max_tool_calls,
+            "model": request.model,
+            "output": [],
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "previous_response_id": request.previous_response_id,
+            "prompt_cache_key": request.prompt_cache_key,
+            "reasoning": {"effort": effort, "summary": summary},
+            "safety_identifier": request.safety_identifier,
+            "service_tier": "default",
+            "store": request.store,
+            "temperature": 1.0 if request.temperature is None else request.temperature,
+            "text": {"format": fmt, "verbosity": (text.verbosity if text else None) or "medium"},
+            "tool_choice": request.tool_choice or "auto",
+            "tools": request.tools or [],
+            "top_logprobs": request.top_logprobs or 0,
+            "top_p": 1.0 if request.top_p is None else request.top_p,
+            "truncation": request.truncation,
+            "usage": None,
+            "user": request.user,
+            "metadata": request.metadata or {},
+        }
+
+    async def _background(self, run: _Run, send: Send) -> None:
+        """Answer with the queued response, then run it here to its end (module docstring)."""
+        store = self.store
+        run.body["status"] = "queued"
+        if store is None or not await run.keep():
+            raise ApiError(503, "background: the server could not keep the response now")
+        await send_json(send, 200, run.body, request_id_headers(run.call.request_id))
+        run.body["status"] = "in_progress"
+        self._running[run.body["id"]] = run.call.request_id
+        try:
+            deltas = self._generate(run, None)
+            async with contextlib.aclosing(deltas):
+                await run.complete(deltas)
+        except ApiError as exc:
+            run.fail(exc)
+        finally:
+            self._running.pop(run.body["id"], None)
+        await store.finish(run.tenant, run.body)
+
+    # -- the other routes ------------------------------------------------------------------
+
+    async def retrieve(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        found = await self._found(call, scope["path_params"]["response_id"])
+        await send_json(send, 200, found.body, request_id_headers(call.request_id))
+
+    async def delete(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        response_id = scope["path_params"]["response_id"]
+        store = self.store
+        if store is None or not await store.delete(call.identity.tenant.name, response_id):
+            raise not_found(response_id)
+        body = {"id": response_id, "object": "response", "deleted": True}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def input_items(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        found = await self._found(call, scope["path_params"]["response_id"])
+        page = input_items_page(found.items, scope.get("query_string", b""))
+        await send_json(send, 200, page, request_id_headers(call.request_id))
+
+    async def cancel(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        response_id = scope["path_params"]["response_id"]
+        found = await self._found(call, response_id)
+        body = found.body
+        if not body.get("background"):
+            raise ApiError(400, "Only responses created with background=true can be cancelled.")
+        if found.status in RUNNING:
+            body = {**body, "status": "cancelled"}
+            assert self.store is not None
+            await self.store.cancel(call.identity.tenant.name, response_id, body)
+            running = self._running.get(response_id)
+            if running is not None:
+                self.ctx.engine.abort(running)
+        await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def input_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        request = decode_request(await self._body(scope, receive))
+        assert request.model is not None
+        self.ctx.check_model(request.model, call)
+        ready = await self._prepare(request, call)
+        body = {"object": "response.input_tokens", "input_tokens": len(ready.planned.prompt)}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def _found(self, call: Call, response_id: str, param: str | None = None) -> Found:
+        if self.store is None:
+            raise not_found(response_id, param)
+        return await self.store.get(call.identity.tenant.name, response_id, param)
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        ctx = self.ctx
+        return await read_json_body(scope, receive, ctx.max_body_bytes, ctx.body_deadline)
+
+
+def _reasoning(request: ResponsesRequest) -> Reasoning:
+    effort = request.reasoning.effort if request.reasoning else None
+    return Reasoning(think=False if effort in ("none", "minimal") else None)
+
+
+class _Run:
+    """One response: its output read from the engine's deltas, streamed or whole, and kept."""
+
+    def __init__(self, ready: Prepared, call: Call, body: dict[str, Any]) -> None:
+        self.ready, self.call, self.body = ready, call, body
+        self.tenant = call.identity.tenant.name
+        self.store: StoredResponses | None = None
+        self.reader = ready.planned.reader()
+        self.write = EventWriter(False)
+        self.items = OutputItems(ready.tools, self.write, ready.choice.raw_call is not None)
+        self.cached = self.output_tokens = self.thought_tokens = 0
+
+    async def complete(self, deltas: AsyncIterator[RequestDelta]) -> None:
+        async for delta in deltas:
+            self.step(delta)
+            if delta.finished:
+                self.finish(delta)
+                return
+
+    async def stream(
+        self, deltas: AsyncIterator[RequestDelta], send: Send, ping_interval: float
+    ) -> None:
+        first = await anext(deltas)  # the admission: refusals before it get a proper status
+        self.write.enabled = True
+        await start_stream(send, request_id_headers(self.call.request_id))
+        opening = self.write("response.created", response=self.body)
+        await send_chunk(send, opening + self.write("response.in_progress", response=self.body))
+        pings = Pings(deltas, ping_interval)
+        try:
+            async with contextlib.aclosing(pings.items()) as items:
+                await end_stream(send, await self._follow(first, items, pings, send))
+        except ClientDisconnected:
+            await end_stream(send)
+        except ApiError as exc:
+            await end_stream(send, self._failed(exc))
+        except Exception:
+            log.exception("response %s failed mid-stream", self.body["id"])
+            await end_stream(send, self._failed(ApiError(500, "internal server error")))
+
+    async def _follow(
+        self,
+        first: RequestDelta,
+        items: AsyncIterator[RequestDelta | None],
+        pings: Pings[RequestDelta],
+        send: Send,
+    ) -> bytes:
+        """Each delta's events, a ping when nothing was written for a while; the last bytes."""
+        delta: RequestDelta | None = first
+        while True:
+            if delta is not None and not delta.admitted:
+                data = self.step(delta)
+                if delta.finished:
+                    data += self.finish(delta)
+                    await self.keep()
+                    return data + self._final_event()
+                if data:
+                    await send_chunk(send, data)
+                    pings.wrote()
+            elif delta is None:
+                await send_chunk(send, PING)
+            delta = await anext(items)
+
+    def step(self, delta: RequestDelta) -> bytes:
+        self.output_tokens += len(delta.new_token_ids)
+        self.cached = delta.cached_tokens
+        thinking = self.reader.thoughts is not None and not self.reader.thought_ended
+        events = self.reader.feed(delta.new_text, final=delta.finished)
+        if thinking:
+            self.thought_tokens += len(delta.new_token_ids)
+        return self.items.feed(events)
+
+    def finish(self, delta: RequestDelta) -> bytes:
+        """The response's end (its status and usage); ApiError when the generation failed."""
+        reason = delta.finish_reason
+        if reason == "error":
+            raise ApiError(500, f"generation failed: {delta.error}")
+        if reason not in ("stop", "length"):
+            raise ApiError(503, "the server cancelled this request (shutting down or overloaded)")
+        cut = reason == "length"
+        data = self.items.finish("incomplete" if cut else "completed")
+        self.body.update(
+            status="incomplete" if cut else "completed",
+            incomplete_details={"reason": "max_output_tokens"} if cut else None,
+            output=self.items.items,
+            usage=self._usage(),
+        )
+        return data
+
+    def fail(self, error: ApiError) -> None:
+        self.body.update(
+            status="failed",
+            error={"code": "server_error", "message": error.message},
+            output=self.items.items,
+            usage=self._usage(),
+        )
+
+    def _failed(self, error: ApiError) -> bytes:
+        self.fail(error)
+        return self.write("response.failed", response=self.body)
+
+    def _final_event(self) -> bytes:
+        cut = self.body["status"] == "incomplete"
+        return self.write(
+            "response.incomplete" if cut else "response.completed", response=self.body
+        )
+
+    async def keep(self) -> bool:
+        """Store the response as it is now; False when it is not kept."""
+        if self.store is None:
+            return False
+        return await self.store.put(self.tenant, self.body, self.ready.items)
+
+    def _usage(self) -> dict[str, Any]:
+        prompt = len(self.ready.planned.prompt)
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": self.cached, "cache_write_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.thought_tokens},
+            "total_tokens": prompt + self.output_tokens,
+        }
