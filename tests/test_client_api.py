@@ -13,7 +13,7 @@ import pytest
 
 from tests.live_server import MODEL_NAME, free_port
 from zerohop.client import ApiStatusError, Client, ReplicaPool, http_client
-from zerohop.client.surfaces import ChatCompletions, Completions, Messages
+from zerohop.client.surfaces import ChatCompletions, Completions, Messages, Responses
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -170,3 +170,28 @@ def test_a_stream_without_token_ids_is_not_restarted_elsewhere() -> None:
     chunk = {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
     surface.feed(b"data: " + orjson.dumps(chunk) + b"\n\n")
     assert not surface.resumable
+
+
+def test_a_responses_session_keeps_its_replica_by_prompt_cache_key() -> None:
+    """Codex sends its session's id as prompt_cache_key: every turn hashes alike, whatever
+    its input; without one, the conversation's opening is the key."""
+    turn = {"prompt_cache_key": "session-7", "instructions": "Be brief.", "stream": True}
+    first = Responses({**turn, "input": "Hi."}).affinity_text()
+    assert (
+        Responses({**turn, "input": [{"role": "user", "content": "Go on."}]}).affinity_text()
+        == first
+    )
+    assert Responses({**turn, "prompt_cache_key": "session-8"}).affinity_text() != first
+    opening = Responses({"instructions": "Be brief.", "input": "Hi."}).affinity_text()
+    assert opening == "Be brief.\nHi."
+
+
+def test_a_responses_stream_moves_only_before_its_first_event() -> None:
+    surface = Responses({"stream": True, "input": "Hi."})
+    assert surface.resumable and surface.continuation() == surface.payload
+    created = {"type": "response.created", "sequence_number": 0, "response": {}}
+    surface.feed(b"event: response.created\ndata: " + orjson.dumps(created) + b"\n\n")
+    assert not surface.resumable and not surface.done
+    done = {"type": "response.completed", "sequence_number": 1, "response": {}}
+    surface.feed(b"event: response.completed\ndata: " + orjson.dumps(done) + b"\n\n")
+    assert surface.done

@@ -10,6 +10,7 @@ is dropped, ids stay the first replica's, and usage counts every output token on
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -257,10 +258,55 @@ class Completions(_OpenAI):
         return {"text": ""}
 
 
+class Responses(Surface):
+    """OpenAI `POST /v1/responses`. Its affinity key is `prompt_cache_key` when the request
+    has one (Codex sends its session's id: every turn of a session goes to one replica),
+    else the conversation's opening. Its streams carry no token ids, so a stream moves to
+    another replica only before any of it reached the caller (it starts over there)."""
+
+    ENDS = ("response.completed", "response.incomplete", "response.failed")
+
+    def affinity_text(self) -> str:
+        key = self.payload.get("prompt_cache_key")
+        if isinstance(key, str) and key:  # hashed: under one affinity block, never cut
+            return "prompt_cache_key:" + hashlib.sha256(key.encode()).hexdigest()[:40]
+        given = self.payload.get("input")
+        items = (
+            [{"role": "user", "content": given}]
+            if isinstance(given, str)
+            else _list(self.payload, "input")
+        )
+        return opening(text_of(self.payload.get("instructions") or ""), items)
+
+    @property
+    def resumable(self) -> bool:
+        return not self.started
+
+    def first_body(self) -> dict[str, Any]:
+        return self.payload
+
+    def continuation(self) -> dict[str, Any] | None:
+        return self.payload
+
+    def feed(self, event: bytes) -> bytes:
+        data = event_data(event)
+        if data is None:
+            return event
+        kind = orjson.loads(data).get("type")
+        if kind == "error" or kind in self.ENDS:
+            self.done = True
+        self.started = True
+        return event
+
+    def error_event(self, message: str) -> bytes:
+        return sse_event("error", {"code": "overloaded", "message": message, "param": None})
+
+
 SURFACES: dict[str, type[Surface]] = {
     "/v1/messages": Messages,
     "/v1/chat/completions": ChatCompletions,
     "/v1/completions": Completions,
+    "/v1/responses": Responses,
 }
 
 
