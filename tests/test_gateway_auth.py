@@ -47,8 +47,17 @@ BODIES: dict[tuple[str, str], dict | None] = {
     },
     ("GET", "/v1/models"): None,
     ("GET", "/v1/models/{model_id}"): None,
+    ("POST", "/v1/responses"): {"model": MODEL_NAME, "max_output_tokens": 2, "input": "hi"},
+    ("POST", "/v1/responses/input_tokens"): {"model": MODEL_NAME, "input": "hi"},
+    ("GET", "/v1/responses/{response_id}"): None,
+    ("DELETE", "/v1/responses/{response_id}"): None,
+    ("GET", "/v1/responses/{response_id}/input_items"): None,
+    ("POST", "/v1/responses/{response_id}/cancel"): None,
 }  # fmt: skip
 PATH_PARAMS = {"{model_id}": MODEL_NAME}  # what a templated route's path is called with
+# A stored-response route is called with a fresh response of this key's tenant (its own
+# key may not be able to make one): the background kind, which every route takes.
+RESPONSE_OWNER: dict[str, str] = {}
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 SAFETY_TIMEOUT = 60.0  # seconds waited for a change to go live (the server polls every 0.5 s)
 
@@ -88,7 +97,16 @@ def http_call(
     body = BODIES[route]
     for param, value in PATH_PARAMS.items():
         path = path.replace(param, value)
+    if "{response_id}" in path:
+        path = path.replace("{response_id}", new_response(client, RESPONSE_OWNER["key"]))
     return client.request(method, path, json=body, headers=headers_for(key, style))
+
+
+def new_response(client: httpx.Client, key: str) -> str:
+    body = {**BODIES[("POST", "/v1/responses")], "background": True}  # type: ignore[dict-item]
+    made = client.post("/v1/responses", json=body, headers=headers_for(key))
+    assert made.status_code == 200, made.text
+    return made.json()["id"]
 
 
 def grpc_call(stub: pb_grpc.ZerohopStub, method, metadata) -> grpc.StatusCode:
@@ -158,6 +176,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert "revoked" in cli("keys", "revoke", made["revoked"]["key_id"], "--keys-db", db)
     assert made["expired"]["expires"] - made["expired"]["created"] == pytest.approx(1, abs=0.1)
     assert made["restricted"]["models"] == ["other-model"]
+    RESPONSE_OWNER["key"] = made["valid"]["key"]
     return {"db": db, "keys": {name: rec["key"] for name, rec in made.items()}, "records": made}
 
 

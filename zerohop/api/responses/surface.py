@@ -258,8 +258,9 @@ class ResponsesSurface:
 
     async def delete(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         response_id = scope["path_params"]["response_id"]
-        store = self.store
-        if store is None or not await store.delete(call.identity.tenant.name, response_id):
+        await self._found(call, response_id)  # its tenant's, of a model the key may use
+        assert self.store is not None
+        if not await self.store.delete(call.identity.tenant.name, response_id):
             raise not_found(response_id)
         body = {"id": response_id, "object": "response", "deleted": True}
         await send_json(send, 200, body, request_id_headers(call.request_id))
@@ -293,9 +294,12 @@ class ResponsesSurface:
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
     async def _found(self, call: Call, response_id: str, param: str | None = None) -> Found:
+        """The tenant's stored response; a key that may not use its model gets the 403."""
         if self.store is None:
             raise not_found(response_id, param)
-        return await self.store.get(call.identity.tenant.name, response_id, param)
+        found = await self.store.get(call.identity.tenant.name, response_id, param)
+        self.ctx.check_model(found.body["model"], call)
+        return found
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         ctx = self.ctx
