@@ -1,6 +1,7 @@
-"""Input items as the API lists them: each with an `id` (given one when the request's item had
-none) and a `type`, a message's string content as one text part, and `GET /v1/responses/{id}/input_items` pages (`limit` 1 to 100, default
-20; `order` "desc", the default, newest first, or "asc"; `after` an item id)."""
+"""Input items as the API lists them: each with an `id` (given one when the request's item
+had none) and a `type`, a message's string content as one text part; and
+`GET /v1/responses/{id}/input_items` pages (`limit` 1 to 100, default 20; `order` "desc",
+the default, newest first, or "asc"; `after` an item id)."""
 
 from __future__ import annotations
 
