@@ -64,8 +64,9 @@ def keyed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     keys = {tenant: store.create_key(tenant)[0] for tenant in ("acme", "other")}
     store.close()
     log = tmp_path_factory.mktemp("responses_server") / "server.log"
-    server = LiveServer(llama_dir, ["--keys-db", str(db)]).start(log)
-    yield {"server": server, "keys": keys}
+    audit = log.parent / "audit"
+    server = LiveServer(llama_dir, ["--keys-db", str(db), "--audit-dir", str(audit)]).start(log)
+    yield {"server": server, "keys": keys, "audit": audit}
     server.stop()
 
 
@@ -88,6 +89,24 @@ def test_a_string_input_gets_a_stored_completed_response(keyed: dict[str, Any]) 
     assert usage.total_tokens == usage.input_tokens + 4
     kept = c.responses.retrieve(response.id)
     assert kept.output_text == response.output_text and kept.status == "incomplete"
+
+
+def test_a_response_is_audited_and_charged_as_the_keys_request(keyed: dict[str, Any]) -> None:
+    from tests.test_gateway_limits import audit_records, wait_until
+
+    response = client(keyed).responses.create(
+        model=MODEL_NAME, input="Audit me.", max_output_tokens=3
+    )
+    request_id = "req_" + response.id.removeprefix("resp_")
+    found = wait_until(
+        lambda: [r for r in audit_records(keyed["audit"]) if r["request_id"] == request_id]
+    )
+    assert found, "no audit record for the response"
+    [record] = found
+    assert record["tenant"] == "acme" and record["surface"] == "openai"
+    assert record["status"] == 200 and record["output_tokens"] == 3
+    assert response.usage is not None
+    assert record["input_tokens"] + record["cached_tokens"] == response.usage.input_tokens
 
 
 def test_a_stream_sends_the_apis_events_in_order(keyed: dict[str, Any]) -> None:
