@@ -288,3 +288,22 @@ def test_a_thought_with_a_forced_call_is_one_rule_on_both_surfaces(
     answer = oai.chat.completions.create(**okw, tool_choice="required").choices[0].message
     assert answer.tool_calls and answer.tool_calls[0].function.name == "f"
     assert getattr(answer, "reasoning_content", None) is None
+
+
+def test_responses_reasoning_item(think_server: LiveServer) -> None:
+    """The Responses API: the thought is a `reasoning` item streamed as reasoning_text
+    deltas, counted as reasoning tokens; effort "none" asks the template not to think."""
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    kw: dict = dict(model=THINK_MODEL, input="Hi.", max_output_tokens=12)
+    events = list(oai.responses.create(**kw, stream=True))
+    kinds = [e.type for e in events]
+    assert "response.reasoning_text.delta" in kinds and "response.output_text.delta" not in kinds
+    final = events[-1].response  # type: ignore[union-attr]
+    [item] = final.output  # the random model never closes its thought
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert item.type == "reasoning" and item.content[0].text == streamed and streamed
+    assert "<think>" not in streamed
+    usage = final.usage
+    assert usage.output_tokens_details.reasoning_tokens == usage.output_tokens > 0
+    quiet = oai.responses.create(**kw, reasoning={"effort": "none"})
+    assert [i.type for i in quiet.output] == ["message"]
