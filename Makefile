@@ -4,12 +4,12 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.zerohop-installed
 
-.PHONY: run test lint typecheck format install bench clean postgres chromium claude-code
+.PHONY: run test lint typecheck format install bench clean postgres chromium claude-code codex
 
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
 
-test: $(STAMP) postgres chromium claude-code
+test: $(STAMP) postgres chromium claude-code codex
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -49,6 +49,13 @@ chromium:
 # ZEROHOP_REQUIRE_CLAUDE_CODE=1.
 claude-code:
 	@bash scripts/ensure_claude_code.sh
+
+# The real OpenAI Codex CLI that the Responses API tests drive (tests/codex.py): npm's
+# @openai/codex at a pinned version in .cache/codex, its native binary from the platform's
+# optional package, checked with `codex --version` (a no-op when that version runs). Without
+# npm those tests skip, or fail under .ci/run's ZEROHOP_REQUIRE_CODEX=1.
+codex:
+	@bash scripts/ensure_codex.sh
 
 # PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
 # on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
