@@ -178,6 +178,20 @@ def test_second_turn(live_server: LiveServer) -> None:
     assert got.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_a_cut_off_calls_arguments_are_taken_back_as_text(live_server: LiveServer) -> None:
+    # finish_reason "length" mid-call leaves arguments that are no JSON object: sent back as
+    # they came, they are the model's own text, not a 400.
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Osl'}}  # fmt: skip
+    messages = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+    ]
+    got = create(live_server, messages=messages, max_tokens=2)
+    assert got.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_none_gives_no_calls(live_server: LiveServer) -> None:
     got = create(live_server, tool_choice="none", max_tokens=8)
     assert got.choices[0].message.tool_calls is None

@@ -283,6 +283,21 @@ def test_hosted_tools_and_new_fields_are_accepted(keyed: dict[str, Any]) -> None
     assert response.instructions == "Be brief."
 
 
+@pytest.mark.parametrize("arguments", ['{"city": "Osl', "[1, 2]", "not json"])
+def test_a_calls_arguments_come_back_as_the_model_left_them(
+    keyed: dict[str, Any], arguments: str
+) -> None:
+    # A call cut off by max_output_tokens has arguments that are no JSON object; an agent
+    # sends it back as it came, and the API takes it (the model then sees that text).
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": arguments}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}
+    response = client(keyed).responses.create(
+        model=MODEL_NAME, input=[{"role": "user", "content": "Oslo?"}, call, output],  # type: ignore[list-item]
+        tools=[WEATHER], max_output_tokens=2,  # type: ignore[list-item]
+    )  # fmt: skip
+    assert response.status in ("completed", "incomplete")
+
+
 BAD_GRAMMAR = {"type": "grammar", "syntax": "lark", "definition": "start: ("}
 
 

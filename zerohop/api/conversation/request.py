@@ -7,6 +7,7 @@ A surface maps its wire shapes here and nothing else decides for it: the planner
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,10 +19,27 @@ ChoiceMode = Literal["auto", "none", "required", "named"]
 
 @dataclass(slots=True)
 class CallTurn:
-    """A tool call an earlier assistant turn made (its arguments a JSON object)."""
+    """A tool call an earlier assistant turn made: its arguments a JSON object, or the text an
+    answer left that is not one (a call cut off by max_tokens, replayed as it came)."""
 
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, Any] | str
+
+
+def call_arguments(given: Any) -> dict[str, Any] | str:
+    """An earlier call's arguments as an OpenAI surface carries them (a JSON string): the
+    object, or the text itself where it is not a JSON object. Never an error: the APIs take
+    back whatever arguments a model produced."""
+    if isinstance(given, dict):
+        return given
+    if given is None or (isinstance(given, str) and not given.strip()):
+        return {}
+    text = given if isinstance(given, str) else json.dumps(given)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    return parsed if isinstance(parsed, dict) else text
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """A Chat Completions request as the neutral conversation (api/conversation/request.py).
 
 What the surface decides: the messages as turns (an assistant's `tool_calls`, their
-arguments JSON objects; a tool message's result, which must answer an earlier call's id,
+arguments JSON objects or, where not, their text as it came; a tool message's result, which must answer an earlier call's id,
 as the tool's turn), the tools and the tool choice (tools.py), the output format
 (output_format.py, named "response_format or structured_outputs" in errors), vLLM's
 `thinking_token_budget` and `chat_template_kwargs`. What the planner decides from them:
@@ -10,10 +10,15 @@ the prompt, the grammar, whether a thought is split off, how calls are read.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from zerohop.api.conversation.request import CallTurn, Conversation, Reasoning, Turn
+from zerohop.api.conversation.request import (
+    CallTurn,
+    Conversation,
+    Reasoning,
+    Turn,
+    call_arguments,
+)
 from zerohop.api.errors import ApiError
 from zerohop.api.openai.output_format import chat_grammar
 from zerohop.api.openai.schema import ChatRequest, Message, message_text
@@ -66,16 +71,9 @@ def _call(where: str, call: Any, names: dict[str, str]) -> CallTurn:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise ApiError(400, f"{where}.function.name is required", param=where)
-    arguments = function.get("arguments") or "{}"
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        raise ApiError(400, f"{where}.function.arguments is not valid JSON", param=where) from None
-    if not isinstance(parsed, dict):
-        raise ApiError(400, f"{where}.function.arguments must be a JSON object", param=where)
     if isinstance(call.get("id"), str):
         names[call["id"]] = function["name"]
-    return CallTurn(function["name"], parsed)
+    return CallTurn(function["name"], call_arguments(function.get("arguments")))
 
 
 def _tool_result(index: int, message: Message, names: dict[str, str]) -> Turn:

@@ -23,10 +23,9 @@ What the surface decides:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from zerohop.api.conversation.request import CallTurn, Role, Turn
+from zerohop.api.conversation.request import CallTurn, Role, Turn, call_arguments
 from zerohop.api.conversation.system_turns import append_turn, leading_system
 from zerohop.api.errors import ApiError
 from zerohop.api.responses.tools import RequestTools
@@ -142,17 +141,7 @@ def _call(
     if kind == "custom_tool_call":
         raw = item.get("input")
         return CallTurn(known, {INPUT: raw if isinstance(raw, str) else ""})
-    return CallTurn(known, _arguments(item.get("arguments"), f"{where}.arguments"))
-
-
-def _arguments(given: Any, where: str) -> dict[str, Any]:
-    try:
-        parsed = json.loads(given) if isinstance(given, str) and given.strip() else given or {}
-    except ValueError:
-        raise ApiError(400, f"{where}: is not valid JSON", param=where) from None
-    if not isinstance(parsed, dict):
-        raise ApiError(400, f"{where}: must be a JSON object", param=where)
-    return parsed
+    return CallTurn(known, call_arguments(item.get("arguments")))
 
 
 def _output(item: dict[str, Any], where: str, calls: dict[str, str]) -> Turn:

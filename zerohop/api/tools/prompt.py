@@ -71,6 +71,9 @@ def _fallback(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[st
     return out
 
 
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    body = json.dumps({"name": name, "arguments": arguments})
+def call_text(name: str, arguments: dict[str, Any] | str) -> str:
+    if isinstance(arguments, str):  # not a JSON object: the text as the model left it
+        body = f'{{"name": {json.dumps(name)}, "arguments": {arguments}}}'
+    else:
+        body = json.dumps({"name": name, "arguments": arguments})
     return f"{OPEN}\n{body}\n{CLOSE}"
