@@ -1,11 +1,12 @@
 """A Chat Completions request as the neutral conversation (api/conversation/request.py).
 
 What the surface decides: the messages as turns (an assistant's `tool_calls`, their
-arguments JSON objects or, where not, their text as it came; a tool message's result, which must answer an earlier call's id,
-as the tool's turn), the tools and the tool choice (tools.py), the output format
-(output_format.py, named "response_format or structured_outputs" in errors), vLLM's
-`thinking_token_budget` and `chat_template_kwargs`. What the planner decides from them:
-the prompt, the grammar, whether a thought is split off, how calls are read.
+arguments JSON objects or, where not, their text as it came; a tool message's result, which
+must answer an earlier call's id, as the tool's turn), the tools and the tool choice
+(tools.py), the output format (output_format.py, named "response_format or
+structured_outputs" in errors), vLLM's `thinking_token_budget` and `chat_template_kwargs`.
+What the planner decides from them: the prompt, the grammar, whether a thought is split off,
+how calls are read.
 """
 
 from __future__ import annotations
