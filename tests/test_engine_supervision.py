@@ -24,6 +24,7 @@ from zerohop.api.service import ServingContext
 from zerohop.app import create_app
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.process.async_engine import AsyncEngine
+from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.text.tokenizer import Tokenizer
 
@@ -49,10 +50,11 @@ def engine_pid(server: LiveServer) -> int:
 
 
 class HealthWatch:
-    """Polls /health from a thread; `stop()` returns every answer (a status or an error)."""
+    """Polls /health (or `path`) from a thread; `stop()` returns every answer (a status or
+    an error)."""
 
-    def __init__(self, url: str) -> None:
-        self.url, self.answers = url + "/health", []
+    def __init__(self, url: str, path: str = "/health") -> None:
+        self.url, self.answers = url + path, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -160,7 +162,7 @@ def test_a_killed_engine_is_restarted_and_the_replica_serves_again(slow_server) 
     for _, outcome in runs.values():
         assert outcome["started"].wait(SAFETY_TIMEOUT)
     _wait_running(url, runs)
-    watch = HealthWatch(url).start()
+    watch, ready = HealthWatch(url).start(), HealthWatch(url, "/ready").start()
     killed = engine_pid(slow_server)
     os.kill(killed, signal.SIGKILL)
     for thread, _ in runs.values():
@@ -200,18 +202,24 @@ def test_a_killed_engine_is_restarted_and_the_replica_serves_again(slow_server) 
     assert "zerohop_engine_restarts_total 1.0" in metrics
     answers = watch.stop()
     assert answers and set(answers) == {200}, answers  # /health never failed: it recovered
+    readiness = ready.stop()
+    assert 503 in readiness and readiness[-1] == 200, readiness  # not ready while restarting
 
 
+@pytest.mark.parametrize("weights", ["missing", "hanging"])
 def test_an_engine_that_cannot_restart_fails_health_and_exits_non_zero(
-    llama_dir: Path, tmp_path: Path
+    llama_dir: Path, tmp_path: Path, weights: str
 ) -> None:
     model = tmp_path / "model"
     shutil.copytree(llama_dir, model)
-    server = LiveServer(model, ["--engine-max-restarts", "2"])
+    server = LiveServer(model, ["--engine-max-restarts", "2", "--engine-start-timeout", "4"])
     server.start(tmp_path / "server.log")
     try:
-        # The running engine has its weights loaded; a new one cannot load them.
+        # The running engine has its weights loaded; a new one cannot load them: they are
+        # gone, or a FIFO nobody writes (the start hangs until --engine-start-timeout).
         (model / "model.safetensors").unlink()
+        if weights == "hanging":
+            os.mkfifo(model / "model.safetensors")
         watch = HealthWatch(server.url).start()
         os.kill(engine_pid(server), signal.SIGKILL)
         code = server.process.wait(SAFETY_TIMEOUT)
@@ -222,10 +230,12 @@ def test_an_engine_that_cannot_restart_fails_health_and_exits_non_zero(
     log = server.log()
     assert "giving up on the engine: the engine failed to start 2 times in a row" in log
     assert "zerohop serve: exiting:" in log
+    if weights == "hanging":
+        assert "not ready within 4 s (--engine-start-timeout)" in log
     statuses = [a for a in answers if isinstance(a, int)]
     assert set(statuses) <= {200, 503}, answers
-    if 503 in statuses:  # once it has given up, /health never says 200 again
-        assert 200 not in statuses[statuses.index(503) :], answers
+    assert 503 in statuses, answers  # it fails /health before it exits
+    assert 200 not in statuses[statuses.index(503) :], answers  # and never says 200 again
 
 
 class _GivenUp:
@@ -289,3 +299,46 @@ def test_a_request_the_engine_process_refuses_leaves_its_neighbours_running(
     assert neighbour[-1].finish_reason == "length" and neighbour[-1].error is None
     tokens = [t for d in neighbour for t in d.new_token_ids]
     assert tokens == [t for d in before for t in d.new_token_ids]
+
+
+class _WatchBreaks:
+    """An engine whose wait for its process's end fails in a way supervision does not expect."""
+
+    dead = None
+
+    async def wait_closed(self) -> str:
+        raise RuntimeError("boom")
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        return None
+
+
+def test_an_error_in_supervision_gives_up_so_health_fails() -> None:
+    # Not a silent end of supervision: the supervisor gives up, so /health fails and the
+    # server exits for its orchestrator.
+    async def run() -> tuple[str | None, list[str]]:
+        given: list[str] = []
+        supervisor = EngineSupervisor(_WatchBreaks(), "m", {}, RestartPolicy(), 1.0)  # type: ignore[arg-type]
+        supervisor.on_give_up = given.append
+        await asyncio.sleep(0.1)
+        return supervisor.gave_up, given
+
+    gave_up, given = asyncio.run(run())
+    assert gave_up == "engine supervision failed: RuntimeError: boom" and given == [gave_up]
+
+
+def test_an_engine_start_that_hangs_is_killed_at_the_timeout(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(llama_dir, model)
+    (model / "model.safetensors").unlink()
+    os.mkfifo(model / "model.safetensors")  # opened for reading, it waits for a writer
+
+    async def start() -> None:
+        await AsyncEngine.start(str(model), start_timeout=3.0)
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="not ready within 3 s"):
+        asyncio.run(start())
+    assert time.monotonic() - started < SAFETY_TIMEOUT

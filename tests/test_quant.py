@@ -9,6 +9,7 @@ block (the default where AVX2 is there, for few rows) they stay within about 1% 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import gguf
@@ -58,15 +59,36 @@ def test_q8_0_quantizer_stays_within_half_a_step() -> None:
     assert quantized.qs.dtype == torch.int8 and int(quantized.qs.abs().max()) == 127
 
 
-@pytest.fixture
-def float_activations() -> Iterator[None]:
-    """The products on float32 activations (exact up to summation order), then back."""
+@contextmanager
+def integer_dots(on: bool) -> Iterator[None]:
+    """The products' activations rounded to int8 (decode rows) or not, then as they were."""
     ops = kernels.load()
-    ops.set_integer_dots(False)
+    before = ops.integer_dots()
+    ops.set_integer_dots(on)
     try:
         yield
     finally:
-        ops.set_integer_dots(True)
+        ops.set_integer_dots(before)
+
+
+@pytest.fixture
+def float_activations() -> Iterator[None]:
+    """The products on float32 activations (exact up to summation order: the default)."""
+    with integer_dots(False):
+        yield
+
+
+@pytest.fixture
+def int8_activations() -> Iterator[None]:
+    """The opt-in int8 path (llama.cpp's q8_0 / q8_1 rounding of decode rows)."""
+    with integer_dots(True):
+        yield
+
+
+def test_float_activations_are_the_default() -> None:
+    # A position must compute the same decoded or prefilled (DESIGN.md, same answer under any
+    # load), and prompt rows keep float32 activations: so decode rows do too, by default.
+    assert not kernels.load().integer_dots()
 
 
 def product(weight: QuantizedWeight, x: torch.Tensor) -> torch.Tensor:
@@ -92,6 +114,7 @@ def test_kernel_matches_dequantized_product(qtype: str, batch: int) -> None:
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize(("rows", "cols"), [(960, 576), (576, 1536), (40, 32)])
 @pytest.mark.parametrize("batch", [1, 2, 4, 5, 9, 33])
+@pytest.mark.usefixtures("int8_activations")
 def test_integer_dots_track_the_float_product(qtype: str, rows: int, cols: int, batch: int) -> None:
     _, weight = gguf_weight(rows, cols, qtype, seed=batch)
     x = torch.randn(batch, cols)
@@ -103,6 +126,7 @@ def test_integer_dots_track_the_float_product(qtype: str, rows: int, cols: int, 
         assert relative_error(got, want) > 1e-4, "the int8 path did not run"
 
 
+@pytest.mark.usefixtures("int8_activations")
 def test_integer_dots_round_blocks_of_very_different_scales() -> None:
     # Each block of 32 activations has its own scale: a block of tiny values next to one of
     # huge ones keeps its precision, and a block of zeros gives zeros.
@@ -124,36 +148,31 @@ def test_integer_dots_round_blocks_of_very_different_scales() -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.usefixtures("int8_activations")
 def test_rows_with_outliers_keep_float_activations(qtype: str) -> None:
     # One entry 100x the others (an outlier channel): rounding its block to int8 would zero
     # the rest of the block, so that row runs on float32 activations, as with the switch off;
     # the other row is still rounded (the choice is made row by row).
-    ops = kernels.load()
     _, weight = gguf_weight(64, 576, qtype)
     x = torch.randn(2, 576)
     x[1, 7] = 100 * float(x.abs().max())
     rounded = product(weight, x)
-    ops.set_integer_dots(False)
-    try:
+    with integer_dots(False):
         exact = product(weight, x)
-    finally:
-        ops.set_integer_dots(True)
     assert relative_error(rounded[1], exact[1]) < 1e-6
     assert 1e-5 < relative_error(rounded[0], exact[0]) < 2e-2
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.usefixtures("int8_activations")
 def test_prompt_rows_keep_float_activations(qtype: str) -> None:
     # A step with prefill chunks marks where its decode rows end: the rows after are prompt
     # rows and multiply float32 activations; the decode rows before are still rounded.
     ops = kernels.load()
     _, weight = gguf_weight(64, 576, qtype)
     x = torch.randn(3, 576)
-    ops.set_integer_dots(False)
-    try:
+    with integer_dots(False):
         exact = product(weight, x)
-    finally:
-        ops.set_integer_dots(True)
     ops.set_decode_rows(1)
     try:
         mixed = product(weight, x)
@@ -164,17 +183,21 @@ def test_prompt_rows_keep_float_activations(qtype: str) -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_a_rows_product_does_not_depend_on_its_batch(qtype: str) -> None:
-    # int8 or float is decided per row, not per batch size, and every tile size sums a row in
-    # one order: a row alone and the same row among others (one with an outlier) agree to the
-    # bit, so a speculative step's rows compute as plain decodes do (greedy output identical).
-    _, weight = gguf_weight(64, 576, qtype)
-    x = torch.randn(10, 576)
+@pytest.mark.parametrize("cols", [576, 1536])  # eight-row tiles, four-row tiles
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+def test_a_rows_product_does_not_depend_on_its_batch(qtype: str, cols: int, int8: bool) -> None:
+    # Every tile size sums a row in one order, and int8 or float is decided per row: a row
+    # alone and the same row among others (one with an outlier) agree to the bit, so a row's
+    # numerics never depend on the requests beside it (nor a speculative step's on its 1 + N).
+    _, weight = gguf_weight(64, cols, qtype)
+    x = torch.randn(33, cols)
     x[3, 100] = 100 * float(x.abs().max())
-    for rows in (2, 3, 4, 5, 10):
-        together = product(weight, x[:rows])
-        for row in range(rows):
-            assert torch.equal(together[row], product(weight, x[row : row + 1])[0]), (rows, row)
+    with integer_dots(int8):
+        alone = [product(weight, x[row : row + 1])[0] for row in range(len(x))]
+        for rows in (2, 3, 4, 5, 8, 9, 17, 33):
+            together = product(weight, x[:rows])
+            for row in range(rows):
+                assert torch.equal(together[row], alone[row]), (rows, row)
 
 
 @pytest.mark.parametrize("rows", [4, 17, 31, 130, 1000])

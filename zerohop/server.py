@@ -44,6 +44,9 @@ from zerohop.gateway.store.open_store import StoreSpec, open_store
 from zerohop.gateway.store.sqlite import default_db_path
 
 log = logging.getLogger("zerohop")
+# Seconds /health answers 503 after the supervisor gives up on the engine, before the server
+# exits 1: long enough for a probe or a load balancer to see the failure, not the exit alone.
+GIVE_UP_LINGER = 2.0
 
 
 @dataclass(slots=True)
@@ -249,7 +252,12 @@ async def serve(options: ServeOptions) -> int:
             write_port_file(options.port_file, http_port, grpc_port)
 
     server = DrainingServer(config, ctx, on_listening=listening)
-    engine.on_give_up = lambda _: setattr(server, "should_exit", True)  # then exit 1
+
+    def exit_after_failing_health(_: str) -> None:  # then exit 1
+        loop = asyncio.get_running_loop()
+        loop.call_later(GIVE_UP_LINGER, setattr, server, "should_exit", True)
+
+    engine.on_give_up = exit_after_failing_health
     server.should_exit = engine.gave_up is not None
     try:
         if options.grpc_port is not None:

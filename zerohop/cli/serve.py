@@ -66,7 +66,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_deadline=BodyDeadline(args.body_timeout, args.body_min_rate),
         max_queue_wait=args.max_queue_wait,
         max_waiting=args.max_waiting,
-        engine_restarts=RestartPolicy(args.engine_max_restarts, args.engine_restart_window),
+        engine_restarts=RestartPolicy(
+            args.engine_max_restarts, args.engine_restart_window, args.engine_start_timeout
+        ),
         max_header_bytes=args.max_header_bytes,
         ping_interval=args.stream_ping_interval,
         tool_call_parser=args.tool_call_parser,
@@ -182,6 +184,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_supervision_options(parser: argparse.ArgumentParser) -> None:
+    from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT
     from zerohop.engine.process.supervisor import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW
 
     g = parser.add_argument_group("engine supervision (a dead engine process is restarted)")
@@ -198,6 +201,14 @@ def add_supervision_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_RESTART_WINDOW,
         metavar="SECONDS",
         help="the window --engine-max-restarts counts restarts in",
+    )
+    g.add_argument(
+        "--engine-start-timeout",
+        type=POSITIVE_NUMBER,
+        default=DEFAULT_START_TIMEOUT,
+        metavar="SECONDS",
+        help="an engine process not ready within this long is killed: a failed start (the"
+        " first: the server exits 1; a restart: retried as --engine-max-restarts allows)",
     )
 
 

@@ -25,6 +25,7 @@ from zerohop.engine.sched.prefill_budget import PrefillBudget
 from zerohop.engine.sched.scheduler import Scheduler
 from zerohop.engine.sched.sequence import Sequence
 from zerohop.engine.sched.speculative import Speculator
+from zerohop.engine.start_clock import StartClock
 from zerohop.engine.step import StepLoop
 from zerohop.engine.structured.constraints import Constraints
 from zerohop.engine.throughput import ThroughputMeter
@@ -41,16 +42,21 @@ class LLMEngine(StepLoop):
         policy: SchedulingPolicy | None = None,
     ) -> None:
         self.config = config or EngineConfig()
+        self.start_clock = clock = StartClock()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         checkpoint = open_checkpoint(model_path)
         self.model_config = checkpoint.config()
         self.tokenizer = checkpoint.tokenizer()
+        clock.lap("model file and tokenizer")
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
         quantization = self.config.quantization
         if device.type != "cpu" or dtype != torch.float32:
             quantization = "none"  # the quantized kernels are float32 CPU ones
+        if device.type == "cpu":
+            kernels.available()  # built on a first start (~30 s), else loaded from the cache
+            clock.lap("CPU kernels")
         weights = checkpoint.weights(keep_quantized=quantization != "none")
         if needs_kernels(weights, quantization) and not kernels.available():
             quantization = "none"
@@ -67,6 +73,7 @@ class LLMEngine(StepLoop):
             checkpoint.name_in_file,
             quantization,
         )
+        clock.lap("weights")
         self.max_model_len = min(
             self.config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
@@ -98,8 +105,10 @@ class LLMEngine(StepLoop):
         self._failed_adds: list[RequestDelta] = []  # reported by the next step
         self._failed_steps = 0  # in a row
         self.requests_added = 0
+        clock.lap(f"KV cache ({num_blocks} blocks)")
         warm_up(self)
         self.requests_added = 0  # the warm-up's are not the clients'
+        clock.lap("warm-up and step-time calibration")
 
 
 def default_policy(config: EngineConfig) -> SchedulingPolicy:

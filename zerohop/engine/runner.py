@@ -115,10 +115,13 @@ class ModelRunner:
         return out
 
     def _prefill_chunk(self, chunk: ScheduledChunk, row: int, n: int, start: int) -> PrefillChunk:
-        if start == 0:
+        kernels = self.model.cache_kernels is not None
+        if start == 0 and not kernels:
             return PrefillChunk(row, n, None, None)
         ctx = start + n
         key_slots = self._key_slots([chunk.seq.block_table], ctx)[0]
+        if kernels:  # the prompt kernel reads context lengths, not a mask
+            return PrefillChunk(row, n, key_slots, None)
         query_pos = torch.arange(start, ctx, device=self.device).unsqueeze(1)
         mask = torch.arange(ctx, device=self.device).unsqueeze(0) <= query_pos
         return PrefillChunk(row, n, key_slots, mask)

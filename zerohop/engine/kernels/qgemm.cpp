@@ -2,8 +2,9 @@
 // dequantized in memory.
 //   float activations: each block of 32 weights is expanded to float32 in registers and
 //     multiplied with float32 activations, for up to eight activation rows at a time; results
-//     equal a float32 product with the dequantized weights up to summation order.
-//   int8 activations (with AVX2, row by row, see by_rows): the activations are
+//     equal a float32 product with the dequantized weights up to summation order, and each
+//     row's result is the same whatever rows share its product. The default.
+//   int8 activations (opt-in, with AVX2, decode rows, row by row, see by_rows): the activations are
 //     rounded to int8 per block of 32 as llama.cpp does (q8_0, with block sums for q4_1) and
 //     multiplied in integers; within about 1% of the float product.
 //
@@ -63,7 +64,8 @@ struct Q4Row {
 
 // The same q4_1 row, its nibbles unpacked with variable shifts into a permuted order (the
 // activations are permuted to match): 15-20% faster than byte shuffles at one to three
-// activation rows, slower from four on, where the unpacking is shared by more rows.
+// activation rows; the float path uses it at every row count, so that a row's lanes sum the
+// same elements whatever its tile.
 struct Q4ShiftRow : Q4Row {};
 
 #ifdef ZH_AVX2
@@ -119,59 +121,31 @@ inline float min_term(const float* m, const float* sums, int64_t blocks) {
   return rest;
 }
 
-// Scales (and q4_1's min) applied to the expanded block itself: cheaper than scaling each
-// row's block sum once four or more rows share the expansion.
-inline void scale_block(const Q8Row& row, int64_t b, Block& w) {
-  const __m256 d = _mm256_set1_ps(row.d[b]);
-  for (int k = 0; k < 4; ++k) w[k] = _mm256_mul_ps(w[k], d);
-}
-
-inline void scale_block(const Q4Row& row, int64_t b, Block& w) {
-  const __m256 d = _mm256_set1_ps(row.d[b]), m = _mm256_set1_ps(row.m[b]);
-  for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d, m);
-}
-
-// ROWS activation rows against one weight row. ACC independent sums per row keep the FMA
-// pipes busy: one row alone needs 4 chains, four rows 2 each, eight rows one. Up to three
-// rows, each row's block sum is scaled by d once (q4_1's min term then comes from `sums`);
-// from four rows on, the expanded block is scaled once for all of them.
-template <int ROWS, int ACC, typename Row>
+// ROWS activation rows against one weight row, every row summed the same way whatever ROWS
+// is: per block, the eight-lane partial w . x (unscaled q), scaled by d into the row's one
+// running sum; q4_1's min term from the row's block sums at the end. So a row's result is a
+// function of that row alone: one row decoding, the same row in a tile of a batch, or a prompt
+// row in any chunk (a single sum chain per row costs nothing here: the expansion and the
+// loads take longer than the chain's latency).
+template <int ROWS, typename Row>
 void dot_rows(const Row& row, int64_t blocks, const float* x, const float* sums, int64_t cols,
               float* out) {
-  constexpr bool per_row_scale = ROWS <= 3;
-  __m256 acc[ROWS][ACC];
-  for (int r = 0; r < ROWS; ++r)
-    for (int a = 0; a < ACC; ++a) acc[r][a] = _mm256_setzero_ps();
-  auto step = [&](int64_t b, int a) {
+  __m256 acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
     Block w;
     expand(row, b, w);
-    if constexpr (!per_row_scale) scale_block(row, b, w);
+    const __m256 d = _mm256_set1_ps(row.d[b]);
     for (int r = 0; r < ROWS; ++r) {
       const float* xb = x + r * cols + b * kBlock;
-      if constexpr (per_row_scale) {
-        __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
-        for (int k = 1; k < 4; ++k) {
-          partial = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), partial);
-        }
-        acc[r][a] = _mm256_fmadd_ps(partial, _mm256_set1_ps(row.d[b]), acc[r][a]);
-      } else {
-        for (int k = 0; k < 4; ++k) {
-          acc[r][a] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), acc[r][a]);
-        }
-      }
+      __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+      for (int k = 1; k < 4; ++k) partial = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), partial);
+      acc[r] = _mm256_fmadd_ps(partial, d, acc[r]);
     }
-  };
-  int64_t b = 0;
-  for (; b + ACC <= blocks; b += ACC)
-    for (int a = 0; a < ACC; ++a) step(b + a, a);
-  for (; b < blocks; ++b) step(b, 0);
+  }
   for (int r = 0; r < ROWS; ++r) {
-    __m256 total = acc[r][0];
-    for (int a = 1; a < ACC; ++a) total = _mm256_add_ps(total, acc[r][a]);
-    out[r] = horizontal_sum(total);
-    if constexpr (per_row_scale && std::is_base_of_v<Q4Row, Row>) {
-      out[r] += min_term(row.m, sums + r * blocks, blocks);
-    }
+    out[r] = horizontal_sum(acc[r]);
+    if constexpr (std::is_base_of_v<Q4Row, Row>) out[r] += min_term(row.m, sums + r * blocks, blocks);
   }
 }
 
@@ -179,14 +153,14 @@ template <typename Row>
 void dot_tile(const Row& row, int64_t blocks, const float* x, const float* sums, int64_t cols,
               int64_t rows, float* out) {
   switch (rows) {
-    case 8: return dot_rows<8, 1>(row, blocks, x, sums, cols, out);
-    case 7: return dot_rows<7, 1>(row, blocks, x, sums, cols, out);
-    case 6: return dot_rows<6, 2>(row, blocks, x, sums, cols, out);
-    case 5: return dot_rows<5, 2>(row, blocks, x, sums, cols, out);
-    case 4: return dot_rows<4, 2>(row, blocks, x, sums, cols, out);
-    case 3: return dot_rows<3, 2>(row, blocks, x, sums, cols, out);
-    case 2: return dot_rows<2, 4>(row, blocks, x, sums, cols, out);
-    default: return dot_rows<1, 4>(row, blocks, x, sums, cols, out);
+    case 8: return dot_rows<8>(row, blocks, x, sums, cols, out);
+    case 7: return dot_rows<7>(row, blocks, x, sums, cols, out);
+    case 6: return dot_rows<6>(row, blocks, x, sums, cols, out);
+    case 5: return dot_rows<5>(row, blocks, x, sums, cols, out);
+    case 4: return dot_rows<4>(row, blocks, x, sums, cols, out);
+    case 3: return dot_rows<3>(row, blocks, x, sums, cols, out);
+    case 2: return dot_rows<2>(row, blocks, x, sums, cols, out);
+    default: return dot_rows<1>(row, blocks, x, sums, cols, out);
   }
 }
 
@@ -454,9 +428,12 @@ torch::Tensor integer_product(const torch::Tensor& x, int64_t out_features, RowA
 }
 #endif
 
-// Whether q8_0 and q4_1 products round the activations to int8 (see integer_product); off,
-// they multiply float32 activations (exact up to summation order). Only with AVX2.
-std::atomic<bool> integer_dots{true};
+// Whether q8_0 and q4_1 products round decode rows' activations to int8 (see
+// integer_product); off (the default), every row multiplies float32 activations, exact up to
+// summation order. Off because a position must compute the same whether it is decoded or
+// prefilled (a prompt, a continuation replayed after a failover), and prompt rows rounded to
+// int8 change what the model reads of the prompt. Only with AVX2.
+std::atomic<bool> integer_dots{false};
 
 // Rows with outliers (largest |x| above 50 times the mean |x|: the "massive activations" of
 // some channels and tokens, e.g. in the MLP's down projection) keep float32 activations: per
@@ -566,10 +543,8 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 #endif
       },
       [&](const torch::Tensor& part) {
-        if (part.size(0) <= 3) {
-          return blocked_product(part, n, [&](int64_t i) { return Q4ShiftRow{row_at(i)}; });
-        }
-        return blocked_product(part, n, row_at);
+        // One expansion at every row count: the two sum a block's lanes in different orders.
+        return blocked_product(part, n, [&](int64_t i) { return Q4ShiftRow{row_at(i)}; });
       });
 }
 
@@ -596,6 +571,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "x @ W.T with W packed by dense_pack (float32, float16 or bfloat16)");
   module.def("decode_attention", &zerohop::decode_attention,
              "one query token per sequence over the paged KV cache, into out");
+  module.def("prompt_attention", &zerohop::prompt_attention,
+             "a prefill chunk's rows over the paged KV cache, each as decode_attention would");
   module.def("write_kv", &zerohop::write_kv, "new tokens' keys and values into cache slots");
   module.def("rms_norm", &zerohop::rms_norm, "RMSNorm, after residual += x when given");
   module.def("rotate", &zerohop::rotate, "rotary embedding in place (rotate_half layout)");

@@ -1,8 +1,11 @@
 """Attention over the paged KV cache for one flat batch of decode tokens and prefill chunks.
 
 The cache of one layer is a tensor [num_slots, kv_heads, head_dim]; slot = block * block_size
-+ offset. A step's flat batch puts all decode tokens first (one per sequence, attended as a
-single batched SDPA call), then each prefill chunk (one SDPA call per chunk).
++ offset. A step's flat batch puts all decode tokens first (one per sequence), then each
+prefill chunk. With zerohop's CPU kernels every row, decode or prompt, is attended by one
+per-row routine over its keys in the cache (so a position's result does not depend on how its
+prompt was chunked, cached or batched); without them, one batched SDPA call for the decode
+tokens and one per chunk.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import torch.nn.functional as F
 
 @dataclass(slots=True, frozen=True)
 class CacheKernels:
-    """zerohop's C++ cache operations (CPU): `write_kv(k, v, k_cache, v_cache, slots)`, and
+    """zerohop's C++ cache operations (CPU): `write_kv(k, v, k_cache, v_cache, slots)`,
     `decode_attention(q, k_cache, v_cache, key_slots, context_lens, scale, out)`, which reads
-    keys and values in place from their slots."""
+    keys and values in place from their slots, and `prompt_attention(q, k_cache, v_cache,
+    key_slots, first_len, scale, out)`, a chunk's rows each as decode_attention would."""
 
     write_kv: Callable[..., None]
     decode_attention: Callable[..., None]
+    prompt_attention: Callable[..., None]
 
 
 @dataclass(slots=True)
@@ -36,8 +41,10 @@ class DecodeGroup:
 class PrefillChunk:
     token_start: int  # first row of this chunk in the flat batch
     num_tokens: int
-    key_slots: torch.Tensor | None  # [ctx] when the chunk attends to earlier cached tokens
-    mask: torch.Tensor | None  # [n, ctx] causal mask offset by the cached context
+    # [ctx] slots of the sequence's keys through the chunk's last token: with the CPU kernels
+    # always, else when the chunk attends to earlier cached tokens
+    key_slots: torch.Tensor | None
+    mask: torch.Tensor | None  # [n, ctx] causal mask offset by the cached context (SDPA only)
 
 
 @dataclass(slots=True)
@@ -75,7 +82,14 @@ def paged_attention(
             out[:n] = _decode(q[:n], k_cache, v_cache, group, scale)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
+        if kernels is not None:
+            assert chunk.key_slots is not None, "the prompt kernel reads every key from the cache"
+            first_len = chunk.key_slots.numel() - chunk.num_tokens + 1
+            kernels.prompt_attention(
+                q[rows], k_cache, v_cache, chunk.key_slots, first_len, scale, out[rows]
+            )
+        else:
+            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
     return out.view(num_tokens, num_heads * head_dim)
 
 

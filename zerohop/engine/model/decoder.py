@@ -74,7 +74,9 @@ class CausalLM:
         weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
         kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
         self.cache_kernels = (
-            CacheKernels(kernels.write_kv, kernels.decode_attention) if kernels else None
+            CacheKernels(kernels.write_kv, kernels.decode_attention, kernels.prompt_attention)
+            if kernels
+            else None
         )
         self.fused_ops = FusedOps.from_kernels(kernels) if kernels else None
         if self.fused_ops is not None:

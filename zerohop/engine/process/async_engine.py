@@ -28,6 +28,11 @@ from zerohop.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+# Seconds an engine process may take from spawn to "ready" (vLLM's engine-ready wait is
+# 600 s too): a first start may build the CPU kernels (~30 s quiet, minutes on a busy
+# machine) and load a large file; past it the start has failed.
+DEFAULT_START_TIMEOUT = 600.0
+
 
 class EngineDeadError(RequestFailedError):
     """The engine process has exited; no request can be served."""
@@ -68,8 +73,12 @@ class AsyncEngine:
         self._reader_task: asyncio.Task | None = None
 
     @classmethod
-    async def start(cls, model_path: str, **engine_options: Any) -> AsyncEngine:
-        """Spawn the engine process and wait until it has loaded and warmed up the model."""
+    async def start(
+        cls, model_path: str, start_timeout: float = DEFAULT_START_TIMEOUT, **engine_options: Any
+    ) -> AsyncEngine:
+        """Spawn the engine process and wait until it has loaded and warmed up the model:
+        at most `start_timeout` seconds, after which the process is killed and the start
+        has failed (an engine that hangs while starting must not leave /ready 503 forever)."""
         self = cls()
         parent, child = socket.socketpair()
         # A fresh interpreter (not multiprocessing's spawn, which re-imports __main__).
@@ -82,10 +91,15 @@ class AsyncEngine:
         try:
             reader, self._writer = await asyncio.open_connection(sock=parent)
             self._send(["start", str(model_path), engine_options])
-            first = await _read_frame(reader)
+            first = await asyncio.wait_for(_read_frame(reader), start_timeout)
+        except TimeoutError:
+            await self._kill()
+            raise RuntimeError(
+                f"engine failed to start: not ready within {start_timeout:g} s"
+                " (--engine-start-timeout)"
+            ) from None
         except BaseException:  # cancelled (the server stops while it starts): no orphan
-            self._process.kill()
-            await asyncio.to_thread(self._process.wait)
+            await self._kill()
             raise
         if first is None or first[0] != "ready":
             await self.shutdown()
@@ -94,6 +108,11 @@ class AsyncEngine:
         self.info = first[1]
         self._reader_task = asyncio.create_task(self._read_loop(reader))
         return self
+
+    async def _kill(self) -> None:
+        assert self._process is not None
+        self._process.kill()
+        await asyncio.to_thread(self._process.wait)
 
     @property
     def pid(self) -> int | None:

@@ -68,6 +68,7 @@ def engine_info(engine: LLMEngine) -> dict[str, Any]:
         "block_size": engine.config.block_size,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "device": str(engine.model.device),
+        "start_phases": engine.start_clock.phases,
     }
 
 

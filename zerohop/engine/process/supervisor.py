@@ -5,7 +5,8 @@ failing, give up so the orchestrator restarts the whole server.
 stats, info, latest_stats, queued), served by the engine process of the moment. When that
 process dies (kill -9, the OOM killer, a fatal error), its in-flight requests fail with
 `EngineDeadError` and a new process is started at once (the weights come from the page
-cache). While it starts, `dead` says why nothing is served (the server answers 529/503 with
+cache). A start that is not ready within the policy's `start_timeout` is killed and counted as
+a failed start. While it starts, `dead` says why nothing is served (the server answers 529/503 with
 `retry_after()`, and /ready is 503) but `gave_up` is None: the process is alive and
 recovering, so /health stays 200. A start that fails is retried after a back-off.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.async_engine import AsyncEngine, Queued
+from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT, AsyncEngine, Queued
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,11 @@ BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0)  # after the 1st, 2nd, 3rd... failed star
 class RestartPolicy:
     max_restarts: int = DEFAULT_MAX_RESTARTS  # within `window`; 0: the first death gives up
     window: float = DEFAULT_RESTART_WINDOW  # seconds
+    start_timeout: float = DEFAULT_START_TIMEOUT  # seconds a start may take; past it, failed
 
     def __post_init__(self) -> None:
+        if not self.start_timeout > 0:
+            raise ValueError(f"the start timeout must be > 0 seconds, not {self.start_timeout}")
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
             raise ValueError("max_restarts must be a whole number")
         if self.max_restarts < 0:
@@ -76,11 +80,12 @@ class EngineSupervisor:
         cls, model_path: str, policy: RestartPolicy | None = None, **engine_options: Any
     ) -> EngineSupervisor:
         """Start the first engine process; its failure is raised (nothing to supervise)."""
+        policy = policy or RestartPolicy()
         started = time.monotonic()
-        engine = await AsyncEngine.start(model_path, **engine_options)
+        engine = await AsyncEngine.start(model_path, policy.start_timeout, **engine_options)
         elapsed = time.monotonic() - started
         log.info("engine process started in %.1f s", elapsed)
-        return cls(engine, model_path, engine_options, policy or RestartPolicy(), elapsed)
+        return cls(engine, model_path, engine_options, policy, elapsed)
 
     # -- what the server reads ------------------------------------------------------------
 
@@ -138,6 +143,17 @@ class EngineSupervisor:
     # -- supervision ------------------------------------------------------------------------
 
     async def _watch(self) -> None:
+        """Supervise; an unexpected error here gives up (so /health fails) rather than
+        leaving the engine unsupervised while the server looks alive."""
+        try:
+            await self._supervise()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("engine supervision failed")
+            self._give_up(f"engine supervision failed: {type(exc).__name__}: {exc}")
+
+    async def _supervise(self) -> None:
         while True:
             reason = await self.engine.wait_closed()
             if self._closing:
@@ -157,7 +173,9 @@ class EngineSupervisor:
             log.error("engine process gone (%s): starting a new one", reason.strip())
             started = time.monotonic()
             try:
-                engine = await AsyncEngine.start(self.model_path, **self.engine_options)
+                engine = await AsyncEngine.start(
+                    self.model_path, self.policy.start_timeout, **self.engine_options
+                )
             except Exception as exc:
                 failures += 1
                 reason = str(exc)
