@@ -121,9 +121,10 @@ def timed(run: Any, *args: Any) -> tuple[list[list[int]], float]:
 
 def measure_format(model: Path, quantization: str, args: argparse.Namespace) -> dict[str, Any]:
     from zerohop import LLM
+    from zerohop.engine.loading.checkpoint import open_checkpoint
 
     base = dict(num_threads=args.threads, quantization=quantization, num_kv_blocks=2048)
-    prompts = make_prompts(LLM(model, **base, num_kv_blocks=64).tokenizer, args.prompts)
+    prompts = make_prompts(open_checkpoint(model).tokenizer(), args.prompts)
     n, out = args.max_tokens, {}
     for kind in ("greedy", "seeded"):
         want, alone_tps = timed(run_alone, LLM(model, **base, enable_prefix_caching=False),

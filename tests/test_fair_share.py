@@ -320,3 +320,49 @@ def test_an_interactive_prompt_is_not_chunked_for_decodes_that_sit_out() -> None
     scheduler.add(user)
     out = run_step(scheduler)
     assert [(c.seq, c.num_tokens) for c in out.chunks] == [(user, 40)]
+
+
+# --- fair share of a step's prompt budget -----------------------------------------------------
+
+
+def charged_step(scheduler: Scheduler) -> list[str]:
+    """A step as the engine runs it, the policy charged each request's tokens; the ids of the
+    requests whose prompt it finished."""
+    out = scheduler.schedule()
+    scheduler.stepped(out)
+    usage, finished = [], []
+    for chunk in out.chunks:
+        seq, completes = chunk.seq, chunk.completes
+        if completes and not seq.num_output_tokens:
+            finished.append(seq.request_id)
+        seq.num_computed_tokens += chunk.num_tokens
+        scheduler.pool.commit(seq)
+        if completes:
+            seq.token_ids.append(7)
+        usage.append(TokenUsage(seq.request_id, seq.tenant, chunk.num_tokens, int(completes)))
+    scheduler.policy.charge(usage)
+    return finished
+
+
+@pytest.mark.parametrize("policy", ["vtc", "fcfs"])
+def test_a_light_tenants_prompt_goes_before_a_floods_running_prompts(policy: str) -> None:
+    # 40 tokens a step; the flood's prompts of 400 tokens take many steps each, beside its
+    # decodes. A light tenant's 16-token prompt arriving mid-flood is computed within two
+    # steps (the first of which its counter, lifted to the flood's, only ties), not after the
+    # flood's running prompt: fair share orders the prompt budget as it orders admission.
+    # First come, first served keeps running prompts first.
+    from zerohop.engine.sched.policy import FCFSPolicy
+
+    order = VTCPolicy() if policy == "vtc" else FCFSPolicy()
+    scheduler = Scheduler(BlockPool(1024, 4, enable_caching=False), 64, 40, order)
+    long_answers = SamplingParams(max_tokens=500, ignore_eos=True)
+    for i in range(4):
+        scheduler.add(Sequence(f"flood-{i}", [1] * 400, long_answers, 500, "flood"))
+    while len(scheduler.running) < 2 or not any(s.num_output_tokens for s in scheduler.running):
+        charged_step(scheduler)
+    light = seq("light", n=16)
+    scheduler.add(light)
+    steps = 1
+    while light.request_id not in charged_step(scheduler):
+        steps += 1
+    assert steps <= 2 if policy == "vtc" else steps > 2, steps

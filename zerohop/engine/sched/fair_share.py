@@ -84,6 +84,12 @@ class VTCPolicy(SchedulingPolicy):
             candidates, key=lambda s: (s.priority, self.counters.get(s.tenant, 0.0), s.arrival)
         )
 
+    def prompt_order(self, seq: Sequence) -> tuple:
+        """Prompt chunks by class, then the tenant served least, then arrival: fair share
+        governs a step's prompt budget as it governs admission, so a light tenant's prompt
+        is computed before a flooding tenant's running prompts take the step."""
+        return (seq.priority, self.counters.get(seq.tenant, 0.0), seq.arrival)
+
     def admitted(self, seq: Sequence) -> None:
         self._last_admitted = seq.tenant
         self._add_service(seq.tenant, seq.num_tokens * self.input_weight)

@@ -62,6 +62,11 @@ class SchedulingPolicy(ABC):
         so that it starts now, or None to let it wait for a slot (the default)."""
         return None
 
+    def prompt_order(self, seq: Sequence) -> tuple:
+        """The order prompt chunks take a step's prompt budget in, running or waiting (the
+        smaller first); the default: arrival."""
+        return (seq.arrival,)
+
     def admitted(self, seq: Sequence) -> None:  # noqa: B027 - optional hook
         """`seq` left the waiting queue to run (after `remove`)."""
 

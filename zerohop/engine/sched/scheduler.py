@@ -1,13 +1,15 @@
 """Continuous batching with one token budget per step and chunked prefill.
 
-Each step: running requests first (one decode token each, or the next chunk of a prompt),
-then waiting requests in the policy's order while the token budget, the sequence cap and
-the KV pool allow. The token budget is max_num_batched_tokens, lowered while requests are
-decoding to their tokens plus the prompt tokens that fit beside them within the inter-token
-target (zerohop.engine.sched.prefill_budget); a prompt's chunk never takes the tokens of the
-decodes scheduled after it. When the pool runs dry, the policy's victim is preempted by
-recompute: its blocks are freed and it waits again with every token it has, prompt and
-output.
+Each step: the running requests' decodes first (one token each), then prompt chunks (the
+next chunk of a running prompt, or a waiting request admitted in the policy's order) while
+the token budget, the sequence cap and the KV pool allow. The token budget is
+max_num_batched_tokens, lowered while requests are decoding to their tokens plus the prompt
+tokens that fit beside them within the inter-token target (zerohop.engine.sched.
+prefill_budget). Prompt chunks take that budget in the policy's `prompt_order` (fair share:
+the least-served tenant's first), running and waiting alike: a running prompt ahead of the
+next waiting request goes first, then the waiting requests, then the other running prompts.
+When the pool runs dry, the policy's victim is preempted by recompute: its blocks are freed
+and it waits again with every token it has, prompt and output.
 
 Background requests (class BACKGROUND: batch lines) take only what foreground work leaves: a
 step that computes a foreground prompt leaves them out (they keep their blocks), and a step
@@ -133,9 +135,25 @@ class Scheduler:
         displaced = self._displace_for_waiting(out)
         if self._foreground_prompt_pending():
             return self._plan_foreground_first(out, displaced)
-        budget = self._schedule_running(out, self.step_budget())
+        self._schedule_fairly(out, self.step_budget(), displaced)
+
+    def _schedule_fairly(
+        self,
+        out: SchedulerOutput,
+        budget: int,
+        displaced: int,
+        include: Callable[[Sequence], bool] = bool,
+    ) -> int:
+        """Decodes, then prompt chunks in the policy's prompt order (see the module's doc)."""
+        budget = self._schedule_running(out, budget, include, _is_decode)
+        waiting = self.policy.peek()
+        if waiting is not None and include(waiting):
+            first = self._prompt_order(waiting, in_policy=True)
+            ahead = lambda seq: self._prompt_order(seq) < first  # noqa: E731
+            budget = self._schedule_running(out, budget, include, ahead)
         if len(out.preempted) == displaced:  # no request was preempted for KV blocks
-            self._schedule_waiting(out, budget)
+            budget = self._schedule_waiting(out, budget, include)
+        return self._schedule_running(out, budget, include)
 
     def _plan_foreground_first(self, out: SchedulerOutput, displaced: int) -> None:
         """Background requests (batch lines) sit out a step that computes a foreground
@@ -143,9 +161,7 @@ class Scheduler:
         theirs decodes or starts in it; they keep their blocks (or are the first preempted
         for it). If the prompt cannot start (no slot or blocks yet), they run as usual."""
         # The prompt's budget counts only the decodes that run beside it.
-        budget = self._schedule_running(out, self.step_budget(_foreground), _foreground)
-        if len(out.preempted) == displaced:
-            budget = self._schedule_waiting(out, budget, _foreground)
+        budget = self._schedule_fairly(out, self.step_budget(_foreground), displaced, _foreground)
         if not any(_foreground(c.seq) and not c.is_decode for c in out.chunks):
             decodes = sum(1 for seq in self.running if _is_decode(seq))
             left = self._budget_beside(decodes) - out.num_tokens
@@ -209,18 +225,26 @@ class Scheduler:
         return 1
 
     def _schedule_running(
-        self, out: SchedulerOutput, budget: int, include: Callable[[Sequence], bool] = bool
+        self,
+        out: SchedulerOutput,
+        budget: int,
+        include: Callable[[Sequence], bool] = bool,
+        now: Callable[[Sequence], bool] = bool,
     ) -> int:
+        """The running requests `include` takes and `now` picks, not yet scheduled: decodes
+        in running order, prompt chunks in the policy's prompt order."""
         scheduled = {id(c.seq) for c in out.chunks}
-        for seq in list(self.running):  # a copy: preemption removes from it
+        picked = [s for s in self.running if id(s) not in scheduled and include(s) and now(s)]
+        picked.sort(key=lambda s: (not _is_decode(s), self._prompt_order(s)))
+        for seq in picked:
             if budget <= 0:
                 break
-            if seq.status is not Status.RUNNING or id(seq) in scheduled or not include(seq):
-                continue
+            if seq.status is not Status.RUNNING or id(seq) in scheduled:
+                continue  # preempted for an earlier one's blocks
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             assert num_new > 0, "a running sequence always has a token to compute"
-            if not _is_decode(seq):  # a prompt's chunk: the decodes after it go first
-                num_new = min(num_new, budget - self._decodes_after(seq, include))
+            if not _is_decode(seq):  # a prompt's chunk: the decodes not yet scheduled first
+                num_new = min(num_new, budget - self._decodes_left(out, include))
                 if num_new <= 0:
                     continue
             while not self.pool.allocate(seq, seq.num_computed_tokens + num_new):
@@ -238,9 +262,18 @@ class Scheduler:
                 break
         return budget
 
-    def _decodes_after(self, seq: Sequence, include: Callable[[Sequence], bool]) -> int:
-        later = self.running[self.running.index(seq) + 1 :]
-        return sum(1 for other in later if _is_decode(other) and include(other))
+    def _decodes_left(self, out: SchedulerOutput, include: Callable[[Sequence], bool]) -> int:
+        scheduled = {id(c.seq) for c in out.chunks}
+        return sum(
+            1 for s in self.running if _is_decode(s) and include(s) and id(s) not in scheduled
+        )
+
+    def _prompt_order(self, seq: Sequence, in_policy: bool = False) -> tuple:
+        """The policy's prompt order; its failure is that request's alone."""
+        try:
+            return self.policy.prompt_order(seq)
+        except Exception as exc:
+            raise RequestFault(seq, in_policy) from exc
 
     def _schedule_waiting(
         self, out: SchedulerOutput, budget: int, include: Callable[[Sequence], bool] = bool
