@@ -16,6 +16,7 @@ import anthropic
 import pytest
 
 from tests.dns_server import DnsServer
+from tests.fixtures.tiny_gguf import write_gguf
 from tests.live_server import MODEL_NAME, LiveServer, started_together
 from zerohop.client import AsyncClient, ReplicaPool, async_http_client, http_client
 from zerohop.client.affinity import rank
@@ -91,8 +92,34 @@ def prompts_ranking_first(pool: ReplicaPool, url: str, count: int) -> list[str]:
 
 
 def test_sigkill_mid_stream_loses_no_answer(fleet: list[LiveServer], offline: LLM) -> None:
-    servers = [fleet[0], fleet[2], fleet[3]]
-    victims = {fleet[2].url: fleet[2], fleet[3].url: fleet[3]}
+    kill_one_mid_stream([fleet[0], fleet[2], fleet[3]], offline)
+
+
+@pytest.fixture(scope="module")
+def q4_1_file(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(llama_dir, tmp_path_factory.mktemp("failover_q4") / "tiny.gguf", "Q4_1")
+
+
+@pytest.fixture(scope="module")
+def q4_1_fleet(q4_1_file: Path, tmp_path_factory: pytest.TempPathFactory):
+    specs = {f"q4-{i}": ["--debug-step-delay", STEP_DELAY] for i in range(3)}
+    with started_together(q4_1_file, specs, tmp_path_factory) as servers:
+        yield [servers[f"q4-{i}"] for i in range(3)]
+
+
+def test_sigkill_mid_stream_on_a_q4_1_file_continues_with_the_same_tokens(
+    q4_1_fleet: list[LiveServer], q4_1_file: Path
+) -> None:
+    # The continuation is prefilled on another replica, where the uninterrupted answer's
+    # tokens were decoded: equal only if a position computes the same both ways (the
+    # quantized products' activations and the attention, row by row).
+    kill_one_mid_stream(q4_1_fleet, LLM(q4_1_file, num_kv_blocks=256))
+
+
+def kill_one_mid_stream(servers: list[LiveServer], offline: LLM) -> None:
+    """32 greedy streams over `servers`; SIGKILL the later replica with the most in flight;
+    every answer must be the uninterrupted offline answer, each token counted once."""
+    victims = {s.url: s for s in servers[1:]}
     pool = ReplicaPool([s.url for s in servers], health_interval=0.5)
     questions = [f"Tell me a story about the number {i}." for i in range(32)]
 
