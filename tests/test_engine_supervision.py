@@ -204,6 +204,9 @@ def test_a_killed_engine_is_restarted_and_the_replica_serves_again(slow_server) 
     assert answers and set(answers) == {200}, answers  # /health never failed: it recovered
     readiness = ready.stop()
     assert 503 in readiness and readiness[-1] == 200, readiness  # not ready while restarting
+    log = slow_server.log()  # each start phase timed; the restart reuses the calibration
+    assert "engine start: warm-up and step-time calibration in" in log
+    assert "engine start: warm-up in" in log and "engine start: weights in" in log
 
 
 @pytest.mark.parametrize("weights", ["missing", "hanging"])

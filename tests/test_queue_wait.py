@@ -70,6 +70,15 @@ def test_step_times_keep_a_mean_per_power_of_two() -> None:
     assert times.table()["prefill"] == [[512.0, pytest.approx(0.5 - 0.04)]]
 
 
+def test_step_times_carry_over_as_their_table() -> None:
+    # What a restarted engine reads instead of calibrating again: the same figures.
+    times = StepTimes()
+    for tokens, seconds, decodes in ((1, 0.01, 1), (16, 0.05, 16), (512, 1.2, 0), (40, 0.3, 8)):
+        times.record(tokens, seconds, decodes)
+    again = StepTimes.from_table(times.table())
+    assert again.table() == times.table() and again.table()["prefill"]
+
+
 def test_the_curve_interpolates_and_is_never_worse_than_linear() -> None:
     curve = StepCurve.from_rows([[1, 0.03], [16, 0.036], [128, 0.30]])
     assert curve is not None

@@ -201,6 +201,10 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    # Step times an earlier start of this engine measured ({"decode": [[size, s], ...],
+    # "prefill": ...}, StepTimes.table()): the supervisor's restart passes them, and the start
+    # skips its calibration (the machine and model have not changed).
+    step_times: dict[str, list[list[float]]] | None = None
 
     def __post_init__(self) -> None:
         assert self.block_size > 0 and self.max_num_seqs > 0

@@ -108,7 +108,7 @@ class LLMEngine(StepLoop):
         clock.lap(f"KV cache ({num_blocks} blocks)")
         warm_up(self)
         self.requests_added = 0  # the warm-up's are not the clients'
-        clock.lap("warm-up and step-time calibration")
+        clock.lap("warm-up" if self.config.step_times else "warm-up and step-time calibration")
 
 
 def default_policy(config: EngineConfig) -> SchedulingPolicy:

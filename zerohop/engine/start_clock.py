@@ -4,7 +4,9 @@ start says where its time went (model file, kernels, weights, KV cache, warm-up)
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 
 log = logging.getLogger("zerohop.engine")
 
@@ -23,3 +25,15 @@ class StartClock:
     @property
     def total(self) -> float:
         return round(sum(self.phases.values()), 3)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc), or None where unknown: what the
+    interpreter and the imports took before any code of the engine ran."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

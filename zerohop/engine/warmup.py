@@ -9,6 +9,7 @@ import torch
 
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.sampling_params import SamplingParams
+from zerohop.engine.sched.step_times import StepTimes
 from zerohop.engine.throughput import ThroughputMeter
 
 if TYPE_CHECKING:
@@ -68,7 +69,10 @@ def warm_up(engine: Engine) -> None:
     length = min(2 * engine.config.block_size + 3, engine.max_model_len - 2)
     _run(engine, {"__warmup__": [1] * length})
     engine.throughput = ThroughputMeter()
-    _run(engine, _calibration_prompts(engine))
+    if engine.config.step_times:  # a restart: the earlier start's figures still hold
+        engine.throughput.step_times = StepTimes.from_table(engine.config.step_times)
+    else:
+        _run(engine, _calibration_prompts(engine))
     engine.pool.counters.prefix_query_tokens = engine.pool.counters.prefix_hit_tokens = 0
 
 

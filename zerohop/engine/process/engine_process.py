@@ -29,6 +29,7 @@ from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.lifecycle import REQUEST_FAILED
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.wire import FrameSocket, delta_to_wire, params_from_wire
+from zerohop.engine.start_clock import process_age
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 def run_engine_process(sock: socket.socket) -> None:
     """Entry point of the child process: the first frame says what to load."""
     channel = FrameSocket(sock)
+    if (age := process_age()) is not None:
+        log.info("engine start: interpreter and imports in %.2f s", age)
     model_path, options = _read_start_message(channel)
     try:
         engine = LLMEngine(model_path, EngineConfig(**options))
@@ -69,6 +72,7 @@ def engine_info(engine: LLMEngine) -> dict[str, Any]:
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "device": str(engine.model.device),
         "start_phases": engine.start_clock.phases,
+        "step_times": engine.throughput.step_times.table(),  # what a restart reuses
     }
 
 

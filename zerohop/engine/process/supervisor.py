@@ -174,7 +174,7 @@ class EngineSupervisor:
             started = time.monotonic()
             try:
                 engine = await AsyncEngine.start(
-                    self.model_path, self.policy.start_timeout, **self.engine_options
+                    self.model_path, self.policy.start_timeout, **self._restart_options()
                 )
             except Exception as exc:
                 failures += 1
@@ -187,6 +187,12 @@ class EngineSupervisor:
             return engine
         self._give_up(f"{why}; the last: {reason.strip()}")
         return None
+
+    def _restart_options(self) -> dict[str, Any]:
+        """The engine's options, with the step times its first start measured: a restart
+        on the same machine and model need not calibrate again."""
+        measured = self.engine.info.get("step_times")
+        return {**self.engine_options, **({"step_times": measured} if measured else {})}
 
     def _crash_loop(self, failures_in_a_row: int) -> str | None:
         """Why restarting again is no use, or None."""

@@ -136,3 +136,12 @@ class StepTimes:
 
     def table(self) -> dict[str, list[list[float]]]:
         return {"decode": self.decode.rows(), "prefill": self.prefill.rows()}
+
+    @classmethod
+    def from_table(cls, table: dict[str, list[list[float]]]) -> StepTimes:
+        """The figures `table()` gave, each row a first step of its size."""
+        times = cls()
+        for name, sizes in (("decode", times.decode), ("prefill", times.prefill)):
+            for size, seconds in table.get(name, []):
+                sizes.add(round(size), seconds)
+        return times
