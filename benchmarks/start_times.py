@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,14 +28,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from serve import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 PHASE = re.compile(r"engine start: (.+) in ([0-9.]+) s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ready(url: str) -> bool:

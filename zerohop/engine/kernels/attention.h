@@ -2,9 +2,9 @@
 // decode attention (one query token per sequence) reading keys and values in place from the
 // slots, with no gathered copy, and prompt attention, which gives each row of a prefill chunk
 // exactly the decode arithmetic over the keys up to its position (so a position computes the
-// same decoded, prefilled in any chunking, or replayed). Parallel over (sequence, KV head) pairs (with AVX2:
-// the query heads sharing a KV head go together, reading its keys and values once), so even
-// one sequence uses every thread.
+// same decoded, prefilled in any chunking, or replayed). Parallel over (row, KV head) pairs
+// (with AVX2: the query heads sharing a KV head go together, reading its keys and values
+// once), so even one sequence uses every thread.
 #pragma once
 
 #include <torch/extension.h>
@@ -160,84 +160,29 @@ inline void attend_group(const float* q, const float* keys, const float* values,
 }
 #endif
 
-// q: [B, H, D] (tokens may be strided); k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L]
-// int64 (padded); context_lens: [B] int64 (<= L); out: contiguous [B, H, D], written.
-inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                             torch::Tensor key_slots, torch::Tensor context_lens, double scale,
-                             torch::Tensor out) {
+// q [T, H, D] against k_cache, v_cache [slots, Hkv, D]; out contiguous [T, H, D].
+inline void check_query(const torch::Tensor& q, const torch::Tensor& k_cache,
+                        const torch::Tensor& v_cache, const torch::Tensor& out) {
   check_heads(q, "q");
   check_cache(k_cache, v_cache);
   TORCH_CHECK(k_cache.size(2) == q.size(2), "the cache's head size must match q's");
+  TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() &&
                   out.scalar_type() == torch::kFloat32,
               "out must be a contiguous float32 tensor shaped like q");
-  TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
-                  key_slots.dim() == 2 && key_slots.size(0) == q.size(0),
-              "key_slots must be int64 [B, L]");
-  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous() &&
-                  context_lens.numel() == q.size(0),
-              "context_lens must be int64 [B]");
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads, width = key_slots.size(1);
-  TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
-  const float *qd = q.data_ptr<float>(), *kd = k_cache.data_ptr<float>();
-  const float* vd = v_cache.data_ptr<float>();
-  const int64_t* slots = key_slots.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  float* od = out.data_ptr<float>();
-  const int64_t q_stride = q.stride(0), slot_stride = kv_heads * dim;
-  const float fscale = static_cast<float>(scale);
-#if defined(__AVX2__) && defined(__FMA__)
-  if (dim % 8 == 0) {
-    SpinPool::instance().run(batch * kv_heads, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<float> scores, weight;
-      scores.resize(group * width);
-      weight.resize(group);
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t b = pair / kv_heads, kv = pair % kv_heads, h = kv * group;
-        attend_group(qd + b * q_stride + h * dim, kd + kv * dim, vd + kv * dim, slots + b * width,
-                     std::min(lens[b], width), slot_stride, dim, group, fscale, scores.data(),
-                     weight.data(), od + (b * heads + h) * dim);
-      }
-    });
-    return;
-  }
-#endif
-  SpinPool::instance().run(batch * heads, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    scores.resize(width);
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t b = pair / heads, h = pair % heads, kv = (h / group) * dim;
-      attend(qd + b * q_stride + h * dim, kd + kv, vd + kv, slots + b * width,
-             std::min(lens[b], width), slot_stride, dim, fscale, scores.data(), od + pair * dim);
-    }
-  });
 }
 
-// Each query row of one prefill chunk over its sequence's cached keys (the chunk's own
-// already written): row i attends to the first first_len + i slots of key_slots, by the same
-// per-row routine as decode_attention. q: [T, H, D] (tokens may be strided); key_slots: [L]
-// int64 with L >= first_len + T - 1; out: contiguous [T, H, D], written.
-inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                             torch::Tensor key_slots, int64_t first_len, double scale,
-                             torch::Tensor out) {
-  check_heads(q, "q");
-  check_cache(k_cache, v_cache);
-  TORCH_CHECK(k_cache.size(2) == q.size(2), "the cache's head size must match q's");
-  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() &&
-                  out.scalar_type() == torch::kFloat32,
-              "out must be a contiguous float32 tensor shaped like q");
-  TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
-                  key_slots.dim() == 1,
-              "key_slots must be int64 [L]");
+// Each query row t of q over the `len_of(t)` keys whose slots start at `slots_of(t)`, with
+// room for `width` scores: the one per-row routine decode and prompt attention share, so a
+// row's result depends on its query and keys alone. Parallel over (row, KV head) pairs.
+template <typename SlotsOf, typename LenOf>
+void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache,
+                 const torch::Tensor& v_cache, int64_t width, SlotsOf slots_of, LenOf len_of,
+                 double scale, torch::Tensor& out) {
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
-  TORCH_CHECK(first_len >= 1 && first_len + rows - 1 <= key_slots.numel(),
-              "key_slots must cover every row's context");
-  const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads, width = key_slots.numel();
-  TORCH_CHECK(heads % kv_heads == 0, "query heads must be a multiple of KV heads");
+  const int64_t kv_heads = k_cache.size(1), group = heads / kv_heads;
   const float *qd = q.data_ptr<float>(), *kd = k_cache.data_ptr<float>();
   const float* vd = v_cache.data_ptr<float>();
-  const int64_t* slots = key_slots.data_ptr<int64_t>();
   float* od = out.data_ptr<float>();
   const int64_t q_stride = q.stride(0), slot_stride = kv_heads * dim;
   const float fscale = static_cast<float>(scale);
@@ -248,10 +193,10 @@ inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
       scores.resize(group * width);
       weight.resize(group);
       for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t i = pair / kv_heads, kv = pair % kv_heads, h = kv * group;
-        attend_group(qd + i * q_stride + h * dim, kd + kv * dim, vd + kv * dim, slots,
-                     first_len + i, slot_stride, dim, group, fscale, scores.data(),
-                     weight.data(), od + (i * heads + h) * dim);
+        const int64_t t = pair / kv_heads, kv = pair % kv_heads, h = kv * group;
+        attend_group(qd + t * q_stride + h * dim, kd + kv * dim, vd + kv * dim, slots_of(t),
+                     len_of(t), slot_stride, dim, group, fscale, scores.data(), weight.data(),
+                     od + (t * heads + h) * dim);
       }
     });
     return;
@@ -261,11 +206,50 @@ inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     thread_local std::vector<float> scores;
     scores.resize(width);
     for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t i = pair / heads, h = pair % heads, kv = (h / group) * dim;
-      attend(qd + i * q_stride + h * dim, kd + kv, vd + kv, slots, first_len + i, slot_stride,
+      const int64_t t = pair / heads, h = pair % heads, kv = (h / group) * dim;
+      attend(qd + t * q_stride + h * dim, kd + kv, vd + kv, slots_of(t), len_of(t), slot_stride,
              dim, fscale, scores.data(), od + pair * dim);
     }
   });
+}
+
+// q: [B, H, D] (tokens may be strided); k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L]
+// int64 (padded); context_lens: [B] int64 (<= L); out: contiguous [B, H, D], written.
+inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             torch::Tensor key_slots, torch::Tensor context_lens, double scale,
+                             torch::Tensor out) {
+  check_query(q, k_cache, v_cache, out);
+  TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
+                  key_slots.dim() == 2 && key_slots.size(0) == q.size(0),
+              "key_slots must be int64 [B, L]");
+  TORCH_CHECK(context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous() &&
+                  context_lens.numel() == q.size(0),
+              "context_lens must be int64 [B]");
+  const int64_t width = key_slots.size(1);
+  const int64_t* slots = key_slots.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  attend_rows(
+      q, k_cache, v_cache, width, [&](int64_t b) { return slots + b * width; },
+      [&](int64_t b) { return std::min(lens[b], width); }, scale, out);
+}
+
+// Each query row of one prefill chunk over its sequence's cached keys (the chunk's own
+// already written): row i attends to the first first_len + i slots of key_slots, by the same
+// per-row routine as decode_attention. q: [T, H, D] (tokens may be strided); key_slots: [L]
+// int64 with L >= first_len + T - 1; out: contiguous [T, H, D], written.
+inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                             torch::Tensor key_slots, int64_t first_len, double scale,
+                             torch::Tensor out) {
+  check_query(q, k_cache, v_cache, out);
+  TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
+                  key_slots.dim() == 1,
+              "key_slots must be int64 [L]");
+  TORCH_CHECK(first_len >= 1 && first_len + q.size(0) - 1 <= key_slots.numel(),
+              "key_slots must cover every row's context");
+  const int64_t* slots = key_slots.data_ptr<int64_t>();
+  attend_rows(
+      q, k_cache, v_cache, key_slots.numel(), [&](int64_t) { return slots; },
+      [&](int64_t i) { return first_len + i; }, scale, out);
 }
 
 }  // namespace zerohop

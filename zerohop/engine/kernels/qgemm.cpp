@@ -4,9 +4,9 @@
 //     multiplied with float32 activations, for up to eight activation rows at a time; results
 //     equal a float32 product with the dequantized weights up to summation order, and each
 //     row's result is the same whatever rows share its product. The default.
-//   int8 activations (opt-in, with AVX2, decode rows, row by row, see by_rows): the activations are
-//     rounded to int8 per block of 32 as llama.cpp does (q8_0, with block sums for q4_1) and
-//     multiplied in integers; within about 1% of the float product.
+//   int8 activations (opt-in, with AVX2, decode rows, row by row, see by_rows): the
+//     activations are rounded to int8 per block of 32 as llama.cpp does (q8_0, with block
+//     sums for q4_1) and multiplied in integers; within about 1% of the float product.
 //
 //   q8_0: w = d * q,      q int8, one d per block of 32
 //   q4_1: w = d * q + m,  q in 0..15 (two per byte: element j low nibble, j + 16 high), d, m
@@ -80,15 +80,6 @@ inline void expand(const Q8Row& row, int64_t b, Block& w) {
   }
 }
 
-inline void expand(const Q4Row& row, int64_t b, Block& w) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.q + b * 16));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i low = _mm_and_si128(packed, mask);
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-  const __m128i parts[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-  for (int k = 0; k < 4; ++k) w[k] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
-}
-
 // Vector k holds byte k of each of the block's four 32-bit words: low nibbles in lanes 0-3,
 // high nibbles in lanes 4-7 (see permute_for_shifts).
 inline void expand(const Q4ShiftRow& row, int64_t b, Block& w) {
@@ -139,13 +130,17 @@ void dot_rows(const Row& row, int64_t blocks, const float* x, const float* sums,
     for (int r = 0; r < ROWS; ++r) {
       const float* xb = x + r * cols + b * kBlock;
       __m256 partial = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
-      for (int k = 1; k < 4; ++k) partial = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), partial);
+      for (int k = 1; k < 4; ++k) {
+        partial = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), partial);
+      }
       acc[r] = _mm256_fmadd_ps(partial, d, acc[r]);
     }
   }
   for (int r = 0; r < ROWS; ++r) {
     out[r] = horizontal_sum(acc[r]);
-    if constexpr (std::is_base_of_v<Q4Row, Row>) out[r] += min_term(row.m, sums + r * blocks, blocks);
+    if constexpr (std::is_base_of_v<Q4Row, Row>) {
+      out[r] += min_term(row.m, sums + r * blocks, blocks);
+    }
   }
 }
 

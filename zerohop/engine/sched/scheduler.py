@@ -235,7 +235,7 @@ class Scheduler:
         in running order, prompt chunks in the policy's prompt order."""
         scheduled = {id(c.seq) for c in out.chunks}
         picked = [s for s in self.running if id(s) not in scheduled and include(s) and now(s)]
-        picked.sort(key=lambda s: (not _is_decode(s), self._prompt_order(s)))
+        picked.sort(key=lambda s: (False, ()) if _is_decode(s) else (True, self._prompt_order(s)))
         for seq in picked:
             if budget <= 0:
                 break
