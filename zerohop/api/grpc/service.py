@@ -92,15 +92,14 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             status, error_type = exc.status, exc.reason
             call.refusal = exc.message
             error = api_error(exc)
-            context.set_trailing_metadata(_trailers(error, gateway, call))
+            context.set_trailing_metadata(_trailers(error, gateway, call, self.ctx))
             await context.abort(self._code(error), error.message)
         except (ApiError, InvalidRequestError) as exc:
             # InvalidRequestError: e.g. a tool's schema the call grammar cannot compile
             refused = exc if isinstance(exc, ApiError) else ApiError(400, str(exc))
             status, error_type = refused.status, "api_error"
             call.refusal = refused.message  # kept where the request was refused (overload)
-            if refused.headers:  # retry-after on an overload refusal
-                context.set_trailing_metadata(_trailers(refused, None, call))
+            context.set_trailing_metadata(_trailers(refused, None, call, self.ctx))
             await context.abort(self._code(refused), refused.message)
         except grpc.aio.AbortError:
             raise
@@ -190,9 +189,15 @@ def _metadata_key(context: grpc.aio.ServicerContext) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _trailers(error: ApiError, gateway: Gateway | None, call: Call) -> list[tuple[str, str]]:
-    """The refusal's retry facts and the caller's rate-limit state, as trailing metadata."""
+def _trailers(
+    error: ApiError, gateway: Gateway | None, call: Call, ctx: ServingContext
+) -> list[tuple[str, str]]:
+    """The refusal's retry facts, the caller's rate-limit state and the replica's load at the
+    refusal, as trailing metadata. The load goes here as well as in the initial metadata: a
+    call answered with nothing but an error may reach the client as Trailers-Only, without
+    the initial metadata the server sent."""
     pairs = [(k.decode(), v.decode()) for k, v in error.headers or ()]
+    pairs += [(k.decode(), v.decode()) for k, v in ctx.load_headers()]
     if gateway is not None:
         pairs += [(k.decode(), v.decode()) for k, v in openai_rate_headers(gateway, call)]
     return pairs
