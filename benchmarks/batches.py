@@ -227,6 +227,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def latency(samples: Sequence[Sample]) -> dict[str, Any]:
     ttft = [s.ttft for s in samples if s.ttft is not None]
     total = [s.total for s in samples]
+    tpot = [
+        (s.total - s.ttft) / (s.output_tokens - 1)
+        for s in samples
+        if s.ttft is not None and s.output_tokens > 1
+    ]
     return {
         "samples": len(samples),
         "no_text": len(samples) - len(ttft),
@@ -234,6 +239,8 @@ def latency(samples: Sequence[Sample]) -> dict[str, Any]:
         "ttft_p90_ms": _ms(percentile(ttft, 0.9)),
         "total_p50_ms": _ms(percentile(total, 0.5)),
         "total_p90_ms": _ms(percentile(total, 0.9)),
+        "tpot_p50_ms": _ms(percentile(tpot, 0.5)),
+        "tpot_p90_ms": _ms(percentile(tpot, 0.9)),
         "output_tokens_mean": statistics.fmean(s.output_tokens for s in samples) if samples else 0,
     }
 
@@ -454,8 +461,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-INTERACTIVE_COLUMNS = ["samples", "ttft_p50_ms", "ttft_p90_ms", "total_p50_ms", "total_p90_ms",
-                       "ttft_p50_vs_idle"]  # fmt: skip
+INTERACTIVE_COLUMNS = ["samples", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms",
+                       "total_p50_ms", "total_p90_ms", "ttft_p50_vs_idle", "tpot_p50_vs_idle",
+                       "total_p50_vs_idle"]  # fmt: skip
 BATCH_COLUMNS = ["lines", "seconds", "lines_per_min", "lines_per_min_vs_idle", "running_max",
                  "running_mean", "output_tokens"]  # fmt: skip
 CRASH_COLUMNS = ["lines", "done_before_kill", "running_at_kill", "results", "duplicates",
@@ -464,10 +472,11 @@ CRASH_COLUMNS = ["lines", "done_before_kill", "running_at_kill", "results", "dup
 
 def add_ratios(report: dict[str, Any]) -> None:
     """Each run's figure over the idle one's, in the run's own entry."""
-    idle = report["idle_interactive"]["ttft_p50_ms"]
-    for run in ("idle", "loaded", "idle_after"):
-        entry = report[f"{run}_interactive"]
-        entry["ttft_p50_vs_idle"] = ratio(entry["ttft_p50_ms"], idle)
+    for figure in ("ttft_p50", "tpot_p50", "total_p50"):
+        idle = report["idle_interactive"][f"{figure}_ms"]
+        for run in ("idle", "loaded", "idle_after"):
+            entry = report[f"{run}_interactive"]
+            entry[f"{figure}_vs_idle"] = ratio(entry[f"{figure}_ms"], idle)
     idle = report["idle_batch"]["lines_per_min"]
     for run in ("idle", "loaded"):
         entry = report[f"{run}_batch"]
@@ -488,10 +497,12 @@ def print_report(report: dict[str, Any]) -> None:
         for run in ("idle", "loaded")
     ]  # fmt: skip
     print_table(["run", *BATCH_COLUMNS, "request_counts"], rows)
-    ttft = report["loaded_interactive"]["ttft_p50_vs_idle"]
+    loaded = report["loaded_interactive"]
     lines = report["loaded_batch"]["lines_per_min_vs_idle"]
-    print(f"\nloaded / idle: interactive TTFT p50 {_x(ttft)} (target <= 1.2x),", end=" ")
-    print(f"batch lines/min {_x(lines)}")
+    print(f"\nloaded / idle: interactive TTFT p50 {_x(loaded['ttft_p50_vs_idle'])},", end=" ")
+    print(f"TPOT p50 {_x(loaded['tpot_p50_vs_idle'])} (target <= 1.3x),", end=" ")
+    print(f"answer p50 {_x(loaded['total_p50_vs_idle'])} (target <= 1.5x),", end=" ")
+    print(f"batch lines/min {_x(lines)} (target >= 0.5x)")
     if crash := report.get("crash"):
         print("\ncrash: kill -9 of the server's process group, restart, results")
         print_table(CRASH_COLUMNS, [[crash[k] for k in CRASH_COLUMNS]])

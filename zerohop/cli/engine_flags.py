@@ -36,6 +36,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="batch lines wait this long after interactive work before a step of their own:"
         " a client's next request usually comes within it and then starts at once (0: no wait)",
     )
+    g.add_argument(
+        "--batch-step-share",
+        type=NONNEGATIVE_NUMBER,
+        default=0.2,  # EngineConfig's background_step_share (engine/sched/background_share.py)
+        metavar="SHARE",
+        help="a step with interactive streams carries only the batch lines whose measured cost"
+        " adds at most this share of its own, so streams keep their pace beside a batch (with"
+        " nothing interactive running, lines run freely; 0: they run only then)",
+    )
     g.add_argument("--block-size", type=POSITIVE_INT, default=16, help="tokens per KV cache block")
     g.add_argument(
         "--kv-cache-memory",
@@ -134,6 +143,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "inter_token_target": args.inter_token_target,
         "background_linger": args.batch_linger,
+        "background_step_share": args.batch_step_share,
         "block_size": args.block_size,
         "kv_cache_memory": args.kv_cache_memory,
         "dtype": args.dtype,

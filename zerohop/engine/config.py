@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.sched.background_share import DEFAULT_BACKGROUND_SHARE
 from zerohop.engine.sched.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
 
 if TYPE_CHECKING:
@@ -176,6 +177,9 @@ class EngineConfig:
     # default model, one interactive client beside a batch: TTFT p50 1.44x idle at 0.05 s
     # (the next request came later than that under load), 1.11x at 0.15, 1.12x at 0.3.
     background_linger: float = 0.15
+    # The share of a foreground step's measured cost that background rows beside it may add
+    # (zerohop.engine.sched.background_share); 0: they run only in steps of their own.
+    background_step_share: float = DEFAULT_BACKGROUND_SHARE
     block_size: int = 16
     kv_cache_memory: float | None = None  # GiB; None: 1 GiB on CPU, a fraction of free on CUDA
     gpu_memory_utilization: float = 0.9
@@ -220,6 +224,11 @@ class EngineConfig:
             raise ValueError(f"background_linger must be a number of seconds; got {linger!r}")
         if not math.isfinite(linger) or linger < 0:
             raise ValueError(f"background_linger must be finite and >= 0; got {linger!r}")
+        share = self.background_step_share
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise ValueError(f"background_step_share must be a number; got {share!r}")
+        if not math.isfinite(share) or share < 0:
+            raise ValueError(f"background_step_share must be finite and >= 0; got {share!r}")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_MODES)};"

@@ -17,6 +17,7 @@ from zerohop.engine.model.quant import needs_kernels
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.sampler import Sampler
+from zerohop.engine.sched.background_share import BackgroundShare
 from zerohop.engine.sched.block_pool import BlockPool
 from zerohop.engine.sched.fair_share import VTCPolicy
 from zerohop.engine.sched.fork import Forks
@@ -87,6 +88,7 @@ class LLMEngine(StepLoop):
             self.config.max_num_batched_tokens,
             policy if policy is not None else default_policy(self.config),
             PrefillBudget(self.config.inter_token_target, lambda: self.throughput.step_times),
+            BackgroundShare(self.config.background_step_share, lambda: self.throughput.step_times),
         )
         self.throughput = ThroughputMeter()
         self.runner = ModelRunner(self.model, num_blocks, bs, self.config.enforce_eager)

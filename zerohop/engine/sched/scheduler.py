@@ -12,9 +12,12 @@ When the pool runs dry, the policy's victim is preempted by recompute: its block
 and it waits again with every token it has, prompt and output.
 
 Background requests (class BACKGROUND: batch lines) take only what foreground work leaves: a
-step that computes a foreground prompt leaves them out (they keep their blocks), and a step
-of theirs alone waits `background_linger` after the last foreground step, so that a client
-sending its next request right after an answer does not wait for their step either.
+step that computes a foreground prompt leaves them out (they keep their blocks); a step with
+foreground decodes carries only the background rows whose measured cost fits a share of its
+own (zerohop.engine.sched.background_share), so a stream beside a batch keeps its pace; and
+a step of theirs alone waits `background_linger` after the last foreground step, so that a
+client sending its next request right after an answer does not wait for their step either.
+With nothing foreground running they run freely.
 
 A policy hook that fails for one request (`remove`, `admitted` or `requeue` of that request)
 fails that request only: it is taken out of the batch, its blocks freed, and reported in
@@ -31,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from zerohop.engine.sched.background_share import BackgroundShare
 from zerohop.engine.sched.block_pool import BlockPool
 from zerohop.engine.sched.fair_share import BACKGROUND
 from zerohop.engine.sched.policy import FCFSPolicy, SchedulingPolicy
@@ -87,12 +91,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: SchedulingPolicy | None = None,
         prefill_budget: PrefillBudget | None = None,
+        background_share: BackgroundShare | None = None,
     ) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy if policy is not None else FCFSPolicy()
         self.prefill_budget = prefill_budget  # None: the full budget in every step
+        self.background_share = background_share  # None: background rows are not bounded
         self.running: list[Sequence] = []
         self.foreground_at = -math.inf  # monotonic time the last step with foreground work ended
 
@@ -135,6 +141,8 @@ class Scheduler:
         displaced = self._displace_for_waiting(out)
         if self._foreground_prompt_pending():
             return self._plan_foreground_first(out, displaced)
+        if self.background_share is not None and self._background_beside_foreground():
+            return self._plan_background_bounded(out, displaced, self.background_share)
         self._schedule_fairly(out, self.step_budget(), displaced)
 
     def _schedule_fairly(
@@ -166,6 +174,41 @@ class Scheduler:
             decodes = sum(1 for seq in self.running if _is_decode(seq))
             left = self._budget_beside(decodes) - out.num_tokens
             self._schedule_running(out, min(budget, left), _background)
+
+    def _background_beside_foreground(self) -> bool:
+        """Foreground requests run while background ones run or are next to start."""
+        if not any(_foreground(seq) for seq in self.running):
+            return False
+        waiting = self.policy.peek()
+        return any(_background(s) for s in self.running) or (
+            waiting is not None and _background(waiting)
+        )
+
+    def _plan_background_bounded(
+        self, out: SchedulerOutput, displaced: int, share: BackgroundShare
+    ) -> None:
+        """The foreground's step as if no background request were there, then the background
+        decodes and prompt tokens whose measured cost fits the share the step earned."""
+        budget = self._schedule_fairly(out, self.step_budget(_foreground), displaced, _foreground)
+        decodes = sum(1 for c in out.chunks if c.is_decode)
+        share.begin(decodes, out.num_tokens - decodes)
+        lines = sum(1 for s in self.running if _background(s) and _is_decode(s))
+        taken = share.decodes(decodes, min(lines, budget))
+        budget = self._schedule_running(out, taken, _background, _is_decode) + budget - taken
+        if taken == lines:  # prompts only once every started line has its decode
+            before = out.num_tokens
+            tokens = share.prompt_tokens(budget)
+            left = self._schedule_running(out, tokens, _background)
+            self._schedule_waiting(out, left, _background)
+            share.spent_on_prompts(out.num_tokens - before)
+        share.settle(self._background_left_out(out))
+
+    def _background_left_out(self, out: SchedulerOutput) -> bool:
+        scheduled = {id(c.seq) for c in out.chunks}
+        if any(_background(s) and id(s) not in scheduled for s in self.running):
+            return True
+        waiting = self.policy.peek()
+        return waiting is not None and _background(waiting)
 
     def _foreground_prompt_pending(self) -> bool:
         """A foreground prompt waits or is being computed while background requests run."""
