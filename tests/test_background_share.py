@@ -73,6 +73,24 @@ def test_lines_beside_a_stream_add_at_most_their_share_of_its_time(share: float)
     assert sum(line.num_output_tokens for line in lines) >= share * steps * DECODE_ONE / PER_ROW - 1
 
 
+@pytest.mark.parametrize("underrated", [0.5, 1.0, 3.0])
+def test_what_a_step_took_replaces_the_estimate(underrated: float) -> None:
+    """Background rows that really cost `underrated` times what the curves say: the engine
+    reports each step's time, and the lines still add about their share, no more."""
+    times = measured()
+    scheduler = scheduler_with(0.2, times)
+    started(scheduler, [seq("bulk", BACKGROUND) for _ in range(8)])
+    started(scheduler, [seq("user")])
+    steps, added = 300, 0.0
+    for _ in range(steps):
+        out = run_step(scheduler)
+        extra = underrated * PER_ROW * (len(out.chunks) - 1)
+        scheduler.took(DECODE_ONE + extra)
+        added += extra
+    share_added = added / (steps * DECODE_ONE)
+    assert 0.2 - 0.03 <= share_added <= 0.2 + 0.03, share_added
+
+
 def test_a_row_dearer_than_the_credit_can_hold_still_runs() -> None:
     times = StepTimes()
     times.record(1, 0.010, 1)

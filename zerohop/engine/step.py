@@ -77,7 +77,9 @@ class StepLoop(RequestBook):
                 self._append_or_fail(seq, row, result, step_deltas[seq.request_id])
         self._charge(chunks, step_deltas)
         decodes = sum(c.num_tokens for c in chunks if c.is_decode)  # rows, proposals too
-        self.throughput.record(plan.num_tokens, time.perf_counter() - started, decodes)
+        seconds = time.perf_counter() - started
+        self.throughput.record(plan.num_tokens, seconds, decodes)
+        self.scheduler.took(seconds)
         return deltas + list(step_deltas.values())
 
     def _admit_constrained(self) -> list[RequestDelta]:

@@ -11,7 +11,10 @@ wrong unit; time is the right one.
 A step whose interactive requests decode earns `share` times what those decodes cost (the
 engine's decode curve, zerohop.engine.sched.step_times). Background decodes join it while
 the decode curve's rise from the interactive rows fits the credit, then background prompt
-tokens while the prompt curve (through the origin) does, and what joins is spent. Credit
+tokens while the prompt curve (through the origin) does, and what joins is spent. Once the
+step has run, the estimate is replaced by what it measured: the step's time beyond the
+interactive part's estimate is what the background rows cost (a step that mixes prompt
+tokens with decodes leaves the one-call decode path, which the curves do not see). Credit
 carries over between steps up to `CARRY_STEPS` steps' earnings, so a row that costs more
 than one step earns still runs every few steps and the mean step stays within 1 + share
 of the interactive one; once it reaches that cap the next row runs whatever its estimate, so
@@ -48,6 +51,8 @@ class BackgroundShare:
     _prompt: StepCurve | None = None
     _base: float = 0.0
     _cap: float = 0.0
+    _foreground: float = 0.0  # the planned step's interactive part, estimated
+    _spent: float = 0.0  # what its background rows were estimated to cost
 
     def begin(self, foreground_decodes: int, foreground_prompt_tokens: int) -> None:
         """A step with this interactive work is being planned: earn its share."""
@@ -57,7 +62,8 @@ class BackgroundShare:
         self._prompt = prefill.through_origin() if prefill is not None else None
         self._base = self._decode(foreground_decodes) if self._decode is not None else 0.0
         prompt = self._prompt(foreground_prompt_tokens) if self._prompt is not None else 0.0
-        earned = self.share * (self._base + prompt)
+        self._foreground, self._spent = self._base + prompt, 0.0
+        earned = self.share * self._foreground
         self._cap = CARRY_STEPS * earned
         self.credit = min(self.credit + earned, self._cap)
 
@@ -73,7 +79,7 @@ class BackgroundShare:
             if cost > self.credit and (taken > 0 or not self._at_cap()):
                 break
             taken += 1
-        self.credit -= self._decode(foreground_decodes + taken) - self._base
+        self._spend(self._decode(foreground_decodes + taken) - self._base)
         return taken
 
     def prompt_tokens(self, limit: int) -> int:
@@ -92,7 +98,20 @@ class BackgroundShare:
 
     def spent_on_prompts(self, tokens: int) -> None:
         if self._prompt is not None and tokens > 0:
-            self.credit -= self._prompt(tokens)
+            self._spend(self._prompt(tokens))
+
+    def _spend(self, seconds: float) -> None:
+        self.credit -= seconds
+        self._spent += seconds
+
+    def took(self, seconds: float) -> None:
+        """The planned step ran in `seconds`: its background rows cost what it took beyond
+        the interactive part's estimate, not what they were estimated to."""
+        if self._spent <= 0:
+            return
+        actual = max(0.0, seconds - self._foreground)
+        self.credit = max(self.credit + self._spent - actual, -self._cap)
+        self._spent = 0.0
 
     def settle(self, left_out: bool) -> None:
         """The step is planned; `left_out`: background work waits for a later step."""

@@ -125,6 +125,11 @@ class Scheduler:
         if any(_foreground(c.seq) for c in out.chunks):
             self.foreground_at = time.monotonic()
 
+    def took(self, seconds: float) -> None:
+        """The step last planned ran in `seconds` (the background share's measure)."""
+        if self.background_share is not None:
+            self.background_share.took(seconds)
+
     def background_hold(self, linger: float) -> float:
         """Seconds a step of background requests alone should wait yet: `linger` after the
         last step with foreground work ended, 0 when foreground work is there or there is
