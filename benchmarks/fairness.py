@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -101,6 +102,7 @@ class Load:
         self.url, self.keys, self.prompts, self.args = url, keys, prompts, args
         self.rng = random.Random(0)
         self.client: httpx.AsyncClient
+        self.gaps: list[float] = []  # the background streams' gaps during the last `under`
 
     def run(self, method, *args):
         """`method(*args)` in a fresh event loop with its own connection pool."""
@@ -113,7 +115,9 @@ class Load:
 
         return asyncio.run(go())
 
-    async def request(self, key: str, max_tokens: int) -> Result:
+    async def request(self, key: str, max_tokens: int, sink: list[Result] | None = None) -> Result:
+        """One streamed completion; `sink` gets its Result at once, so a request cancelled
+        mid-stream still shows the tokens it had."""
         body = {
             "model": MODEL,
             "prompt": self.prompts.prompt(self.rng, self.args.prompt_tokens),
@@ -125,6 +129,8 @@ class Load:
         start = time.monotonic()
         async with self.client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
             result = Result(r.status_code)
+            if sink is not None:
+                sink.append(result)
             if r.status_code != 200:
                 result.error = (await r.aread()).decode(errors="replace")
                 result.retry_after = float(r.headers.get("retry-after", 0))
@@ -149,7 +155,7 @@ class Load:
         async def loop() -> None:
             while not stop.is_set():
                 try:
-                    results.append(await self.request(key, length()))
+                    await self.request(key, length(), results)
                 except httpx.HTTPError as exc:
                     results.append(Result(0, error=repr(exc)))
                 await asyncio.sleep(results[-1].retry_after)  # as the SDKs do on 503/529
@@ -171,15 +177,24 @@ class Load:
         return ttfts
 
     async def under(self, background: dict[str, int], probe_key: str) -> list[float]:
-        """Probe TTFTs while `background` keys keep their request counts in flight."""
+        """Probe TTFTs while `background` keys keep their request counts in flight; the
+        background streams' gaps between tokens during the probes go to `self.gaps`."""
         stop = asyncio.Event()
         floods = [
             asyncio.create_task(self.keep_in_flight(k, n, stop)) for k, n in background.items()
         ]
         await asyncio.sleep(5.0)  # let the queue build
+        start = time.monotonic()
         ttfts = await self.probe(probe_key)
+        end = time.monotonic()
         stop.set()
-        await asyncio.gather(*floods)
+        results = [r for flood in await asyncio.gather(*floods) for r in flood]
+        self.gaps = [
+            later - earlier
+            for r in results
+            for earlier, later in itertools.pairwise(r.token_times)
+            if start <= earlier and later <= end
+        ]
         return ttfts
 
     async def weighted(self) -> dict[str, float]:
@@ -220,6 +235,16 @@ class Load:
 
 def p50(values: list[float]) -> float:
     return statistics.median(values) * 1000
+
+
+def gap_figures(gaps: list[float]) -> dict[str, float | int | None]:
+    """The flood's gaps between tokens: p50, p99 and max in ms (the inter-token target is a
+    step's time; a client sees a step's tokens as one gap and near-zero ones)."""
+    if not gaps:
+        return {"gaps": 0, "p50": None, "p99": None, "max": None}
+    ordered = sorted(gaps)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"gaps": len(gaps), "p50": p50(gaps), "p99": p99 * 1000, "max": ordered[-1] * 1000}
 
 
 def serve(policy: str, args, db: Path, log_dir: Path, extra: list[str] = ()) -> CommandServer:
@@ -291,6 +316,8 @@ def run(args: argparse.Namespace) -> dict:
             if "flood" in wanted:
                 report["vtc_flood_ttft_ms"] = p50(load.run(load.under, {"flood": 32}, "probe"))
                 print(f"  vtc_flood_ttft_ms: {report['vtc_flood_ttft_ms']}")
+                report["vtc_flood_inter_token_ms"] = gap_figures(load.gaps)
+                print(f"  vtc_flood_inter_token_ms: {report['vtc_flood_inter_token_ms']}")
             if "batch" in wanted:
                 report["batch_ttft_ms"] = p50(load.run(load.under, {"bulk": 32}, "chat"))
                 print(f"  batch_ttft_ms: {report['batch_ttft_ms']}")
@@ -324,6 +351,10 @@ def print_report(report: dict) -> None:
         if key in report:
             ratio = f"{report[key] / idle:.2f}x idle" if idle else ""
             rows.append([label, f"{report[key]:.0f} ms", ratio])
+    if gaps := report.get("vtc_flood_inter_token_ms"):
+        rows.append(["A's inter-token gap p50 / p99 / max during B's probes (target p99 <="
+                     " --inter-token-target, 150 ms)", f"{gaps['p50']:.0f} / {gaps['p99']:.0f}"
+                     f" / {gaps['max']:.0f} ms", f"{gaps['gaps']} gaps"])  # fmt: skip
     if "weights" in report:
         w = report["weights"]
         served = w["server_output_tokens"]
