@@ -221,14 +221,25 @@ class BufferingProxy:
             held += data
 
 
+@pytest.fixture(scope="module")
+def paced_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny model at ~5 ms a token: unpaced, it can send all 64 tokens within a few ms
+    (its prompt cached by the direct run), and a stream sent that fast arrives as one burst
+    with or without a buffer in between, so nothing could tell the proxy is there."""
+    log = tmp_path_factory.mktemp("paced") / "server.log"
+    server = LiveServer(llama_dir, ["--debug-step-delay", "0.005"]).start(log)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def buffering_proxy(live_server: LiveServer) -> Iterator[BufferingProxy]:
-    with BufferingProxy(live_server.port) as proxy:
+def buffering_proxy(paced_server: LiveServer) -> Iterator[BufferingProxy]:
+    with BufferingProxy(paced_server.port) as proxy:
         yield proxy
 
 
-def test_probe_flags_a_buffering_proxy(live_server: LiveServer, buffering_proxy) -> None:
-    direct = ProbeConfig(live_server.url, model=MODEL_NAME, max_tokens=64)
+def test_probe_flags_a_buffering_proxy(paced_server: LiveServer, buffering_proxy) -> None:
+    direct = ProbeConfig(paced_server.url, model=MODEL_NAME, max_tokens=64)
     via_proxy = ProbeConfig(
         f"http://127.0.0.1:{buffering_proxy.port}", model=MODEL_NAME, max_tokens=64
     )
