@@ -109,12 +109,19 @@ def test_a_continuation_replayed_as_a_prompt_goes_on_as_the_answer_did(
         assert got == [w[cut:] for w in want], cut
 
 
-def test_prompt_attention_gives_each_row_the_decode_arithmetic() -> None:
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(6, 2, 64), (9, 3, 64), (4, 4, 128), (2, 1, 32)],  # 32: the untiled per-row path
+)
+def test_prompt_attention_gives_each_row_the_decode_arithmetic(
+    heads: int, kv_heads: int, dim: int
+) -> None:
     # Row i of a chunk over the first first_len + i keys equals decode attention of the same
-    # query over the same keys, to the bit, for any chunk boundary.
+    # query over the same keys, to the bit, for any chunk boundary (rows go in tiles of 8
+    # that share each pass over the keys: partial tiles and every offset mod 4 included).
     ops = kernels.load()
     torch.manual_seed(0)
-    heads, kv_heads, dim, slots = 6, 2, 64, 300
+    slots = 300
     k_cache, v_cache = torch.randn(slots, kv_heads, dim), torch.randn(slots, kv_heads, dim)
     key_slots = torch.randperm(slots)[:200].contiguous()
     q = torch.randn(200, heads, dim)
@@ -122,7 +129,7 @@ def test_prompt_attention_gives_each_row_the_decode_arithmetic() -> None:
     lens = torch.arange(1, 201)
     ops.decode_attention(q, k_cache, v_cache, key_slots.expand(200, -1).contiguous(), lens,
                          0.125, decoded)  # fmt: skip
-    for start, end in ((0, 200), (0, 37), (37, 38), (38, 200), (150, 199)):
+    for start, end in ((0, 200), (0, 37), (37, 38), (38, 200), (150, 199), (65, 130), (3, 12)):
         out = torch.empty(end - start, heads, dim)
         ops.prompt_attention(q[start:end], k_cache, v_cache, key_slots[:end].contiguous(),
                              start + 1, 0.125, out)  # fmt: skip
