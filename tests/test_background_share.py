@@ -138,6 +138,13 @@ def test_unmeasured_steps_leave_lines_unbounded() -> None:
     assert {c.seq for c in run_step(scheduler).chunks} == {stream, *lines}
 
 
+def test_share_zero_holds_lines_even_before_anything_is_measured() -> None:
+    scheduler = scheduler_with(0.0, StepTimes())
+    started(scheduler, [seq("bulk", BACKGROUND) for _ in range(4)])
+    stream = started(scheduler, [seq("user")])[0]
+    assert [c.seq for c in run_step(scheduler).chunks] == [stream]
+
+
 def test_the_config_share_is_a_finite_non_negative_number() -> None:
     assert EngineConfig().background_step_share == 0.2
     assert EngineConfig(background_step_share=0).background_step_share == 0

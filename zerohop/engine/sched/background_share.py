@@ -3,10 +3,10 @@ whose measured cost fits a share of the interactive step's own, so a stream besi
 batch slows by about that share and no more.
 
 On a CPU every row of a step costs its part of the step: on the default model at 2 threads a
-decode step of one row took 7.3 ms and each further row ~3.4 ms, so a batch's 128 lines
-decoding in an interactive stream's steps made each of its tokens wait for ~450 ms of
-work (benchmarks/batches.py: a 32-token answer 6.1x slower beside a batch). Rows are the
-wrong unit; time is the right one.
+decode step of one row took 7.3 ms and each further row ~3.4 ms, so the batch lines that fit
+a decode step within the inter-token target, decoding in an interactive stream's steps, made
+each of its tokens wait ~146 ms instead of ~10 ms (benchmarks/batches.py: TPOT 15x, a 32-token
+answer 5.8x slower beside a batch). Rows are the wrong unit; time is the right one.
 
 A step whose interactive requests decode earns `share` times what those decodes cost (the
 engine's decode curve, zerohop.engine.sched.step_times). Background decodes join it while
@@ -69,10 +69,10 @@ class BackgroundShare:
 
     def decodes(self, foreground_decodes: int, available: int) -> int:
         """How many of `available` background decodes join the step; their cost is spent."""
-        if self._decode is None:  # nothing measured yet: no figure to bound them by
-            return available
         if self.share <= 0:
             return 0
+        if self._decode is None:  # nothing measured yet: no figure to bound them by
+            return available
         taken = 0
         while taken < available:
             cost = self._decode(foreground_decodes + taken + 1) - self._base
@@ -84,9 +84,11 @@ class BackgroundShare:
 
     def prompt_tokens(self, limit: int) -> int:
         """Background prompt tokens, at most `limit`, the step may carry now."""
+        if self.share <= 0:
+            return 0
         if self._prompt is None:
             return limit
-        if self.share <= 0 or self.credit <= 0:
+        if self.credit <= 0:
             return 0
         within = self._prompt.largest_within(self.credit, limit)
         if within == 0 and self._at_cap():
