@@ -9,12 +9,17 @@ twice the service). Admission takes the waiting request of the backlogged tenant
 counter, so a tenant that floods the server cannot hold back one that sends a request at a
 time. A tenant that becomes backlogged again has its counter lifted to the smallest counter
 among the backlogged tenants (or to the last admitted tenant's, when none is waiting), so it
-cannot bank the service it did not use while idle.
+cannot bank the service it did not use while idle. Its counter then ties with the tenant it
+was lifted to, and ties go to the tenant backlogged most recently: the others were served up
+to that counter while it waited for nothing, and a tie lost to a flooding tenant's older queue
+cost the light tenant's request a whole step (75-185 ms on the default model under
+benchmarks/fairness.py's flood, a quarter to a half of its idle TTFT) before its next charge
+put the flood ahead.
 
 Priority classes come first: class 0 (interactive) is admitted before class 1 (batch), which
 is admitted before class 2 (background: the lines of Message Batches / OpenAI batches, on the
 capacity the others leave), and preemption takes the highest class number first; within a
-class, fair share decides, ties going to the tenant whose next request arrived first. A
+class, fair share decides (ties as above, then the request that arrived first). A
 preempted request is charged again when it is re-admitted: its recomputation is service too.
 
 Order alone does not help a tenant when every sequence slot is taken (`max_num_seqs`) by
@@ -49,6 +54,10 @@ class VTCPolicy(SchedulingPolicy):
         self.queues: dict[tuple[int, str], deque[Sequence]] = {}
         self._waiting = 0
         self._last_admitted: str | None = None
+        # Per tenant, minus the count of tenants backlogged before it last became backlogged:
+        # the most recently backlogged sorts first among equal counters.
+        self._backlogged: dict[str, int] = {}
+        self._backlogs = 0
 
     def add(self, seq: Sequence) -> None:
         self._enqueue(seq, front=False)
@@ -61,8 +70,11 @@ class VTCPolicy(SchedulingPolicy):
             return None
         level = min(level for level, _ in self.queues)
         tenants = [tenant for lv, tenant in self.queues if lv == level]
-        tenant = min(tenants, key=lambda t: (self.counters[t], self.queues[(level, t)][0].arrival))
+        tenant = min(tenants, key=lambda t: self._rank(t, self.queues[(level, t)][0]))
         return self.queues[(level, tenant)][0]
+
+    def _rank(self, tenant: str, seq: Sequence) -> tuple[float, int, int]:
+        return self.counters[tenant], self._backlogged.get(tenant, 0), seq.arrival
 
     def remove(self, seq: Sequence) -> None:
         key = (seq.priority, seq.tenant)
@@ -88,7 +100,13 @@ class VTCPolicy(SchedulingPolicy):
         """Prompt chunks by class, then the tenant served least, then arrival: fair share
         governs a step's prompt budget as it governs admission, so a light tenant's prompt
         is computed before a flooding tenant's running prompts take the step."""
-        return (seq.priority, self.counters.get(seq.tenant, 0.0), seq.arrival)
+        tenant = seq.tenant
+        return (
+            seq.priority,
+            self.counters.get(tenant, 0.0),
+            self._backlogged.get(tenant, 0),
+            seq.arrival,
+        )
 
     def admitted(self, seq: Sequence) -> None:
         self._last_admitted = seq.tenant
@@ -128,6 +146,8 @@ class VTCPolicy(SchedulingPolicy):
         self.weights[tenant] = seq.weight
         if not self._is_waiting(tenant):
             self.counters[tenant] = max(self.counters.get(tenant, 0.0), self._lift_floor())
+            self._backlogs += 1
+            self._backlogged[tenant] = -self._backlogs
         queue = self.queues.setdefault((seq.priority, tenant), deque())
         if front:
             queue.appendleft(seq)
