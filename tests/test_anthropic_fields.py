@@ -159,7 +159,9 @@ def test_edits_that_clear_nothing_are_not_applied(live_server: LiveServer, edit:
 
 
 def test_clear_thinking_drops_earlier_thoughts(live_server: LiveServer) -> None:
-    # Thoughts this server did not sign: a 400, unless clear_thinking drops them first.
+    # Thoughts this server did not sign are left out of the prompt (a 400 only with
+    # --strict-thought-signatures: tests/test_thought_signatures.py), as are thoughts before
+    # the last user message: dropping these frees no prompt token.
     thought = {"type": "thinking", "thinking": "hmm", "signature": "not-ours"}
     messages = [
         {"role": "user", "content": "a"},
@@ -168,7 +170,7 @@ def test_clear_thinking_drops_earlier_thoughts(live_server: LiveServer) -> None:
         {"role": "assistant", "content": [thought, {"type": "text", "text": "d"}]},
         {"role": "user", "content": "e"},
     ]
-    assert post(live_server, messages=messages).status_code == 400
+    assert post(live_server, messages=messages).status_code == 200
     keep = {"type": "thinking_turns", "value": 0}
     edits = {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]}
     response = post(live_server, messages=messages, context_management=edits)
@@ -177,7 +179,9 @@ def test_clear_thinking_drops_earlier_thoughts(live_server: LiveServer) -> None:
     assert applied == [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 2,
                         "cleared_input_tokens": 0}]  # fmt: skip
     kept = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
-    assert post(live_server, messages=messages, context_management=kept).status_code == 400
+    response = post(live_server, messages=messages, context_management=kept)
+    assert response.status_code == 200, response.text
+    assert response.json()["context_management"] == {"applied_edits": []}
 
 
 def test_compaction_is_refused(live_server: LiveServer) -> None:

@@ -1,5 +1,6 @@
-"""The batch store on real SQLite files: batches whole or not at all, each line answered once,
-a crash (an abandoned connection, a SIGKILLed process) resumes where it was, each key's
+"""The batch store on real SQLite files, and the same tests on the PostgreSQL fleet store
+(zerohop.batches.pg_store, a real server): batches whole or not at all, each line answered
+once, a crash (an abandoned connection, a SIGKILLed process) resumes where it was, each key's
 tenant sees only its own batches and files."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -41,11 +43,26 @@ from zerohop.batches.store import (
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[BatchStore]:
-    opened = BatchStore(tmp_path / "batches.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore]:
+    opened: BatchStore
+    if request.param == "sqlite":
+        opened = BatchStore(tmp_path / "batches.db")
+    else:
+        from tests.pg_fixtures import migrated_database
+        from zerohop.batches.pg_store import PgBatchStore
+
+        url = migrated_database(request.getfixturevalue("postgres"))
+        opened = PgBatchStore(url, owner="replica-a")  # type: ignore[assignment]
     yield opened
     opened.close()
+
+
+def stored_contents(store: BatchStore) -> set[str]:
+    """The ids of the files whose contents the store holds (on disk, or in PostgreSQL)."""
+    if store.files_dir.is_dir():
+        return {p.name for p in store.files_dir.iterdir()}
+    return {row[0] for row in store.conn.execute("SELECT id FROM file_contents")}
 
 
 def new_batch(
@@ -167,7 +184,7 @@ def test_cancel_cancels_waiting_lines_and_the_batch_ends_when_running_ones_finis
 def test_finish_refused_writes_no_file(store: BatchStore) -> None:
     batch_id = new_batch(store, lines=1)
     assert store.finish_batch(batch_id, output=NewFile("out.jsonl", b"x")) is None
-    assert list(store.files_dir.iterdir()) == []
+    assert stored_contents(store) == set()
 
 
 def test_expired_batches_expire_their_waiting_lines(store: BatchStore) -> None:
@@ -222,17 +239,18 @@ def test_delete_needs_an_ended_batch_and_removes_its_outputs(store: BatchStore) 
     ended = store.finish_batch(
         batch_id, output=NewFile("out.jsonl", b"o"), error=NewFile("err.jsonl", b"e")
     )
-    paths = [store.file("acme", i).path for i in (ended.output_file_id, ended.error_file_id)]
-    assert all(p.exists() for p in paths)
+    outputs = {ended.output_file_id, ended.error_file_id}
+    assert outputs <= stored_contents(store)
     assert store.delete_batch("acme", batch_id)
     assert store.batch("acme", batch_id) is None and store.lines(batch_id) == []
-    assert not any(p.exists() for p in paths)
+    assert not outputs & stored_contents(store)
     assert store.file("acme", ended.output_file_id) is None
 
 
-def test_files_live_beside_the_database(store: BatchStore, tmp_path: Path) -> None:
+def test_files_keep_their_contents(store: BatchStore, tmp_path: Path) -> None:
     record = store.put_file("acme", "batch", "input.jsonl", b'{"custom_id": "a"}\n')
-    assert record.path.parent == tmp_path / "batches-files"
+    if isinstance(store.conn, sqlite3.Connection):  # beside the database
+        assert record.path.parent == tmp_path / "batches-files"
     assert (record.bytes, record.filename, record.purpose) == (19, "input.jsonl", "batch")
     assert store.read_file(store.file("acme", record.id)) == b'{"custom_id": "a"}\n'
     assert store.file("globex", record.id) is None
@@ -247,7 +265,7 @@ def test_files_live_beside_the_database(store: BatchStore, tmp_path: Path) -> No
     assert [f.id for f in store.list_files("acme", purpose="batch").data] == [record.id]
     assert store.list_files("globex").data == []
     assert store.delete_file("acme", record.id)
-    assert store.file("acme", record.id) is None and not record.path.exists()
+    assert store.file("acme", record.id) is None and record.id not in stored_contents(store)
     assert not store.delete_file("acme", record.id)
 
 

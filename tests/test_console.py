@@ -1,13 +1,14 @@
 """The console over HTTP: login, sessions, CSRF, the security headers, the static allow-list.
 
 A real uvicorn server in this process runs `zerohop.console.routes.handle` over a real
-AdminContext and Gateway on a real SQLite key store (no model: the pages are shells, the
-admin API they call is tested elsewhere). Plain httpx; raw http.client where a path must
-reach the server unnormalized (`..`).
+AdminContext and Gateway on a real SQLite key store, which holds the sessions too (no model:
+the pages are shells, the admin API they call is tested elsewhere). Plain httpx; raw
+http.client where a path must reach the server unnormalized (`..`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import re
 import threading
@@ -21,7 +22,7 @@ import pytest
 import uvicorn
 
 from zerohop.admin.context import AdminContext
-from zerohop.admin.sessions import COOKIE
+from zerohop.admin.sessions import COOKIE, SessionStore
 from zerohop.api.http.asgi import Receive, Scope, Send, send_json
 from zerohop.console.routes import handle
 from zerohop.console.security import CONTENT_SECURITY_POLICY
@@ -67,7 +68,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     data_key, _ = store.create_key("team-a", name="app")
     gateway = Gateway.from_store(db)
     gateway.auth.load()
-    admin = AdminContext(gateway)
+    admin = AdminContext(gateway, sessions=SessionStore(lambda: KeyStore(db)))
     config = uvicorn.Config(
         console_app(admin), host="127.0.0.1", port=0, lifespan="off", log_level="warning"
     )
@@ -84,6 +85,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     )
     server.should_exit = True
     thread.join(SAFETY_TIMEOUT)
+    admin.sessions.close()
     store.close()
 
 
@@ -208,6 +210,41 @@ def test_login_with_an_admin_key_sets_a_strict_httponly_cookie(console: Console)
     assert f"Max-Age={int(console.admin.sessions.lifetime)}" in flags, cookie
     assert "Secure" not in flags  # plain HTTP here; AdminContext.secure_cookies under TLS
     assert console.admin_key not in cookie
+
+
+def test_through_a_trusted_tls_proxy_the_cookie_is_secure(console: Console) -> None:
+    # uvicorn believes X-Forwarded-Proto from 127.0.0.1 (its default forwarded_allow_ips).
+    response = login(console, console.admin_key, **{"x-forwarded-proto": "https"})
+    assert response.status_code == 303, response.text
+    assert "Secure" in [part.strip() for part in response.headers["set-cookie"].split(";")]
+    cookies = {"cookie": f"{COOKIE}={session_cookie_of(response)}"}
+    with console.client() as client:
+        page = client.get("/console/overview", headers=cookies)
+        assert_page(page)
+        csrf = re.search(r'<meta name="csrf-token" content="([^"]+)">', page.text)
+        assert csrf, page.text
+        done = client.post(
+            "/console/logout", data={"csrf": csrf.group(1)},
+            headers={**cookies, "x-forwarded-proto": "https"},
+        )  # fmt: skip
+        assert done.status_code == 303 and "Max-Age=0" in done.headers["set-cookie"]
+        assert "Secure" in done.headers["set-cookie"]
+        assert client.get("/console/overview", headers=cookies).status_code == 303
+
+
+def test_a_session_lives_in_the_key_store_file(console: Console) -> None:
+    cookies, _ = logged_in(console)
+    session_id = cookies["cookie"].removeprefix(f"{COOKIE}=")
+    other = SessionStore(lambda: KeyStore(console.store.path))  # another process's, say
+    try:
+        seen = asyncio.run(other.get(session_id))
+        assert seen is not None and seen.key_id == console.admin_key_id
+        asyncio.run(other.end(session_id))
+    finally:
+        other.close()
+    with console.client() as client:
+        gone = client.get("/console/overview", headers=cookies)
+    assert gone.status_code == 303 and gone.headers["location"] == "/console/login"
 
 
 def test_every_page_renders_for_a_session(console: Console) -> None:

@@ -506,6 +506,8 @@ def signed(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         "revoked_sub": mint("--key-id", "gone-1", "--tenant", "fleet", "--expires", "1h"),
         "revoked_jti": mint("--key-id", "fleet-4", "--tenant", "fleet", "--jti", "jti-gone", *HOUR),
         "later_revoked": mint("--key-id", "fleet-5", "--tenant", "fleet", *HOUR),
+        "batcher": mint("--key-id", "fleet-6", "--tenant", "fleet", *HOUR),
+        "batch_revoked": mint("--key-id", "fleet-7", "--tenant", "fleet", *HOUR),
     }
     # `keys sign` refuses a past --expires; an expired token needs the library (same signer).
     claims = {"sub": "fleet-old", "tenant": "fleet"}
@@ -565,6 +567,38 @@ def test_signed_keys_end_to_end(signed):
         with signed["revoked"].open("a") as f:
             f.write("fleet-5\n")
         poll(lambda: http_call(http, ("GET", "/v1/models"), later).status_code == 401)
+
+
+def test_signed_keys_run_batches_until_revoked(signed):
+    """A signed key's batch runs its lines as that caller (the batch keeps the token's
+    identity: no store holds the key); revoking the key stops the lines not yet run."""
+    srv, tokens = signed["server"], signed["tokens"]
+    params = {"model": MODEL_NAME, "max_tokens": 24, "temperature": 0}
+
+    def batch(token: str, count: int) -> tuple[anthropic.Anthropic, str]:
+        sdk = anthropic.Anthropic(base_url=srv.url, auth_token=token, api_key=None)
+        line = {**params, "messages": [{"role": "user", "content": "count"}]}
+        lines = [{"custom_id": f"q{i}", "params": line} for i in range(count)]
+        return sdk, sdk.messages.batches.create(requests=lines).id
+
+    def results(sdk: anthropic.Anthropic, batch_id: str) -> list:
+        poll(lambda: sdk.messages.batches.retrieve(batch_id).processing_status == "ended", 120)
+        return list(sdk.messages.batches.results(batch_id))
+
+    sdk, good = batch(tokens["batcher"], 3)
+    assert [r.result.type for r in results(sdk, good)] == ["succeeded"] * 3
+
+    sdk, doomed = batch(tokens["batch_revoked"], 40)
+    with signed["revoked"].open("a") as f:
+        f.write("fleet-7\n")
+    refused = [r for r in results(sdk_admin(srv, tokens), doomed) if r.result.type == "errored"]
+    assert refused, "lines started after the revocation run no more"
+    assert {r.result.error.error.type for r in refused} == {"authentication_error"}
+
+
+def sdk_admin(srv: LiveServer, tokens: dict) -> anthropic.Anthropic:
+    """The revoked key cannot read its batch any more: its tenant's other key can."""
+    return anthropic.Anthropic(base_url=srv.url, auth_token=tokens["batcher"], api_key=None)
 
 
 # -- the CLI ------------------------------------------------------------------------------------

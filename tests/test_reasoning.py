@@ -5,6 +5,7 @@ prompt unless `enable_thinking` is false)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 
@@ -17,7 +18,8 @@ from zerohop.api.anthropic.blocks import ContentBlocks
 from zerohop.api.anthropic.schema import MessagesRequest, decode_messages
 from zerohop.api.anthropic.turns import conversation
 from zerohop.api.conversation.events import OutputReader
-from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format, sign, verify
+from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format
+from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
 
 THINK_MODEL = "tiny-qwen3-think"
@@ -73,9 +75,7 @@ def test_parser_random_splits(case: str) -> None:
         assert parse(random_split(text, rng), in_thought) == (thought, ANSWERS[case])
 
 
-def test_signature_and_detection() -> None:
-    assert verify("a thought", sign("a thought"))
-    assert not verify("a thought!", sign("a thought"))
+def test_detection() -> None:
     assert has_reasoning_format(THINK_TEMPLATE) and not has_reasoning_format("{{ x }}")
 
 
@@ -121,10 +121,12 @@ def test_thinking_blocks(think_server: LiveServer) -> None:
     more = [*history, {"role": "user", "content": "And at night?"}]
     reply = client(think_server).messages.create(**dict(again, messages=more))
     assert [b.type for b in reply.content] == ["text"]
+    # An edited thought is left out of the prompt, not refused (unless the server is strict:
+    # tests/test_thought_signatures.py).
     forged = dict(signed, thinking=signed["thinking"] + " (edited)")
     more[1] = {"role": "assistant", "content": [forged, {"type": "text", "text": "x"}]}
-    with pytest.raises(anthropic.BadRequestError, match="signature"):
-        client(think_server).messages.create(**dict(again, messages=more))
+    reply = client(think_server).messages.create(**dict(again, messages=more))
+    assert [b.type for b in reply.content] == ["text"]
 
 
 def test_budget_closes_the_thought(think_server: LiveServer) -> None:
@@ -241,7 +243,8 @@ def event_list(chunk: bytes) -> list[dict]:
 
 @pytest.mark.parametrize("tools", [False, True])
 def test_thinking_events(tools: bool) -> None:
-    reader, output = OutputReader(ReasoningParser(True)), ContentBlocks(True, tools)
+    signer = asyncio.run(ThoughtSignatures().signer("m", "t", signs=True))
+    reader, output = OutputReader(ReasoningParser(True)), ContentBlocks(True, tools, signer)
     assert event_list(output.opening())[0]["content_block"]["type"] == "thinking"
     chunk = output.events(reader.feed("a thought</thi")) + output.events(reader.feed("nk>\n\nhi"))
     chunk += output.events(reader.feed("!", True), True) + output.end()
@@ -255,9 +258,8 @@ def test_thinking_events(tools: bool) -> None:
         ("content_block_delta", 1, "text_delta"),
         ("content_block_stop", 1, None),
     ]
-    assert output.thought == "a thought" and verify(
-        "a thought", event_list(chunk)[1]["delta"]["signature"]
-    )
+    signature = event_list(chunk)[1]["delta"]["signature"]
+    assert output.thought == "a thought" and signer.check("a thought", signature) == "verified"
 
 
 EMPTY = {"type": "object", "properties": {}}  # closed by the server: only {} (a call ends soon)

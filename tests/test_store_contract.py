@@ -20,7 +20,7 @@ from tests.postgres_server import PostgresServer
 from zerohop.cli.errors import failure_line
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
 from zerohop.gateway.store.open_store import Store, StoreSpec, StoreUnavailable, open_store
-from zerohop.gateway.store.rows import InvalidKey
+from zerohop.gateway.store.rows import InvalidKey, KeyEntry, RevokedKey
 from zerohop.gateway.store.sqlite import hash_secret
 
 KINDS = ("sqlite", "postgresql")
@@ -78,7 +78,7 @@ def _script(store: Store) -> dict[str, Any]:
         "key": _plain(store.key(first.key_id).as_dict()),
         "revoked": revoked,
         "has_keys": store.has_keys(),
-        "snapshot": [(h == hash_secret(secret), _identity(i)) for h, i in index.items()],
+        "snapshot": sorted((h == hash_secret(secret), _entry(i)) for h, i in index.items()),
         "version_matches": version == store.version(),
     }
     with pytest.raises(KeyError):
@@ -92,7 +92,9 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _identity(entry: Identity | InvalidKey) -> Any:
+def _entry(entry: KeyEntry) -> Any:
+    if isinstance(entry, RevokedKey):  # refused, kept for the audit to name
+        return ("revoked", entry.tenant)
     assert isinstance(entry, Identity)
     return (entry.tenant, entry.name, entry.models, entry.priority, entry.limits, entry.budget)
 
@@ -114,7 +116,10 @@ def test_every_method_gives_the_same_results_on_sqlite_and_postgresql(
     assert got["revoked"] == [True, False]
     assert got["has_keys"] and got["version_matches"]
     limits = Limits(itpm=500, max_concurrency=2)
-    assert got["snapshot"] == [(True, (got["acme"], "ci", (), "batch", limits, None))]
+    assert got["snapshot"] == [
+        (False, ("revoked", "beta")),
+        (True, (got["acme"], "ci", (), "batch", limits, None)),
+    ]
 
 
 def test_every_change_moves_the_version_on(store: Store) -> None:

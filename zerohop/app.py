@@ -5,12 +5,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from zerohop.admin import routes as admin_routes
 from zerohop.api import model_list
 from zerohop.api.anthropic import messages as anthropic
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
-from zerohop.api.http.asgi import ClientDisconnected, Receive, Scope, Send, api_key, send_json
+from zerohop.api.http.asgi import (
+    ClientDisconnected,
+    Receive,
+    Scope,
+    Send,
+    api_key,
+    client_address,
+    send_json,
+)
 from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
@@ -34,6 +43,7 @@ OPENAI_PATHS = (
 )
 
 _HEALTHY = b'{"status":"ok"}'
+_READY = {"status": "ok"}
 _NOT_READY = b'{"status":"unavailable"}'
 _FAILED = b'{"status":"failed"}'
 
@@ -72,7 +82,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         if path == "/ready":
             ok = ctx.ready
             return await send_json(
-                send, 200 if ok else 503, None, raw=_HEALTHY if ok else _NOT_READY
+                send, 200 if ok else 503, _ready(ctx), raw=None if ok else _NOT_READY
             )
         if path == "/engine/stats" and scope["method"] == "GET":
             if ctx.metrics_token and api_key(scope) != ctx.metrics_token:
@@ -103,7 +113,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         handler, shape = route
         if path.startswith("/v1/models") and model_list.wants_anthropic(scope):
             shape = anthropic_body  # the anthropic SDKs' models.list/retrieve (model_list.py)
-        call = Call(request_id, SURFACES[shape], _client(scope), scope.get("http_version"))
+        client = client_address(scope)
+        call = Call(request_id, SURFACES[shape], client, scope.get("http_version"))
         await _handle(scope, receive, send, handler, shape, call)
 
     async def _operator(scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,9 +260,14 @@ async def _send_error(send: Send, error: ApiError, shape: ErrorShape, request_id
     await send_json(send, error.status, shape(error, request_id), headers)
 
 
-def _client(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else None
+def _ready(ctx: ServingContext) -> dict[str, Any]:
+    """/ready's body while ready; a fleet replica that started while its store was down
+    says it serves the keys of its local snapshot, and how old they are (ready all the same:
+    it can serve)."""
+    local = ctx.gateway.auth.snapshot_served if ctx.gateway is not None else None
+    if local is None:
+        return _READY
+    return {"status": "ok", "keys": "snapshot", "snapshot_age_seconds": round(local.age() or 0, 1)}
 
 
 def _clamp_header(call: Call) -> list[tuple[bytes, bytes]]:

@@ -38,8 +38,10 @@ from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.app import create_app
 from zerohop.engine.loading.checkpoint import open_checkpoint
 from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
-from zerohop.gateway.fleet_options import LeaseOptions
+from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
 from zerohop.gateway.gateway import Gateway, GatewayStartError
+from zerohop.gateway.server_keys import DEFAULT_ROTATION
+from zerohop.gateway.store.key_snapshot import FILE_NAME, LocalCopy, read_or_load
 from zerohop.gateway.store.open_store import StoreSpec, open_store
 from zerohop.gateway.store.sqlite import default_db_path
 
@@ -58,6 +60,9 @@ class ServeOptions:
     port_file: Path | None = None  # once listening: {"http": PORT, "grpc": PORT | null}
     tls_cert: str | None = None
     tls_key: str | None = None
+    # Peers whose X-Forwarded-Proto/-For uvicorn trusts (IPs, CIDR networks, or "*").
+    forwarded_allow_ips: str = "127.0.0.1,::1"
+    secure_cookies: bool = False  # the console's cookie Secure even on a plain-HTTP request
     served_model_name: list[str] | None = None  # concrete names or globs (model_names.py)
     model_aliases: list[str] | None = None  # None: any name, unless served_model_name is set
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -74,6 +79,9 @@ class ServeOptions:
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
     engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
     tool_call_parser: str = "auto"  # hermes, llama3_json, mistral; auto: by chat template
+    # Thinking blocks whose signature does not verify: refused (400), not left out.
+    strict_thought_signatures: bool = False
+    signing_key_rotation: float = DEFAULT_ROTATION  # seconds (gateway/server_keys.py)
     batches: BatchOptions = field(default_factory=lambda: BatchOptions())
 
 
@@ -108,6 +116,7 @@ class GatewayOptions:
     durability: Literal["normal", "full"] = "full"  # the budget ledger (see sqlite_writer)
     ledger_failure: str = "open"  # unbudgeted requests while the ledger fails: open/closed
     leases: LeaseOptions = field(default_factory=LeaseOptions)  # with a PostgreSQL store
+    snapshot: SnapshotOptions = field(default_factory=SnapshotOptions)  # the same
 
 
 class DrainingServer(uvicorn.Server):
@@ -211,10 +220,12 @@ async def serve(options: ServeOptions) -> int:
     if gateway is not None:
         from zerohop.admin.attach import LiveSampler, attach_operator
 
-        ctx.admin = attach_operator(gateway, secure_cookies=options.tls_cert is not None)
+        secure = options.secure_cookies or options.tls_cert is not None
+        ctx.admin = attach_operator(gateway, secure_cookies=secure)
         sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
     ctx.threads = open_threads(gateway)
     ctx.responses = open_responses(gateway)
+    ctx.thoughts = open_thought_signatures(options, gateway)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
@@ -282,6 +293,7 @@ async def serve(options: ServeOptions) -> int:
             ctx.batches.store.close()
         await asyncio.to_thread(ctx.threads.close)
         await asyncio.to_thread(ctx.responses.close)
+        await asyncio.to_thread(ctx.thoughts.close)
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
@@ -310,6 +322,26 @@ def open_responses(gateway: Gateway | None) -> Any:
     return StoredResponses(_store_opener(gateway))
 
 
+def open_thought_signatures(options: ServeOptions, gateway: Gateway | None) -> Any:
+    """Thinking blocks' signing: the key store's keys (opened on first use), or the
+    operator's ZEROHOP_REASONING_SECRET when set."""
+    from zerohop.api.conversation.thought_signatures import (
+        PURPOSE,
+        SECRET_ENV,
+        ThoughtSignatures,
+    )
+    from zerohop.gateway.server_keys import ServerKeys
+
+    secret = os.environ.get(SECRET_ENV, "").encode() or None
+    keys = ServerKeys(
+        _store_opener(gateway),
+        PURPOSE,
+        rotation=options.signing_key_rotation,
+        operator_secret=secret,
+    )
+    return ThoughtSignatures(keys, strict=options.strict_thought_signatures)
+
+
 def _store_opener(gateway: Gateway | None) -> Callable[[], Any]:
     """Opens the key store; a server without a gateway has none, and keeps what it would
     store in memory for its lifetime."""
@@ -327,14 +359,12 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
     if not b.enabled:
         return None
     from zerohop.batches.runner import BatchRunner
-    from zerohop.batches.store import BatchStore
     from zerohop.gateway.keys.identity import ANONYMOUS
 
-    keys_db = options.gateway.keys_db or default_db_path()
-    store = BatchStore(b.db or keys_db.parent / "batches.db")
+    store = _batch_store(options, gateway)
     if store.recovered:
         log.info("batches: %d lines left running by the last process run again", store.recovered)
-    identity_for = _model_identity(gateway) if gateway is not None else lambda _: ANONYMOUS
+    identity_for = _model_identity(gateway) if gateway is not None else lambda _, __: ANONYMOUS
     from zerohop.engine.config import EngineConfig
 
     engine_options = options.engine_options or {}
@@ -344,10 +374,34 @@ def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gatew
     return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
 
 
-def _model_identity(gateway: Gateway):
-    """A batch line's key as the store has it now, None once it may not call the model."""
+def _batch_store(options: ServeOptions, gateway: Gateway | None):
+    """The fleet store's batch tables when the keys are the fleet's (every replica serves
+    every batch), else this server's own SQLite file."""
+    from zerohop.batches.store import BatchStore
 
-    def identity_for(key_id: str):
+    spec = gateway.auth.spec if gateway is not None else None
+    if gateway is not None and spec is not None and spec.kind == "postgresql":
+        from zerohop.batches.pg_store import PgBatchStore
+        from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
+
+        keeper = getattr(gateway.ledger, "keeper", None)
+        owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
+        return PgBatchStore(spec.url, owner or new_replica_id(), options.gateway.leases.ttl)
+    keys_db = options.gateway.keys_db or default_db_path()
+    return BatchStore(options.batches.db or keys_db.parent / "batches.db")
+
+
+def _model_identity(gateway: Gateway):
+    """A batch line's key as the store has it now (a signed key: as its batch's snapshot
+    may serve now), None once it may not call the model."""
+    from zerohop.gateway.keys.identity_snapshot import signed_identity_now
+
+    def identity_for(key_id: str, snapshot: dict | None):
+        if snapshot is not None:
+            verifier = gateway.auth.verifier
+            if verifier is not None:
+                verifier.reload_revoked()
+            return signed_identity_now(snapshot, None if verifier is None else verifier.revoked)
         identity = gateway.auth.identity_for(key_id)
         return identity if identity is not None and identity.inference else None
 
@@ -388,6 +442,7 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
         g.durability,
         local_db=keys_db,
         leases=g.leases,
+        local_copy=local_copy(g),
         audit=audit,
         metrics=metrics,
         ledger_failure=g.ledger_failure,
@@ -398,11 +453,12 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
 
 def check_open_mode(options: ServeOptions) -> None:
     """Without keys the server is open: only on loopback, unless --allow-anonymous. A
-    PostgreSQL store is opened here in any case: one that cannot be reached or is not
-    migrated refuses the start at once (StoreUnavailable), before the model loads."""
+    PostgreSQL store is read here in any case: one that is not migrated, or cannot be
+    reached while no local snapshot of its keys can stand in for it, refuses the start at
+    once (StoreUnavailable), before the model loads."""
     g, host = options.gateway, options.host
     spec = store_spec(g)
-    has_keys = _has_keys(spec) if g.enabled and spec.kind == "postgresql" else None
+    has_keys = _fleet_has_keys(g) if g.enabled and spec.kind == "postgresql" else None
     if g.allow_anonymous or is_loopback(host):
         return
     if not g.enabled:
@@ -422,6 +478,25 @@ def check_open_mode(options: ServeOptions) -> None:
 def store_spec(g: GatewayOptions) -> StoreSpec:
     """Where the keys are: --store, else the --keys-db file."""
     return StoreSpec.parse(g.store) if g.store else StoreSpec.sqlite(g.keys_db or default_db_path())
+
+
+def local_copy(g: GatewayOptions) -> LocalCopy | None:
+    """The local snapshot of a fleet store's keys (--store-snapshot, else beside
+    --keys-db); None without a fleet store."""
+    spec = store_spec(g)
+    if spec.kind != "postgresql":
+        return None
+    path = g.snapshot.path or (g.keys_db or default_db_path()).parent / FILE_NAME
+    return LocalCopy(path, spec.describe(), g.snapshot.max_age)
+
+
+def _fleet_has_keys(g: GatewayOptions) -> bool:
+    """Whether the fleet store has keys; while it cannot be reached, whether the local
+    snapshot has (StoreUnavailable, in one line, when neither can be read)."""
+    from zerohop.gateway.store.pg_key_feed import read_now
+
+    url = store_spec(g).url
+    return read_or_load(lambda: read_now(url), local_copy(g), announce=False).has_keys
 
 
 def _has_keys(spec: StoreSpec) -> bool:
@@ -454,6 +529,7 @@ def _uvicorn_config(options: ServeOptions, app: Any) -> uvicorn.Config:
         lifespan="on",
         ssl_certfile=options.tls_cert,
         ssl_keyfile=options.tls_key,
+        forwarded_allow_ips=options.forwarded_allow_ips,
         access_log=False,
         log_level="warning",
         server_header=False,

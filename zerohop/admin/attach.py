@@ -1,5 +1,5 @@
 """Gives a serving gateway what the operator's routes read: usage per minute, live load,
-and the admin context the routes and the console share."""
+and the admin context the routes and the console share (console sessions in the key store)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from zerohop.admin.context import AdminContext
 from zerohop.admin.service import AdminService
+from zerohop.admin.sessions import SessionStore
 from zerohop.api.load.live_load import LiveLoad
 from zerohop.gateway.store.open_store import open_store
 from zerohop.gateway.usage import UsageRecorder
@@ -21,7 +22,10 @@ def attach_operator(gateway: Any, secure_cookies: bool) -> AdminContext:
     gateway.usage = UsageRecorder(lambda: open_store(spec))
     gateway.usage.start()
     gateway.live = LiveLoad()
-    return AdminContext(gateway, AdminService(gateway), secure_cookies=secure_cookies)
+    sessions = SessionStore(lambda: open_store(spec))
+    return AdminContext(
+        gateway, AdminService(gateway), sessions=sessions, secure_cookies=secure_cookies
+    )
 
 
 class LiveSampler:
@@ -40,3 +44,4 @@ class LiveSampler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await asyncio.to_thread(self.admin.service.close)
+        await asyncio.to_thread(self.admin.sessions.close)

@@ -3,7 +3,9 @@
 A request is authenticated by an admin key in `x-api-key` or `Authorization: Bearer`, or by
 a console session cookie; with the cookie, every method but GET must carry the session's
 CSRF token in `x-csrf-token`, and a cross-site `Origin` is refused. Errors are Anthropic's
-error JSON. The routes never touch the engine.
+error JSON. The routes never touch the engine. A request refused for who sent it (no key or
+a bad one, not an admin key, a wrong CSRF token, a cross-site request, a dead session) is
+audited (`zerohop.admin.refusal_audit`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import orjson
 from zerohop.admin import views
 from zerohop.admin.context import AdminContext, AdminError, invalid
 from zerohop.admin.origin import cross_site
-from zerohop.admin.sessions import session_cookie
+from zerohop.admin.refusal_audit import audit_error
+from zerohop.admin.sessions import SessionsUnavailable, session_cookie
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import (
     ClientDisconnected,
@@ -62,14 +65,19 @@ def is_admin_path(path: str) -> bool:
 async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
     try:
         handler, params = _route(scope["method"], scope["path"])
-        request = AdminRequest(scope["method"], _identity(scope, admin), _query(scope), params)
+        identity = await _identity(scope, admin)
+        request = AdminRequest(scope["method"], identity, _query(scope), params)
         if request.method not in SAFE_METHODS:
             request.body = await _json_body(receive)
         status, body = await handler(admin, request)
     except AdminError as exc:
+        audit_error(admin, scope, "admin", exc)
         return await send_json(send, exc.status, _error(exc.kind, exc.message))
     except ApiError as exc:  # the body: too large, too slow
         return await send_json(send, exc.status, _error("invalid_request_error", exc.message))
+    except SessionsUnavailable:
+        message = "the store that holds console sessions cannot be reached now; retry shortly"
+        return await send_json(send, 503, _error("api_error", message))
     except ClientDisconnected:
         return
     except Exception:
@@ -107,20 +115,35 @@ def _fill(template: list[str], parts: list[str]) -> dict[str, str] | None:
     return params
 
 
-def _identity(scope: Scope, admin: AdminContext) -> Identity:
+async def _identity(scope: Scope, admin: AdminContext) -> Identity:
     token = api_key(scope)
     if token is not None:
         return admin.admin_identity(token)
-    session = admin.sessions.get(session_cookie(scope["headers"]))
+    cookie = session_cookie(scope["headers"])
+    session = await admin.sessions.get(cookie)
     if session is None:
+        if cookie is not None:  # expired, logged out or unknown: told so in the audit only
+            raise AdminError(
+                401, "authentication_error", "this route needs an admin key", reason="session"
+            )
         return admin.admin_identity(None)  # 401: no key
     if scope["method"] not in SAFE_METHODS:
         csrf = header(scope, b"x-csrf-token")
         if not session.csrf_matches(csrf.decode("latin-1") if csrf else None):
-            raise AdminError(403, "permission_error", "missing or wrong CSRF token")
+            raise AdminError(
+                403, "permission_error", "missing or wrong CSRF token", reason="csrf",
+                key=admin.session_key(session),
+            )  # fmt: skip
         if cross_site(scope):
-            raise AdminError(403, "permission_error", "a cross-site request is refused")
-    return admin.session_identity(session)
+            raise AdminError(
+                403, "permission_error", "a cross-site request is refused",
+                reason="cross_site", key=admin.session_key(session),
+            )  # fmt: skip
+    try:
+        return admin.session_identity(session)
+    except AdminError:  # revoked, expired, no longer an admin key: the session is over
+        await admin.sessions.end(session.session_id)
+        raise
 
 
 def _query(scope: Scope) -> dict[str, list[str]]:

@@ -1,21 +1,51 @@
 """The console's login sessions: a random id in an HttpOnly cookie, its CSRF token beside it.
 
-Held in this process's memory (a replica's console is reached on that replica), so a
-restart logs everyone out. A session ends after `idle` seconds without a request, after
-`lifetime` seconds in all, on logout, and as soon as its admin key stops being an admin key
-(revoked, expired, changed): the admin API checks the key on every request.
+Sessions live in the key store (`zerohop.gateway.store.session_tables`: the SQLite keys.db,
+or the fleet's PostgreSQL with `--store`), so every replica sharing that store serves a
+session and a restart keeps it. The store holds the SHA-256 of the id, never the id; the
+CSRF token is derived from the id (an HMAC under it), so the store holds no token either.
+
+A session ends after `idle` seconds without a request, after `lifetime` seconds in all, on
+logout (on every replica at once: the row is marked revoked), and as soon as its admin key
+stops being an admin key (revoked, expired, changed): the admin routes and the console check
+the key on every request. Each request reads the row; `last_seen` is written at most once
+every `touch_every` seconds (60 by default), not on every request, so the idle timeout may
+end a session up to that much early. The store is called from a worker thread
+(`asyncio.to_thread`), one call at a time, as one SQLite connection takes: the event loop
+never waits on a disk or the database.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
+import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
+from zerohop.gateway.store.spec import StoreUnavailable
+from zerohop.gateway.store.sqlite import KeyStore
+
+log = logging.getLogger(__name__)
 
 COOKIE = "zerohop_console"
-MAX_SESSIONS = 10_000  # a flood of logins evicts the oldest, never grows memory
+MAX_SESSIONS = 10_000  # rows in the store at most: a flood of logins evicts the oldest
+MAX_SESSIONS_PER_KEY = 64  # an admin key's sessions at most (its oldest go first)
+TOUCH_EVERY = 60.0  # seconds between writes of a session's last_seen
+MAX_ID_CHARS = 64  # a longer cookie value is no session id of ours: not looked up
+_CSRF_LABEL = b"zerohop console csrf"
+T = TypeVar("T")
+
+
+class SessionsUnavailable(Exception):
+    """The key store that holds the sessions cannot be reached now."""
 
 
 @dataclass(slots=True)
@@ -30,42 +60,87 @@ class Session:
         return token is not None and hmac.compare_digest(token.encode(), self.csrf_token.encode())
 
 
+def session_digest(session_id: str) -> str:
+    """What the store keys a session by: the SHA-256 of its id."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def csrf_token_for(session_id: str) -> str:
+    """The session's CSRF token: an HMAC under the id, so only the id's holder can make it."""
+    return hmac.new(session_id.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
+
+
+def _memory_store() -> KeyStore:
+    """A key store of this process's own (no gateway to share one with)."""
+    return KeyStore(Path(":memory:"))
+
+
 class SessionStore:
+    """Console sessions in a key store, opened on first use by `open_store`."""
+
     def __init__(
         self,
+        open_store: Callable[[], Any] = _memory_store,
         idle: float = 3600.0,
         lifetime: float = 12 * 3600.0,
-        clock: Callable[[], float] = time.monotonic,
+        touch_every: float = TOUCH_EVERY,
+        clock: Callable[[], float] = time.time,  # shared between replicas: wall-clock time
     ) -> None:
-        self.idle, self.lifetime, self.clock = idle, lifetime, clock
-        self._sessions: dict[str, Session] = {}
+        self._open_store = open_store
+        self.idle, self.lifetime, self.touch_every, self.clock = idle, lifetime, touch_every, clock
+        self._store: Any = None
+        self._lock = threading.Lock()
 
-    def create(self, key_id: str) -> Session:
+    async def create(self, key_id: str) -> Session:
+        session_id = secrets.token_urlsafe(32)
         now = self.clock()
-        if len(self._sessions) >= MAX_SESSIONS:
-            oldest = min(self._sessions.values(), key=lambda s: s.last_seen)
-            del self._sessions[oldest.session_id]
-        session = Session(secrets.token_urlsafe(32), key_id, secrets.token_urlsafe(32), now, now)
-        self._sessions[session.session_id] = session
-        return session
+        row = SessionRow(session_digest(session_id), key_id, now, now, now + self.lifetime)
+        caps = SessionCaps(self.idle, MAX_SESSIONS_PER_KEY, MAX_SESSIONS)
+        await self._run(lambda store: store.create_console_session(row, caps))
+        return Session(session_id, key_id, csrf_token_for(session_id), now, now)
 
-    def get(self, session_id: str | None) -> Session | None:
-        """The live session of that id (touched), or None."""
-        session = self._sessions.get(session_id or "")
-        if session is None:
+    async def get(self, session_id: str | None) -> Session | None:
+        """The live session of that id (its last_seen written if due), or None."""
+        if not session_id or len(session_id) > MAX_ID_CHARS:
             return None
-        now = self.clock()
-        if now - session.last_seen > self.idle or now - session.created > self.lifetime:
-            del self._sessions[session.session_id]
+        return await self._run(lambda store: self._live(store, session_id))
+
+    async def end(self, session_id: str | None) -> None:
+        """Log the session out, on every replica (nothing for no id, or an unknown one)."""
+        if not session_id or len(session_id) > MAX_ID_CHARS:
+            return
+        digest = session_digest(session_id)
+        await self._run(lambda store: store.end_console_session(digest, self.clock()))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def _live(self, store: Any, session_id: str) -> Session | None:
+        digest, now = session_digest(session_id), self.clock()
+        row = store.console_session(digest, now, self.idle)
+        if row is None:
             return None
-        session.last_seen = now
-        return session
+        last_seen = row.last_seen
+        if now - last_seen >= self.touch_every:
+            store.touch_console_session(digest, now, self.touch_every)
+            last_seen = now
+        return Session(session_id, row.key_id, csrf_token_for(session_id), row.created, last_seen)
 
-    def end(self, session_id: str | None) -> None:
-        self._sessions.pop(session_id or "", None)
+    async def _run(self, work: Callable[[Any], T]) -> T:
+        return await asyncio.to_thread(self._locked, work)
 
-    def __len__(self) -> int:
-        return len(self._sessions)
+    def _locked(self, work: Callable[[Any], T]) -> T:
+        with self._lock:
+            try:
+                if self._store is None:
+                    self._store = self._open_store()
+                return work(self._store)
+            except StoreUnavailable as exc:
+                log.warning("console sessions: %s", exc)
+                raise SessionsUnavailable(str(exc)) from exc
 
 
 def session_cookie(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -81,9 +156,18 @@ def session_cookie(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def cookie_header(session: Session | None, secure: bool, max_age: float) -> tuple[bytes, bytes]:
-    """Set-Cookie for `session` (None: clear it): HttpOnly, SameSite=Strict, Path=/."""
+    """Set-Cookie for `session` (None: clear it): HttpOnly, SameSite=Strict, Path=/; Secure
+    where `secure` (see `secure_cookie`)."""
     value = session.session_id if session is not None else ""
     age = int(max_age) if session is not None else 0
     flags = "; Secure" if secure else ""
     cookie = f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={age}{flags}"
     return (b"set-cookie", cookie.encode())
+
+
+def secure_cookie(scope: dict[str, Any], always: bool) -> bool:
+    """Whether the session cookie of this request's answer is Secure: `always` (the
+    operator's --secure-cookies), or the request came over HTTPS: served with --tls-cert, or
+    through a TLS-terminating proxy whose `X-Forwarded-Proto: https` the server trusts
+    (uvicorn's proxy-headers middleware rewrites `scheme` for --forwarded-allow-ips only)."""
+    return always or scope.get("scheme") == "https"

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
 from zerohop.api.http.keepalive import DEFAULT_PING_INTERVAL
@@ -119,6 +120,9 @@ class ServingContext:
     admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
     threads: Any = None  # zerohop.api.anthropic.threads.Threads; None: `thread` is refused
     responses: Any = None  # zerohop.api.responses.stored.StoredResponses; None: none kept
+    # Thinking blocks' signatures; by default a key of this process's own (server.py: the
+    # key store's).
+    thoughts: ThoughtSignatures = field(default_factory=ThoughtSignatures)
     # The names requests may use (served names, aliases); None: `model_name` alone.
     names: ModelNames = field(default=None)  # type: ignore[assignment]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -27,7 +26,15 @@ from zerohop.batches.records import (
     NewLine,
     Page,
 )
-from zerohop.batches.schema import _BATCH_COLUMNS, _batch, _dumps, _owned, new_batch_id, new_file_id
+from zerohop.batches.schema import (
+    _BATCH_COLUMNS,
+    Statements,
+    _batch,
+    _dumps,
+    _owned,
+    new_batch_id,
+    new_file_id,
+)
 
 
 class BatchTable(LineTable, FileTable):
@@ -171,7 +178,7 @@ class BatchTable(LineTable, FileTable):
         finally:
             if not ended:
                 for file_id, _ in written.values():
-                    (self.files_dir / file_id).unlink(missing_ok=True)
+                    self._remove_content(file_id)
         return self.batch(None, batch_id) if ended else None
 
     def _end(
@@ -213,12 +220,10 @@ class BatchTable(LineTable, FileTable):
             for file_id in outputs:
                 conn.execute("DELETE FROM files WHERE id = ?", (file_id,))
         for file_id in outputs:
-            (self.files_dir / file_id).unlink(missing_ok=True)
+            self._remove_content(file_id)
         return True
 
-    def _finish_waiting(
-        self, conn: sqlite3.Connection, batch_id: str, state: str, now: float
-    ) -> None:
+    def _finish_waiting(self, conn: Statements, batch_id: str, state: str, now: float) -> None:
         conn.execute(
             "UPDATE lines SET state = ?, finished_at = ? WHERE batch_id = ? AND state = ?",
             (state, now, batch_id, WAITING),

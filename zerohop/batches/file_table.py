@@ -1,4 +1,5 @@
-"""Files: contents on disk beside the database, one file per id, rows in `files`.
+"""Files: rows in `files`; contents on disk beside the database, one file per id (the
+PostgreSQL store keeps them in the database instead: zerohop.batches.pg_store).
 
 A content is written (and fsynced) under a temporary name and renamed before its row is
 committed; contents without a row (a crash in between) are swept when the store opens.
@@ -7,13 +8,19 @@ committed; contents without a row (a crash in between) are swept when the store 
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from zerohop.batches.records import FileRecord, NewFile, Page
-from zerohop.batches.schema import _FILE_COLUMNS, _FILE_FIELDS, Connection, _owned, new_file_id
+from zerohop.batches.schema import (
+    _FILE_COLUMNS,
+    _FILE_FIELDS,
+    Connection,
+    Statements,
+    _owned,
+    new_file_id,
+)
 
 
 class FileTable(Connection):
@@ -29,13 +36,13 @@ class FileTable(Connection):
         expires_at: float | None = None,
     ) -> FileRecord:
         file_id = new_file_id()
-        path = self._write_content(file_id, content)
+        self._write_content(file_id, content)
         new = NewFile(filename, content, purpose)
         try:
             with self._transaction() as conn:
                 return self._insert_file(conn, file_id, tenant, new, expires_at)
         except BaseException:
-            path.unlink(missing_ok=True)
+            self._remove_content(file_id)
             raise
 
     def file(self, tenant: str | None, file_id: str) -> FileRecord | None:
@@ -54,7 +61,7 @@ class FileTable(Connection):
             return False
         with self._transaction() as conn:
             deleted = conn.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
-        record.path.unlink(missing_ok=True)  # a crash before this: swept at the next open
+        self._remove_content(file_id)  # a crash before this: swept at the next open
         return deleted == 1
 
     def list_files(
@@ -82,6 +89,9 @@ class FileTable(Connection):
             rows = self.conn.execute(sql, (*args, limit + 1)).fetchall()
         return Page([self._file(r) for r in rows[:limit]], len(rows) > limit)
 
+    def _remove_content(self, file_id: str) -> None:
+        (self.files_dir / file_id).unlink(missing_ok=True)
+
     def _write_content(self, file_id: str, content: bytes) -> Path:
         path = self.files_dir / file_id
         temporary = self.files_dir / f".{file_id}.tmp"
@@ -94,7 +104,7 @@ class FileTable(Connection):
 
     def _insert_file(
         self,
-        conn: sqlite3.Connection,
+        conn: Statements,
         file_id: str,
         tenant: str,
         new: NewFile,
@@ -111,7 +121,7 @@ class FileTable(Connection):
         )
         return record
 
-    def _file(self, row: sqlite3.Row) -> FileRecord:
+    def _file(self, row: Any) -> FileRecord:
         values = dict(row)
         values["path"] = self.files_dir / values["path"]  # relative: the store can move
         return FileRecord(**values)

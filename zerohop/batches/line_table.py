@@ -8,9 +8,12 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from zerohop.api.errors import ApiError
 from zerohop.batches.records import (
+    ERRORED,
     FINISHED,
     IN_PROGRESS,
+    MAX_LINE_ATTEMPTS,
     RUNNING,
     WAITING,
     DuplicateCustomId,
@@ -19,10 +22,16 @@ from zerohop.batches.records import (
     RequestCounts,
     WaitingLine,
 )
-from zerohop.batches.schema import _LINE_COLUMNS, Connection, _dumps, _line
+from zerohop.batches.results import api_of, refused
+from zerohop.batches.schema import _LINE_COLUMNS, Connection, Statements, _dumps, _line, _loads
+
+# A line's columns when it goes back to waiting (the PostgreSQL store clears its lease too).
+_WAITING_AGAIN = "state = ?, started_at = NULL"
 
 
 class LineTable(Connection):
+    _waiting_again = _WAITING_AGAIN
+
     def next_waiting(self, limit: int, *, exclude: Iterable[str] = ()) -> list[WaitingLine]:
         """Up to `limit` waiting lines of in-progress batches, taken in turn from each tenant
         (the tenant with the fewest running lines first), each tenant's oldest batch first
@@ -31,7 +40,8 @@ class LineTable(Connection):
         per_tenant: dict[str, deque[WaitingLine]] = defaultdict(deque)
         with self._lock:
             for batch in self.conn.execute(
-                "SELECT id, tenant, key_id, endpoint FROM batches WHERE status = ? ORDER BY seq",
+                "SELECT id, tenant, key_id, endpoint, identity FROM batches WHERE status = ?"
+                " ORDER BY seq",
                 (IN_PROGRESS,),
             ).fetchall():
                 queue = per_tenant[batch["tenant"]]
@@ -42,9 +52,10 @@ class LineTable(Connection):
                     " ORDER BY idx LIMIT ?",
                     (batch["id"], WAITING, limit - len(queue)),
                 )
+                tenant, key_id, endpoint = batch["tenant"], batch["key_id"], batch["endpoint"]
+                identity = _loads(batch["identity"])
                 queue.extend(
-                    WaitingLine(_line(r), batch["tenant"], batch["key_id"], batch["endpoint"])
-                    for r in rows
+                    WaitingLine(_line(r), tenant, key_id, endpoint, identity) for r in rows
                 )
             running = self._running_by_tenant()
         return _take_in_turn(per_tenant, running, limit)
@@ -71,11 +82,31 @@ class LineTable(Connection):
         """running -> waiting: the runner gave the line back (shutdown, a retryable refusal)."""
         with self._transaction() as conn:
             done = conn.execute(
-                "UPDATE lines SET state = ?, started_at = NULL"
+                f"UPDATE lines SET {self._waiting_again}"
                 " WHERE batch_id = ? AND idx = ? AND state = ?",
                 (WAITING, batch_id, index, RUNNING),
             )
         return done.rowcount == 1
+
+    def _settle_abandoned(self, conn: Statements, where: str, params: tuple, now: float) -> int:
+        """Running lines that nobody runs any more (`where` picks them): waiting again, or
+        errored once they were started MAX_LINE_ATTEMPTS times, so that a line that brings
+        the server down every time it runs does not run forever. How many were settled."""
+        abandoned = conn.execute(
+            "SELECT l.batch_id, l.idx, l.attempts, b.endpoint FROM lines AS l"
+            f" JOIN batches AS b ON b.id = l.batch_id WHERE l.state = 'running' AND {where}",
+            params,
+        ).fetchall()
+        for batch_id, index, attempts, endpoint in abandoned:
+            sql, args = self._waiting_again, list[Any]([WAITING])
+            if attempts >= MAX_LINE_ATTEMPTS:
+                result = _abandoned_result(attempts, endpoint)
+                sql, args = "state = ?, result = ?, finished_at = ?", [ERRORED, result, now]
+            conn.execute(
+                f"UPDATE lines SET {sql} WHERE batch_id = ? AND idx = ? AND state = ?",
+                (*args, batch_id, index, RUNNING),
+            )
+        return len(abandoned)
 
     def record_result(
         self, batch_id: str, index: int, state: str, result: Any, now: float | None = None
@@ -136,6 +167,13 @@ class LineTable(Connection):
                 "SELECT state, COUNT(*) FROM lines WHERE batch_id = ? GROUP BY state", (batch_id,)
             ).fetchall()
         return RequestCounts(**{state: n for state, n in rows})
+
+
+def _abandoned_result(attempts: int, endpoint: str) -> str | None:
+    message = (
+        f"this line was running when the server stopped, {attempts} times: it is not run again"
+    )
+    return _dumps(refused(ApiError(500, message), api_of(endpoint)))
 
 
 def _take_in_turn(

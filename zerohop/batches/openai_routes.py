@@ -18,9 +18,17 @@ from zerohop.batches import openai_wire as wire
 from zerohop.batches.multipart import read_upload
 from zerohop.batches.openai_input import CreateBody, parse_create, parse_input_file
 from zerohop.batches.records import BatchRecord, FileRecord, NewBatch
-from zerohop.batches.routes import limit_param, paged, query_params, tenant_of
+from zerohop.batches.routes import (
+    limit_param,
+    paged,
+    query_params,
+    retryable_outages,
+    signed_snapshot,
+    tenant_of,
+)
 from zerohop.batches.runner import BatchRunner
 from zerohop.gateway.gateway import Call
+from zerohop.gateway.keys.identity import Identity
 
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 CONTENT_CHUNK = 2**20  # bytes of a file's content sent at a time
@@ -29,7 +37,7 @@ UPLOAD_PURPOSES = ("batch",)  # what this server keeps files for
 
 def openai(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
     files, batches = Files(ctx), Batches(ctx)
-    return {
+    return retryable_outages({
         ("POST", "/v1/files"): files.create,
         ("GET", "/v1/files"): files.list,
         ("GET", "/v1/files/{id}"): files.retrieve,
@@ -39,7 +47,7 @@ def openai(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
         ("GET", "/v1/batches"): batches.list,
         ("GET", "/v1/batches/{id}"): batches.retrieve,
         ("POST", "/v1/batches/{id}/cancel"): batches.cancel,
-    }
+    })  # fmt: skip
 
 
 class Files:
@@ -117,15 +125,12 @@ class Batches:
         body = parse_create(
             await read_json_body(scope, receive, ctx.max_body_bytes, ctx.body_deadline)
         )
-        identity = call.identity
-        if identity.source == "jwt":
-            message = "batches need a stored API key (`zerohop keys create`), not a signed token"
-            raise ApiError(400, message)
-        batch = await asyncio.to_thread(self._create, tenant_of(call), identity.key_id, body)
+        batch = await asyncio.to_thread(self._create, call.identity, body)
         self.runner.wake()
         await self._send_batch(send, batch)
 
-    def _create(self, tenant: str, key_id: str, body: CreateBody) -> BatchRecord:
+    def _create(self, identity: Identity, body: CreateBody) -> BatchRecord:
+        tenant = identity.tenant.name
         record = self.store.file(tenant, body.input_file_id)
         if record is None:
             raise _no_file(body.input_file_id, param="input_file_id")
@@ -134,9 +139,10 @@ class Batches:
             raise ApiError(400, message, param="input_file_id")
         parsed = parse_input_file(self.store.read_file(record), body.endpoint, self.ctx.names)
         new = NewBatch(
-            tenant, key_id, "openai", body.endpoint, model=parsed.model,
+            tenant, identity.key_id, "openai", body.endpoint, model=parsed.model,
             completion_window=body.completion_window, input_file_id=record.id,
             metadata=body.metadata, errors=parsed.errors or None,
+            identity=signed_snapshot(identity),
         )  # fmt: skip
         return self.store.create_batch(new, [] if parsed.errors else parsed.lines)
 

@@ -20,6 +20,9 @@ IN_PROGRESS, CANCELING, ENDED, FAILED = "in_progress", "canceling", "ended", "fa
 OPEN = (IN_PROGRESS, CANCELING)  # lines may still run
 
 DAY = 24 * 3600.0
+# Runs a line may begin: one abandoned this often (the server died while running it each
+# time) is errored rather than started again.
+MAX_LINE_ATTEMPTS = 3
 
 
 class StoreError(Exception):
@@ -140,6 +143,7 @@ class WaitingLine:
     tenant: str
     key_id: str
     endpoint: str
+    identity: dict[str, Any] | None = None  # a signed key's snapshot (its batch's `identity`)
 
 
 @dataclass(slots=True)

@@ -7,6 +7,8 @@ Store calls run in a thread (`asyncio.to_thread`): the event loop never waits on
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -21,21 +23,43 @@ from zerohop.batches.anthropic_input import parse_create
 from zerohop.batches.records import BatchNotEnded, BatchRecord, NewBatch, UnknownCursor
 from zerohop.batches.runner import BatchRunner
 from zerohop.gateway.gateway import Call
+from zerohop.gateway.keys.identity import Identity
+from zerohop.gateway.keys.identity_snapshot import snapshot
+from zerohop.gateway.store.spec import StoreUnavailable
 
+log = logging.getLogger(__name__)
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 BASE = "/v1/messages/batches"
 
 
 def anthropic(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
     routes = MessageBatches(ctx)
-    return {
+    return retryable_outages({
         ("POST", BASE): routes.create,
         ("GET", BASE): routes.list,
         ("GET", BASE + "/{id}"): routes.retrieve,
         ("POST", BASE + "/{id}/cancel"): routes.cancel,
         ("DELETE", BASE + "/{id}"): routes.delete,
         ("GET", BASE + "/{id}/results"): routes.results,
-    }
+    })  # fmt: skip
+
+
+def retryable_outages(table: dict[tuple[str, str], Handler]) -> dict[tuple[str, str], Handler]:
+    """Each route, answering a 503 (retryable, in the API's shape) while the fleet store
+    that holds the batches cannot be reached."""
+    return {route: _outage_is_503(handler) for route, handler in table.items()}
+
+
+def _outage_is_503(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def guarded(scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        try:
+            await handler(scope, receive, send, call)
+        except StoreUnavailable:
+            log.warning("batches: the fleet store is unreachable", exc_info=True)
+            raise ApiError(503, "the batch store cannot be reached now; retry later") from None
+
+    return guarded
 
 
 class MessageBatches:
@@ -50,10 +74,10 @@ class MessageBatches:
         )
         lines = parse_create(body, self.ctx.names)
         identity = call.identity
-        if identity.source == "jwt":
-            message = "batches need a stored API key (`zerohop keys create`), not a signed token"
-            raise ApiError(400, message)
-        new = NewBatch(identity.tenant.name, identity.key_id, "anthropic", "/v1/messages")
+        new = NewBatch(
+            identity.tenant.name, identity.key_id, "anthropic", "/v1/messages",
+            identity=signed_snapshot(identity),
+        )  # fmt: skip
         batch = await asyncio.to_thread(self.store.create_batch, new, lines)
         self.runner.wake()
         await self._send_batch(scope, send, batch)
@@ -118,6 +142,12 @@ class MessageBatches:
 
     async def _send_batch(self, scope: Scope, send: Send, batch: BatchRecord) -> None:
         await send_json(send, 200, await self._rendered(scope, batch))
+
+
+def signed_snapshot(identity: Identity) -> dict[str, Any] | None:
+    """What a batch keeps of a signed (JWT) key to run its lines as that caller later; a
+    stored key is looked up again instead (zerohop.gateway.keys.identity_snapshot)."""
+    return snapshot(identity) if identity.source == "jwt" else None
 
 
 def tenant_of(call: Call) -> str:

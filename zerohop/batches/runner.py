@@ -1,11 +1,13 @@
 """The batch runner: starts waiting lines on the capacity interactive work leaves.
 
-Every wake-up (a line finished, a batch created or cancelled, a 1 s tick) it expires due
-batches, ends batches with nothing open, and starts lines while fewer than `room()` run, no
-request of a class above BACKGROUND waits in the engine, and at most `LOOKAHEAD` of its own
-lines wait there unstarted. Lines are taken in turn from each tenant (`next_waiting`); the
-engine's fair share orders them from there. A retryable refusal (a rate limit, the engine
-restarting) puts the line back and backs its tenant off until `retry-after`.
+Every wake-up (a line finished, a batch created or cancelled, a 1 s tick) it renews the
+leases of the lines it runs and settles lines whose lease ended (the fleet store's:
+zerohop.batches.pg_store), expires due batches, ends batches with nothing open, and starts
+lines while fewer than `room()` run, no request of a class above BACKGROUND waits in the
+engine, and at most `LOOKAHEAD` of its own lines wait there unstarted. Lines are taken in
+turn from each tenant (`next_waiting`); the engine's fair share orders them from there. A
+retryable refusal (a rate limit, the engine restarting) puts the line back and backs its
+tenant off until `retry-after`.
 
 `stop` aborts running lines and puts them back to waiting; after a kill -9 the store's
 recovery at open does the same, so a line running at the crash runs again.
@@ -28,6 +30,7 @@ from zerohop.engine.sched.fair_share import BACKGROUND
 from zerohop.engine.sched.step_times import StepCurve
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity
+from zerohop.gateway.store.spec import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +38,9 @@ TICK = 1.0  # seconds between housekeeping passes (expiry, ending batches, count
 RAMP = 0.05  # seconds between starts while lines wait and there is room
 LOOKAHEAD = 2  # own lines waiting in the engine unstarted, at most
 MAX_ENGINE_ATTEMPTS = 3  # a line the engine lost this often is errored, not run again
-IdentityFor = Callable[[str], Identity | None]
+# A line's caller as it may call the model now, from its key id and (for a signed key) the
+# snapshot its batch keeps; None once it may not.
+IdentityFor = Callable[[str, dict | None], Identity | None]
 
 
 class BatchRunner:
@@ -99,6 +104,8 @@ class BatchRunner:
                     last_housekeeping = time.monotonic()
                     await self._housekeeping()
                 started = await self._fill()
+            except StoreUnavailable as exc:  # the fleet store is down: at the next tick
+                log.warning("batches: the runner's pass failed: %s", exc)
             except Exception:  # a locked or full disk: try again at the next tick
                 log.exception("batches: the runner's pass failed")
             with contextlib.suppress(TimeoutError):
@@ -110,6 +117,9 @@ class BatchRunner:
     async def _housekeeping(self) -> None:
         store = self.store
         changed, self._dirty = self._dirty, False
+        if self._running:
+            await asyncio.to_thread(store.renew_leases)
+        changed |= bool(await asyncio.to_thread(store.expire_leases))
         changed |= bool(await asyncio.to_thread(store.expire_due))
         for batch in await asyncio.to_thread(store.open_batches):
             changed |= await asyncio.to_thread(end_batch, store, batch)
@@ -175,7 +185,7 @@ class BatchRunner:
     async def _answer(self, waiting: WaitingLine, stop: asyncio.Event) -> None:
         line, store, api = waiting.line, self.store, api_of(waiting.endpoint)
         key = (line.batch_id, line.index)
-        identity = self.identity_for(waiting.key_id)
+        identity = self.identity_for(waiting.key_id, waiting.identity)
         if identity is None:
             error = ApiError(401, f"API key {waiting.key_id} is revoked, expired or invalid")
             await asyncio.to_thread(store.record_result, *key, ERRORED, refused(error, api))

@@ -7,10 +7,10 @@ import secrets
 import sqlite3
 import string
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from zerohop.batches.records import Api, BatchRecord, LineRecord, UnknownCursor
 from zerohop.gateway.store.sqlite import immediate_transaction, open_wal
@@ -74,10 +74,19 @@ def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
     return open_wal(path, SCHEMA, synchronous)
 
 
+class Statements(Protocol):
+    """What the tables run their SQL on: a `sqlite3.Connection`, or the PostgreSQL one of
+    zerohop.batches.pg_connection (the same `?` SQL, rows read by name or position)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Any: ...
+
+
 class Connection:
     """One connection guarded by a lock; what each table's methods share."""
 
-    conn: sqlite3.Connection
+    conn: Any  # Statements, and close()
     _lock: threading.RLock
 
     def close(self) -> None:
@@ -85,7 +94,7 @@ class Connection:
             self.conn.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self) -> Iterator[Statements]:
         with self._lock, immediate_transaction(self.conn) as conn:
             yield conn
 
@@ -99,7 +108,7 @@ class Connection:
         return row[0]
 
 
-def _owned(row: sqlite3.Row, tenant: str | None) -> bool:
+def _owned(row: Any, tenant: str | None) -> bool:
     return tenant is None or row["tenant"] == tenant
 
 
@@ -111,14 +120,14 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _line(row: sqlite3.Row) -> LineRecord:
+def _line(row: Any) -> LineRecord:
     return LineRecord(
         row["batch_id"], row["idx"], row["custom_id"], row["params"], row["state"],
         _loads(row["result"]), row["attempts"],
     )  # fmt: skip
 
 
-def _batch(row: sqlite3.Row) -> BatchRecord:
+def _batch(row: Any) -> BatchRecord:
     values = dict(row)
     for name in ("metadata", "errors", "usage", "identity"):
         values[name] = _loads(values[name])

@@ -9,7 +9,9 @@ a batch survive a restart, SIGTERM or kill -9 alike:
   `errored`, `canceled` or `expired`) with its result. A finished line is recorded once: a
   second record is refused (`record_result` returns False), so no line is answered twice.
 - Opening the store puts every line a crash left `running` back to `waiting`: it is run
-  again (its first run never reached the store). Finished lines keep their one result.
+  again (its first run never reached the store), unless it was started `MAX_LINE_ATTEMPTS`
+  times already: then it is errored, so a line that crashes the server is not run forever.
+  Finished lines keep their one result.
 - A file's content is written (and fsynced) under a temporary name and renamed before its
   row is committed; contents without a row (a crash in between) are swept at open.
 
@@ -24,6 +26,7 @@ callers on an event loop run these (short) calls with `asyncio.to_thread`.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from zerohop.batches.batch_table import BatchTable
@@ -83,10 +86,15 @@ class BatchStore(BatchTable):
 
     def _recover(self) -> int:
         with self._transaction() as conn:
-            done = conn.execute(
-                "UPDATE lines SET state = 'waiting', started_at = NULL WHERE state = 'running'"
-            )
-        return done.rowcount
+            return self._settle_abandoned(conn, "1 = 1", (), time.time())
+
+    def renew_leases(self, now: float | None = None) -> int:
+        """One process runs this file's lines: there are no leases to renew (see pg_store)."""
+        return 0
+
+    def expire_leases(self, now: float | None = None) -> int:
+        """Lines a crash left running were settled when the store opened (`_recover`)."""
+        return 0
 
     def _sweep_orphans(self) -> None:
         """Contents without a row: a crash between writing a file and committing its row."""

@@ -35,7 +35,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from zerohop.api.http.asgi import BodyDeadline
     from zerohop.api.http.guard import GuardLimits
     from zerohop.engine.process.supervisor import RestartPolicy
-    from zerohop.gateway.fleet_options import LeaseOptions
+    from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
     from zerohop.gateway.store.spec import store_text
     from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
@@ -50,6 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        secure_cookies=args.secure_cookies,
         served_model_name=args.served_model_name,
         model_aliases=args.model_alias,
         max_body_bytes=args.max_body_bytes,
@@ -72,6 +74,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_header_bytes=args.max_header_bytes,
         ping_interval=args.stream_ping_interval,
         tool_call_parser=args.tool_call_parser,
+        strict_thought_signatures=args.strict_thought_signatures,
+        signing_key_rotation=args.signing_key_rotation,
         batches=BatchOptions(
             enabled=not args.no_batches,
             db=args.batches_db,
@@ -98,10 +102,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             durability=args.durability,
             ledger_failure=args.ledger_failure,
             leases=LeaseOptions(args.lease_ttl, args.lease_wait, args.lease_horizon),
+            snapshot=SnapshotOptions(args.store_snapshot, args.store_snapshot_max_age),
         ),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("zerohop serve: --tls-cert and --tls-key go together")
+    if args.secure_cookies and args.no_gateway:
+        console = "the console, which --no-gateway turns off"
+        raise SystemExit(f"zerohop serve: --secure-cookies is for {console}")
     try:
         import uvloop
 
@@ -141,6 +149,24 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (h2 or http/1.1 by ALPN)")
     srv.add_argument("--tls-key", help="PEM private key of --tls-cert")
     srv.add_argument(
+        "--forwarded-allow-ips",
+        type=_forwarded_allow_ips,
+        default="127.0.0.1,::1",
+        metavar="ADDRESSES",
+        help="comma-separated IP addresses or CIDR networks (or *: any peer) of the proxies"
+        " whose X-Forwarded-Proto and X-Forwarded-For are believed: a request they forward"
+        " with X-Forwarded-Proto: https counts as HTTPS (the console cookie is Secure, the"
+        " same-site check expects https) and the audit names the client they forwarded for"
+        " (default: 127.0.0.1,::1)",
+    )
+    srv.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        help="mark the console's session cookie Secure on every answer, for a TLS-terminating"
+        " proxy that sends no X-Forwarded-Proto (without it: Secure over --tls-cert, or when a"
+        " proxy of --forwarded-allow-ips says https)",
+    )
+    srv.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -175,6 +201,23 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="the format the model writes tool calls in (auto: told from the chat template;"
         " forced calls are always Hermes)",
+    )
+    srv.add_argument(
+        "--strict-thought-signatures",
+        action="store_true",
+        help="refuse (400) a thinking block sent back whose signature does not verify (an"
+        " edited thought, another model or tenant, a key this deployment does not know or no"
+        " longer keeps); by default such a block is left out of the prompt",
+    )
+    srv.add_argument(
+        "--signing-key-rotation",
+        type=number(60.0),
+        default=7 * 86_400.0,  # zerohop.gateway.server_keys.DEFAULT_ROTATION
+        metavar="SECONDS",
+        help="make a new key for thinking blocks' signatures once the current one is this old"
+        " (>= 60; default 7 days); a replaced key still verifies for as long again. Keys are"
+        " in the key store (with --store, the fleet's); give every replica the same value."
+        " ZEROHOP_REASONING_SECRET, when set, signs instead and never rotates",
     )
     add_supervision_options(srv)
     add_protection_options(srv)
@@ -220,6 +263,37 @@ def _model_name(text: str) -> str:
         return check_name(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _forwarded_allow_ips(text: str) -> str:
+    """A --forwarded-allow-ips value: "*", or IP addresses and CIDR networks, comma-separated
+    (uvicorn would read a malformed entry as a name no peer has, and trust nobody silently)."""
+    import ipaddress
+
+    entries = [entry.strip() for entry in text.split(",")]
+    if entries == ["*"]:
+        return "*"
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{entry!r} is not an IP address or a CIDR network (such as 10.0.0.0/8);"
+                " give a comma-separated list of them, or * for any peer"
+            ) from None
+    return ",".join(entries)
+
+
+def _snapshot_file(text: str) -> Path:
+    """A --store-snapshot value: a file's path (it need not exist yet), not a folder's."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder: name a file in it")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path.parent} is not a folder")
+    return path
 
 
 def _grpc_port(text: str) -> int | None:
@@ -345,6 +419,23 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         type=POSITIVE_NUMBER,
         default=10.0,
         help="with --store: a budget lease holds about this many seconds of recent spend",
+    )
+    g.add_argument(
+        "--store-snapshot",
+        type=_snapshot_file,
+        metavar="FILE",
+        help="with --store: the file this replica keeps the fleet's keys in (secret hashes,"
+        " never secrets; mode 0600), rewritten whenever it reads them from the store, to start"
+        " from while PostgreSQL is down (default: store-snapshot.json beside --keys-db)",
+    )
+    g.add_argument(
+        "--store-snapshot-max-age",
+        type=POSITIVE_NUMBER,
+        default=24 * 3600.0,
+        metavar="SECONDS",
+        help="with --store: a replica started while PostgreSQL is down serves the keys of"
+        " --store-snapshot only if they were read from the store at most this long ago"
+        " (default: 86400, a day); otherwise it refuses to start",
     )
     g.add_argument(
         "--jwt-public-key", type=Path, help="PEM or JWKS file: accept keys signed by the operator"

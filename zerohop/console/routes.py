@@ -11,7 +11,8 @@
 - `GET /console/static/<name>`: the package's static files (assets.py).
 
 A request that changes something is refused when it comes from another site (security.py).
-Every response carries the console's security headers.
+Every response carries the console's security headers. A refused login, CSRF token,
+cross-site request or dead session is audited (`zerohop.admin.refusal_audit`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from __future__ import annotations
 from urllib.parse import parse_qs
 
 from zerohop.admin.context import AdminContext, AdminError
-from zerohop.admin.sessions import Session, cookie_header, session_cookie
+from zerohop.admin.refusal_audit import audit_error, audit_refusal
+from zerohop.admin.sessions import (
+    Session,
+    SessionsUnavailable,
+    cookie_header,
+    secure_cookie,
+    session_cookie,
+)
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import (
     ClientDisconnected,
@@ -42,6 +50,14 @@ STATIC_CACHE = f"public, max-age={MAX_AGE}".encode()
 
 
 async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
+    try:
+        await _route(scope, receive, send, admin)
+    except SessionsUnavailable:  # raised before anything is sent
+        message = "The console's sessions cannot be reached now; try again shortly."
+        await _error(send, 503, message, scope["method"] == "HEAD")
+
+
+async def _route(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
     path, method = scope["path"], scope["method"]
     head = method == "HEAD"
     if path in ("/console", "/console/"):
@@ -65,13 +81,16 @@ async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext
         return await _error(send, 404, "There is no such console page.", head)
     if method not in READS:
         return await _not_allowed(send, "GET, HEAD", head)
-    session = admin.sessions.get(session_cookie(scope["headers"]))
+    session = await admin.sessions.get(session_cookie(scope["headers"]))
     if session is None:
+        if session_cookie(scope["headers"]) is not None:  # expired, logged out or unknown
+            audit_refusal(admin, scope, "console", 303, "session")
         return await _to_login(scope, send, admin)
     try:
         identity = admin.session_identity(session)
-    except AdminError:  # revoked, expired, no longer an admin key: the session is over
-        admin.sessions.end(session.session_id)
+    except AdminError as exc:  # revoked, expired, no longer an admin key: the session is over
+        await admin.sessions.end(session.session_id)
+        audit_error(admin, scope, "console", exc, status=303)
         return await _to_login(scope, send, admin)
     viewer = Viewer(identity.key_id, identity.tenant.name, identity.name, session.csrf_token)
     await _html(send, 200, render_page(page, viewer), head=head)
@@ -81,14 +100,15 @@ async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext
 
 
 async def _login_form(scope: Scope, send: Send, admin: AdminContext, head: bool) -> None:
-    session = admin.sessions.get(session_cookie(scope["headers"]))
-    if session is not None and _still_admin(admin, session):
+    session = await admin.sessions.get(session_cookie(scope["headers"]))
+    if session is not None and await _still_admin(admin, session):
         return await _redirect(send, OVERVIEW)
     await _html(send, 200, render_login(), head=head)
 
 
 async def _login(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
     if cross_site(scope):
+        audit_refusal(admin, scope, "console", 403, "cross_site")
         return await _html(send, 403, render_login("A login from another site is refused."))
     try:
         form = await _read_form(scope, receive)
@@ -99,22 +119,26 @@ async def _login(scope: Scope, receive: Receive, send: Send, admin: AdminContext
     try:
         identity = admin.admin_identity(form.get("key", "").strip())
     except AdminError as exc:
+        audit_error(admin, scope, "console", exc)
         return await _html(send, exc.status, render_login(exc.message))
     if identity.source != "store":  # a session re-reads its key from the store each time
+        audit_refusal(admin, scope, "console", 403, "permission", identity.ref())
         message = "A signed key cannot open a console session: use a stored admin key."
         return await _html(send, 403, render_login(message))
-    admin.sessions.end(session_cookie(scope["headers"]))  # a previous session, if any
-    session = admin.sessions.create(identity.key_id)
+    await admin.sessions.end(session_cookie(scope["headers"]))  # a previous session, if any
+    session = await admin.sessions.create(identity.key_id)
     if admin.service is not None:
         admin.service.audit(identity, "console.login", identity.key_id, None, None)
-    cookie = cookie_header(session, admin.secure_cookies, admin.sessions.lifetime)
+    secure = secure_cookie(scope, admin.secure_cookies)
+    cookie = cookie_header(session, secure, admin.sessions.lifetime)
     await _redirect(send, OVERVIEW, [cookie])
 
 
 async def _logout(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
     if cross_site(scope):
+        audit_refusal(admin, scope, "console", 403, "cross_site")
         return await _error(send, 403, "A request from another site is refused.")
-    session = admin.sessions.get(session_cookie(scope["headers"]))
+    session = await admin.sessions.get(session_cookie(scope["headers"]))
     token = header(scope, b"x-csrf-token")
     try:
         form = await _read_form(scope, receive, required=False)
@@ -126,17 +150,18 @@ async def _logout(scope: Scope, receive: Receive, send: Send, admin: AdminContex
         return await _to_login(scope, send, admin)
     csrf = token.decode("latin-1") if token is not None else form.get("csrf")
     if not session.csrf_matches(csrf):
+        audit_refusal(admin, scope, "console", 403, "csrf", admin.session_key(session))
         return await _error(send, 403, "This request lacks the session's CSRF token.")
-    admin.sessions.end(session.session_id)
-    clear = cookie_header(None, admin.secure_cookies, 0)
+    await admin.sessions.end(session.session_id)
+    clear = cookie_header(None, secure_cookie(scope, admin.secure_cookies), 0)
     await _redirect(send, LOGIN, [clear])
 
 
-def _still_admin(admin: AdminContext, session: Session) -> bool:
+async def _still_admin(admin: AdminContext, session: Session) -> bool:
     try:
         admin.session_identity(session)
     except AdminError:
-        admin.sessions.end(session.session_id)
+        await admin.sessions.end(session.session_id)
         return False
     return True
 
@@ -192,7 +217,7 @@ async def _redirect(send: Send, location: str, extra: Headers = ()) -> None:
 async def _to_login(scope: Scope, send: Send, admin: AdminContext) -> None:
     """303 to the login form; a stale session cookie the browser sent is cleared."""
     stale = session_cookie(scope["headers"]) is not None
-    clear = cookie_header(None, admin.secure_cookies, 0)
+    clear = cookie_header(None, secure_cookie(scope, admin.secure_cookies), 0)
     await _redirect(send, LOGIN, [clear] if stale else [])
 
 

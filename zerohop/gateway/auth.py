@@ -11,6 +11,11 @@ older version or by hand, is not served and does not stop the others: each load 
 row and field once, and a request with that key gets 403 "this key's configuration is
 invalid" naming the fields (`InvalidKeyConfiguration`), until the operator fixes the row
 with `zerohop keys update` or `zerohop keys tenant`.
+
+A revoked key stays in the index as a `RevokedKey`: its request is refused with the words an
+unknown key gets, and the refusal carries the key's `KeyRef` (as does an expired key's, an
+invalid one's and a signed key's whose signature verified), so the audit names the key.
+Nothing of an unknown secret is kept or logged.
 """
 
 from __future__ import annotations
@@ -23,20 +28,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerohop.gateway.keys.identity import ANONYMOUS, Identity
+from zerohop.gateway.keys.identity import ANONYMOUS, Identity, KeyRef
 from zerohop.gateway.store.open_store import Store, StoreSpec, open_store
-from zerohop.gateway.store.rows import InvalidKey
+from zerohop.gateway.store.rows import InvalidKey, KeyEntry, RevokedKey
 from zerohop.gateway.store.sqlite import hash_secret
 
 if TYPE_CHECKING:
+    from zerohop.gateway.store.key_snapshot import LocalCopy
     from zerohop.gateway.store.pg_key_feed import KeyFeed
+    from zerohop.gateway.store.rows import KeyRows
 
 log = logging.getLogger(__name__)
 RELOAD_INTERVAL = 0.5  # seconds: store changes are live within a second
+UNKNOWN_KEY = "invalid API key (unknown or revoked)"
 
 
 class AuthenticationError(Exception):
-    """No key, an unknown key, a revoked or an expired one (401)."""
+    """No key, an unknown key, a revoked or an expired one (401). `key`: the known key it
+    was, for the audit (the message says no more than it did without it)."""
+
+    def __init__(self, message: str, key: KeyRef | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class PermissionDenied(Exception):
@@ -46,14 +59,18 @@ class PermissionDenied(Exception):
 class InvalidKeyConfiguration(PermissionDenied):
     """A known key whose stored configuration is invalid (403; the log names the row)."""
 
+    def __init__(self, message: str, key: KeyRef) -> None:
+        super().__init__(message)
+        self.key = key
+
 
 @dataclass(slots=True, frozen=True)
 class _Keys:
     """What one load of the store gave: swapped whole, in one assignment, from any thread."""
 
     version: int
-    index: dict[str, Identity | InvalidKey]  # secret hash -> the key
-    by_id: dict[str, Identity | InvalidKey]  # key id -> the key
+    index: dict[str, KeyEntry]  # secret hash -> the key
+    by_id: dict[str, KeyEntry]  # key id -> the key
     has_keys: bool  # any key in the store, revoked ones included
 
 
@@ -62,11 +79,19 @@ _NOT_LOADED = _Keys(-1, {}, {}, False)
 
 class Authenticator:
     """The store's keys in memory. A SQLite store is polled every RELOAD_INTERVAL; a
-    PostgreSQL one is followed by a `KeyFeed` thread (LISTEN/NOTIFY plus reconciliation)."""
+    PostgreSQL one is followed by a `KeyFeed` thread (LISTEN/NOTIFY plus reconciliation),
+    and each read of it is kept in `local_copy`, if given, to start from while it is down
+    (`zerohop.gateway.store.key_snapshot`)."""
 
-    def __init__(self, store: StoreSpec | Path, verifier: Any | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreSpec | Path,
+        verifier: Any | None = None,
+        local_copy: LocalCopy | None = None,
+    ) -> None:
         self.spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
+        self.local_copy = local_copy  # PostgreSQL only
         self._keys = _NOT_LOADED
         self._store: Store | None = None
         self._task: asyncio.Task | None = None
@@ -85,9 +110,22 @@ class Authenticator:
         """The key store, for people (a password masked)."""
         return self.spec.describe()
 
+    @property
+    def snapshot_served(self) -> LocalCopy | None:
+        """The local snapshot while its keys are served (the store not read since start-up)."""
+        local = self.local_copy
+        return local if local is not None and local.serving else None
+
     def load(self) -> None:
         """Read the store now (blocking): at start-up, before serving; StoreUnavailable when
-        a PostgreSQL store cannot be reached or is not migrated."""
+        a PostgreSQL store cannot be reached (and no local snapshot can stand in for it) or
+        is not migrated."""
+        if self.spec.kind == "postgresql":
+            from zerohop.gateway.store.key_snapshot import read_or_load
+            from zerohop.gateway.store.pg_key_feed import read_now
+
+            self._apply_index(read_or_load(lambda: read_now(self.spec.url), self.local_copy))
+            return
         if self._store is None:
             self._store = open_store(self.spec)
         if self._store.version() == self._keys.version:
@@ -95,11 +133,23 @@ class Authenticator:
         version, index = self._store.snapshot()
         self.apply(version, index, self._store.has_keys())
 
-    def apply(self, version: int, index: dict[str, Identity | InvalidKey], has_keys: bool) -> None:
+    def apply_rows(self, rows: KeyRows) -> None:
+        """Serve `rows`, just read from the store, and keep them as the local snapshot (the
+        key feed's thread)."""
+        read_at = time.time()
+        self._apply_index(rows)
+        if self.local_copy is not None:
+            self.local_copy.save(rows, read_at)
+
+    def _apply_index(self, rows: KeyRows) -> None:
+        self.apply(rows.version, rows.index(), rows.has_keys)
+
+    def apply(self, version: int, index: dict[str, KeyEntry], has_keys: bool) -> None:
         """Serve `index` from now on (from any thread: requests see the old or the new one)."""
         by_id = {entry.key_id: entry for entry in index.values()}
         self._keys = _Keys(version, index, by_id, has_keys)
         invalid = [entry for entry in index.values() if isinstance(entry, InvalidKey)]
+        revoked = sum(isinstance(entry, RevokedKey) for entry in index.values())
         for entry in invalid:
             log.error(
                 "keys: key %s is refused (403) until its configuration is fixed: %s",
@@ -108,7 +158,7 @@ class Authenticator:
             )
         log.info(
             "keys: %d active keys loaded, %d of them invalid (store version %d)",
-            len(index),
+            len(index) - revoked,
             len(invalid),
             version,
         )
@@ -117,8 +167,13 @@ class Authenticator:
         if self.spec.kind == "postgresql":
             from zerohop.gateway.store.pg_key_feed import KeyFeed
 
-            self.close()  # the pool's work is done: the feed reads on a connection of its own
-            self.feed = KeyFeed(self.spec.url, lambda: self._keys.version, self.apply)
+            self.close()  # the feed reads on a connection of its own
+            self.feed = KeyFeed(
+                self.spec.url,
+                lambda: self._keys.version,
+                self.apply_rows,
+                full_first=self.snapshot_served is not None,  # whatever the version says
+            )
             self.feed.start()
         else:
             self._task = asyncio.create_task(self._watch())
@@ -153,10 +208,16 @@ class Authenticator:
         if key_id == ANONYMOUS.key_id and not self.keys_configured:
             return ANONYMOUS
         entry = self._keys.by_id.get(key_id)
-        if entry is None or isinstance(entry, InvalidKey):
+        if not isinstance(entry, Identity):
             return None
         expires = entry.expires_at
         return entry if expires is None or time.time() < expires else None
+
+    def known_key(self, key_id: str) -> KeyRef | None:
+        """A stored key by its public id, revoked and invalid ones too (the audit's name for
+        a console session's key); None if the store has no such key."""
+        entry = self._keys.by_id.get(key_id)
+        return None if entry is None else entry.ref()
 
     def authenticate(self, token: str | None) -> Identity:
         if not self.keys_configured:
@@ -171,17 +232,20 @@ class Authenticator:
             except AuthenticationError:
                 raise
             except Exception as exc:  # the verifier's own error type: same meaning
-                raise AuthenticationError(str(exc)) from exc
+                raise AuthenticationError(str(exc), getattr(exc, "key", None)) from exc
         identity = self._keys.index.get(hash_secret(token))
         if identity is None:
-            raise AuthenticationError("invalid API key (unknown or revoked)")
+            raise AuthenticationError(UNKNOWN_KEY)
+        if isinstance(identity, RevokedKey):  # told apart from an unknown key in the audit only
+            raise AuthenticationError(UNKNOWN_KEY, identity.ref())
         if isinstance(identity, InvalidKey):
             raise InvalidKeyConfiguration(
                 f"API key {identity.key_id} cannot be used: this key's configuration is"
-                f" invalid ({', '.join(identity.fields)}); the server's log says why"
+                f" invalid ({', '.join(identity.fields)}); the server's log says why",
+                identity.ref(),
             )
         if identity.expires_at is not None and time.time() >= identity.expires_at:
-            raise AuthenticationError(f"API key {identity.key_id} has expired")
+            raise AuthenticationError(f"API key {identity.key_id} has expired", identity.ref())
         return identity
 
 

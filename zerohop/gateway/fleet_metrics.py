@@ -2,8 +2,9 @@
 shares this replica holds (registered with `GatewayMetrics.register` under `--store`).
 
 Read at scrape time from counters the key feed's and lease keeper's threads keep in
-memory: a scrape never queries PostgreSQL. Lease gauges are summed per tenant (a key's
-lease counts for its tenant), so the series stay as few as the tenants.
+memory, and the local snapshot's age and state: a scrape never queries PostgreSQL. Lease
+gauges are summed per tenant (a key's lease counts for its tenant), so the series stay as
+few as the tenants.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class StoreMetrics(Collector):
             "zerohop_store_errors", "Failed attempts to reach the fleet store.", value=errors
         )
         yield from self._feed()
+        yield from self._snapshot()
         yield from self._leases()
         yield from self._shares()
 
@@ -75,6 +77,29 @@ class StoreMetrics(Collector):
                 "From the last key change's commit to its index here (wall clocks: approximate).",
                 value=self.feed.last_propagation,
             )
+
+    def _snapshot(self) -> Iterator[Metric]:
+        local = self.auth.local_copy
+        if local is None:
+            return
+        yield GaugeMetricFamily(
+            "zerohop_store_snapshot_serving",
+            "1 while this replica serves the keys of its local snapshot (it started while the"
+            " fleet store could not be reached and has not read it since), else 0.",
+            value=int(local.serving),
+        )
+        age = local.age()
+        if age is not None:
+            yield GaugeMetricFamily(
+                "zerohop_store_snapshot_age_seconds",
+                "Seconds since the keys in the local snapshot were read from the fleet store.",
+                value=age,
+            )
+        yield CounterMetricFamily(
+            "zerohop_store_snapshot_write_errors",
+            "Failed writes of the local snapshot of the fleet's keys.",
+            value=local.write_errors,
+        )
 
     def _leases(self) -> Iterator[Metric]:
         stats, now = self.keeper.stats, time.monotonic()

@@ -31,10 +31,11 @@ from zerohop.gateway.budgets.sqlite_ledger import (
 )
 from zerohop.gateway.budgets.sqlite_writer import Durability
 from zerohop.gateway.fleet_options import LeaseOptions
-from zerohop.gateway.keys.identity import ANONYMOUS, Identity
+from zerohop.gateway.keys.identity import ANONYMOUS, Identity, KeyRef
 from zerohop.gateway.limits import buckets as limits
 from zerohop.gateway.limits.buckets import RateLimiter, RateState, Refusal, SubjectLimits
 from zerohop.gateway.limits.fleet_shares import FleetRates
+from zerohop.gateway.store.key_snapshot import LocalCopy
 from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.usage import UsageRecorder
 
@@ -93,6 +94,7 @@ class Call:
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
     identity: Identity = ANONYMOUS
+    presented: KeyRef | None = None  # the known key a refused request's secret is (audit only)
     model: str | None = None
     reservation: Reservation | None = None
     rate_subjects: list[SubjectLimits] = field(default_factory=list)  # charged at admission
@@ -149,18 +151,20 @@ class Gateway:
         durability: Durability = "full",
         local_db: Path | None = None,
         leases: LeaseOptions | None = None,
+        local_copy: LocalCopy | None = None,
         **parts: Any,
     ) -> Gateway:
         """Keys from `store`. Budgets: with a SQLite store, a ledger in its file (or
         `local_db`); with PostgreSQL, leases of the fleet's budgets (`fleet.py`), and the
-        rate limits shared by the fleet too."""
+        rate limits shared by the fleet too, and its keys kept in `local_copy` to start
+        from while it is down."""
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         if spec.kind != "postgresql":
             ledger = BudgetLedger(local_db or spec.path, durability)
             return cls(Authenticator(spec, verifier), ledger, **parts)
         from zerohop.gateway.fleet import join_fleet
 
-        gateway = cls(Authenticator(spec, verifier), None, **parts)
+        gateway = cls(Authenticator(spec, verifier, local_copy), None, **parts)
         join_fleet(gateway, spec.url, leases or LeaseOptions())
         return gateway
 
@@ -193,10 +197,10 @@ class Gateway:
         try:
             call.identity = self.auth.authenticate(token)
         except AuthenticationError as exc:
-            call.decision = "authentication"
+            call.decision, call.presented = "authentication", exc.key
             raise GatewayError(401, str(exc), "authentication") from exc
         except InvalidKeyConfiguration as exc:  # a known key, its stored row invalid
-            call.decision = "invalid_key_configuration"
+            call.decision, call.presented = "invalid_key_configuration", exc.key
             raise GatewayError(
                 403, str(exc), call.decision, should_retry=False, code=call.decision
             ) from exc
@@ -378,12 +382,13 @@ def _queue_time(call: Call) -> float | None:
 
 
 def audit_entry(call: Call, now: float, include_content: bool) -> dict[str, Any]:
-    identity = call.identity
+    """The request's audit record; one refused for a known key (revoked, expired) names it."""
+    key = call.presented or call.identity.ref()
     entry: dict[str, Any] = {
         "time": call.started_wall,
         "request_id": call.request_id,
-        "key_id": identity.key_id,
-        "tenant": identity.tenant.name,
+        "key_id": key.key_id,
+        "tenant": key.tenant,
         "model": call.model,
         "surface": call.surface,
         "http_version": call.http_version,

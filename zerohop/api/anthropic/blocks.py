@@ -2,8 +2,9 @@
 for a response, or as the stream's `content_block_*` events.
 
 - A request that thinks (and is not constrained: see the planner) begins with a `thinking`
-  block at index 0, signed; streamed as thinking_delta events, then a signature_delta, then
-  its stop. The answer's blocks follow.
+  block at index 0, signed for the request's model and tenant (thought_signatures.py);
+  streamed as thinking_delta events, then a signature_delta, then its stop. The answer's
+  blocks follow.
 - With tools, content is [a text block, when the text before the first call is not blank]
   + the calls; text after the first call is dropped (as vLLM's Hermes parser does). Blank
   text is held back until it is decided. A response with no call holds one text block,
@@ -31,7 +32,7 @@ from zerohop.api.conversation.events import (
     Thought,
     ThoughtEnd,
 )
-from zerohop.api.conversation.reasoning import sign
+from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.tools.spec import ToolCall
 
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -45,8 +46,8 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": call.arguments}
 
 
-def thinking_block(thought: str) -> dict[str, Any]:
-    return {"type": "thinking", "thinking": thought, "signature": sign(thought)}
+def thinking_block(thought: str, signer: ThoughtSigner) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thought, "signature": signer.sign(thought)}
 
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
@@ -55,11 +56,12 @@ def sse_event(name: str, data: dict[str, Any]) -> bytes:
 
 @dataclass(slots=True)
 class ContentBlocks:
-    """One response's content, fed the reader's events; `thinking`: a thinking block leads;
-    `tools`: the tool rules of the module docstring apply to the text."""
+    """One response's content, fed the reader's events; `thinking`: a thinking block leads,
+    signed by `signer`; `tools`: the tool rules of the module docstring apply to the text."""
 
     thinking: bool
     tools: bool
+    signer: ThoughtSigner | None = None  # set when `thinking`
     index: int = -1
     block_open: bool = False
     thought: str = ""
@@ -88,10 +90,16 @@ class ContentBlocks:
 
     def content(self) -> list[dict[str, Any]]:
         """The response's content blocks, once the output is all fed."""
-        lead = [thinking_block(self.thought)] if self.thinking else []
+        lead = [thinking_block(self.thought, self._signer)] if self.thinking else []
         if not self.calls:
             return [*lead, {"type": "text", "text": self.text}]
         return lead + ([{"type": "text", "text": self.text}] if self.text else []) + self.calls
+
+    @property
+    def _signer(self) -> ThoughtSigner:
+        if self.signer is None:
+            raise RuntimeError("a response that thinks needs a signer")
+        return self.signer
 
     @property
     def _called(self) -> bool:
@@ -103,8 +111,10 @@ class ContentBlocks:
                 self.thought += text
                 return self._delta({"type": "thinking_delta", "thinking": text})
             case ThoughtEnd():
-                signature = {"type": "signature_delta", "signature": sign(self.thought)}
-                return self._delta(signature) + self._stop() if self.thinking else b""
+                if not self.thinking:
+                    return b""
+                signed = self._signer.sign(self.thought)
+                return self._delta({"type": "signature_delta", "signature": signed}) + self._stop()
             case Text(text):
                 return self._text(text)
             case CallStart(_, name):

@@ -12,9 +12,9 @@ Decisions where the API leaves room:
   `cleared_input_tokens` is the prompt's token count before the edit less after it.
 - `clear_thinking_20251015`: thinking (and redacted_thinking) blocks are dropped from all but
   the last `keep` (default 1 thinking turn) assistant messages that hold one; "all" keeps
-  every one. A dropped thought's signature is not checked. Its `cleared_input_tokens` is 0:
-  this server never renders past thoughts into the prompt (anthropic/turns.py), so dropping
-  them frees no prompt token.
+  every one. A dropped thought's signature is not checked. Its `cleared_input_tokens` counts
+  the thoughts of the current tool loop (after the last user message with text), the only
+  ones rendered into the prompt (anthropic/turns.py); dropping earlier ones frees nothing.
 - Edits apply in their order, each to the result of those before it; an edit that clears
   nothing is left out of `applied_edits`. `compact_20260112` (a summary the model writes) is
   a 400: this server does not compact.
@@ -39,6 +39,7 @@ from zerohop.api.anthropic.schema import (
     InputTokens,
     Message,
     RedactedThinkingBlock,
+    TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -212,13 +213,33 @@ def _clear_thinking(edit: ClearThinking, state: _State) -> dict[str, Any] | None
         else m
         for i, m in enumerate(messages)
     ]
-    # The prompt is the same: past thoughts are not rendered (module docstring).
-    state.request = msgspec.structs.replace(state.request, messages=edited)
+    request = msgspec.structs.replace(state.request, messages=edited)
+    cleared = 0
+    if max(dropped) > _last_query(messages):  # a rendered thought (module docstring)
+        before = state.counted()
+        state.tokens = state.count(request)
+        cleared = max(0, before - state.tokens)
+    state.request = request  # else the prompt is the same, and so is its count
     return {
         "type": "clear_thinking_20251015",
         "cleared_thinking_turns": len(dropped),
-        "cleared_input_tokens": 0,
+        "cleared_input_tokens": cleared,
     }
+
+
+def _last_query(messages: list[Message]) -> int:
+    """The index of the last user message with text (-1: none): the current tool loop's
+    assistant turns come after it."""
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].content
+        texts = (
+            [content]
+            if isinstance(content, str)
+            else [b.text for b in content if isinstance(b, TextBlock)]
+        )
+        if messages[i].role == "user" and any(texts):
+            return i
+    return -1
 
 
 def _content(message: Message) -> list[Any]:

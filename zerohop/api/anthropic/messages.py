@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -57,11 +57,13 @@ from zerohop.api.anthropic.schema import (
     decode_messages,
 )
 from zerohop.api.anthropic.threads import ThreadTurn, thread_error
-from zerohop.api.anthropic.turns import conversation
+from zerohop.api.anthropic.turns import conversation, thought_signatures
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import plan, prompt_ids
+from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.system_turns import takes_late_system
+from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.errors import ApiError, anthropic_body
 from zerohop.api.http.asgi import (
     Receive,
@@ -117,11 +119,12 @@ class AnthropicSurface:
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
         self.ctx.check_model(request.model, call)
-        conv, edited = self.conversation(request)
+        signer = await self.signer(request, call, answers=False)
+        conv, edited = self.conversation(request, signer)
         tokens = len(prompt_ids(conv, self.ctx))
         body: dict[str, Any] = {"input_tokens": tokens}
         if edited is not None:
-            original = edited.original_tokens(tokens, self._count)
+            original = edited.original_tokens(tokens, self._counter(signer))
             body["context_management"] = {"original_input_tokens": original}
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
@@ -175,7 +178,8 @@ class AnthropicSurface:
         thread: ThreadTurn | None,
     ) -> None:
         continues = request.continue_token_ids
-        conv, edited = self.conversation(request)
+        signer = await self.signer(request, call, answers=True)
+        conv, edited = self.conversation(request, signer)
         if conv.tools and (request.return_token_ids or continues):
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
         planned = plan(conv, self.ctx, _sampling_params(request), continues)
@@ -187,7 +191,7 @@ class AnthropicSurface:
         state.thread = thread
         if conv.tools or planned.in_thought is not None:
             state.reader = planned.reader()
-            state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools))
+            state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools), signer)
         generation = self.ctx.generate(
             call, prompt, params, receive, continues, announce=bool(request.stream)
         )
@@ -201,18 +205,30 @@ class AnthropicSurface:
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
 
-    def conversation(self, request: CountTokensRequest) -> tuple[Conversation, Edited | None]:
+    async def signer(self, request: CountTokensRequest, call: Call, answers: bool) -> ThoughtSigner:
+        """The request's thought signer, for the served model and the caller's tenant (keys
+        read first when needed); `answers`: the response may hold a thought to sign."""
+        ctx = self.ctx
+        signs = answers and has_reasoning_format(ctx.tokenizer.chat_template)
+        tenant = call.identity.tenant.name
+        signatures = thought_signatures(request)
+        return await ctx.thoughts.signer(ctx.model_name, tenant, signatures, signs)
+
+    def conversation(
+        self, request: CountTokensRequest, signer: ThoughtSigner
+    ) -> tuple[Conversation, Edited | None]:
         """The request's conversation, once its context edits are applied (and those)."""
-        edited = edit_context(request, self._count)
-        return self._conversation(request if edited is None else edited.request), edited
+        edited = edit_context(request, self._counter(signer))
+        return self._conversation(request if edited is None else edited.request, signer), edited
 
-    def _conversation(self, request: CountTokensRequest) -> Conversation:
+    def _conversation(self, request: CountTokensRequest, signer: ThoughtSigner) -> Conversation:
         tokenizer = self.ctx.tokenizer
-        return conversation(request, tokenizer.chat_template, takes_late_system(tokenizer))
+        late = takes_late_system(tokenizer)
+        return conversation(request, tokenizer.chat_template, late, signer)
 
-    def _count(self, request: CountTokensRequest) -> int:
-        """The prompt's tokens (context edits' triggers and cleared counts)."""
-        return len(prompt_ids(self._conversation(request), self.ctx))
+    def _counter(self, signer: ThoughtSigner) -> Callable[[CountTokensRequest], int]:
+        """A request's prompt tokens (context edits' triggers and cleared counts)."""
+        return lambda request: len(prompt_ids(self._conversation(request, signer), self.ctx))
 
 
 class _Run:

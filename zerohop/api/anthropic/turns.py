@@ -14,10 +14,13 @@ Decisions where the API leaves room:
   reasoning format every kind is accepted and answered without a thought (Claude Code sends
   `enabled` by default; the API lets a model think "if it must", and this one cannot), and
   the checks that exist because of a thought (no prefill, no token-id failover) are skipped.
-  A `thinking` block in an assistant turn must carry the signature this server gave it (a
-  forged or edited thought is a 400); past thoughts are then left out of the prompt, as
-  Qwen3-style templates leave out the thoughts of earlier turns. `redacted_thinking` blocks
-  (Anthropic's encrypted thoughts) are accepted and left out too.
+  A `thinking` block in an assistant turn reaches the prompt only when its signature
+  verifies (conversation/thought_signatures.py: signed by this deployment for this model and
+  tenant); one that does not is left out, or a 400 with --strict-thought-signatures. A
+  verified thought is the turn's `reasoning_content` for the chat template when the turn is
+  of the current tool loop (after the last user message; planner.py), as Qwen3's template
+  renders those; earlier turns' thoughts are left out, as it leaves them out.
+  `redacted_thinking` blocks (Anthropic's encrypted thoughts) are accepted and left out.
 - `role: "system"` messages (the mid-conversation-system beta) take text blocks only and
   become a system turn at their point, joined to a system turn just before them (the
   request's `system` included). When the chat template does not render a system turn after
@@ -57,7 +60,7 @@ from zerohop.api.anthropic.schema import (
     ToolUseBlock,
     UnsupportedBlock,
 )
-from zerohop.api.conversation.reasoning import has_reasoning_format, verify
+from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import (
     CallTurn,
     Conversation,
@@ -66,6 +69,7 @@ from zerohop.api.conversation.request import (
     Turn,
 )
 from zerohop.api.conversation.system_turns import append_turn, leading_system
+from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.spec import Tool, checked_tools
 from zerohop.engine.errors import InvalidRequestError
@@ -76,14 +80,18 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 
 
 def conversation(
-    request: CountTokensRequest, chat_template: str | None, late_system: bool = True
+    request: CountTokensRequest,
+    chat_template: str | None,
+    late_system: bool = True,
+    signer: ThoughtSigner | None = None,
 ) -> Conversation:
     """The request's conversation; every check of what it says is made here. `late_system`
-    False: the chat template takes a leading system turn only (module docstring)."""
-    turns, prefill = _turns(request)
+    False: the chat template takes a leading system turn only (module docstring); `signer`
+    checks its thinking blocks (None: none verifies)."""
+    turns, prefill = _turns(request, signer)
     if not late_system:
         turns = leading_system(turns)
-    conv = Conversation(turns, prefill, tools=request_tools(request))
+    conv = Conversation(turns, prefill, tools=request_tools(request), render_thoughts=True)
     conv.tool_choice = _tool_choice(request)
     conv.reasoning = _reasoning(request, chat_template)
     if isinstance(request, MessagesRequest):
@@ -127,7 +135,20 @@ def _tool_choice(request: CountTokensRequest) -> ToolChoice:
 # -- turns ---------------------------------------------------------------------------------
 
 
-def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
+def thought_signatures(request: CountTokensRequest) -> list[str]:
+    """The signatures of the request's thinking blocks (the keys they name are read first)."""
+    return [
+        block.signature
+        for message in request.messages
+        if not isinstance(message.content, str)
+        for block in message.content
+        if isinstance(block, ThinkingBlock)
+    ]
+
+
+def _turns(
+    request: CountTokensRequest, signer: ThoughtSigner | None = None
+) -> tuple[list[Turn], str | None]:
     if not request.messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     system = _system_text(request.system, "system") if request.system is not None else ""
@@ -137,7 +158,7 @@ def _turns(request: CountTokensRequest) -> tuple[list[Turn], str | None]:
     for i, message in enumerate(request.messages):
         blocks = _blocks(message.content)
         _check_content(i, message.role, bool(blocks), last)
-        for turn in _message_turns(i, message.role, blocks, calls, bool(request.tools)):
+        for turn in _message_turns(i, message.role, blocks, calls, bool(request.tools), signer):
             append_turn(turns, turn)
     prefill = None
     if turns and turns[-1].role == "assistant" and not turns[-1].calls:
@@ -170,7 +191,12 @@ def _tag(block: Any) -> str:
 
 
 def _message_turns(
-    i: int, role: str, blocks: list[Any], calls: dict[str, str], has_tools: bool
+    i: int,
+    role: str,
+    blocks: list[Any],
+    calls: dict[str, str],
+    has_tools: bool,
+    signer: ThoughtSigner | None,
 ) -> list[Turn]:
     """One message's turns: its text (and calls) and, in a user message, each tool result."""
     if role == "system":
@@ -188,8 +214,8 @@ def _message_turns(
         if isinstance(block, ServerToolUseBlock | ServerToolResultBlock | RedactedThinkingBlock):
             continue  # left out of the prompt (module docstring)
         if isinstance(block, ThinkingBlock):
-            _check_thought(block, role, at)
-            turns[-1].thought = block.thinking
+            if _verified(block, role, at, signer):
+                turns[-1].thought = block.thinking
         elif isinstance(block, ToolUseBlock):
             if role != "assistant":
                 raise ApiError(400, f"{at}: tool_use blocks are for assistant turns")
@@ -273,11 +299,12 @@ def _check_thinking(request: MessagesRequest, reasoning: Reasoning) -> None:
         raise ApiError(400, "thinking: not supported with return_token_ids or continue_token_ids")
 
 
-def _check_thought(block: ThinkingBlock, role: str, at: str) -> None:
+def _verified(block: ThinkingBlock, role: str, at: str, signer: ThoughtSigner | None) -> bool:
+    """Whether the thought is rendered: its signature verifies (one that does not is left
+    out, or refused when the signer is strict)."""
     if role != "assistant":
         raise ApiError(400, f"{at}: thinking blocks are for assistant turns")
-    if not verify(block.thinking, block.signature):
-        raise ApiError(400, f"{at}.signature: invalid signature for this thinking block")
+    return signer is not None and signer.verified(block.thinking, block.signature, at)
 
 
 def output_grammar(request: MessagesRequest) -> str | None:

@@ -3,7 +3,10 @@
 - The prompt is the chat template's rendering of the turns (tools through the template's
   `tools` variable or tools/prompt.py's Hermes fallback), with `enable_thinking` when the
   request says whether to think and the model has a reasoning format, followed by the
-  prefill (the answer continues it).
+  prefill (the answer continues it). With `render_thoughts`, the assistant turns of the
+  current tool loop (those after the last user turn) carry their thought as
+  `reasoning_content`, which Qwen3-style templates render for those turns (and leave out
+  for earlier ones, whose thoughts are not passed).
 - The grammar: a forced call's (required: any tool, named: that tool; streamed as it is
   decoded), else the output format's, else, in auto mode with only strict tools read as
   Hermes and no thought asked for nor prefill, free text whose calls follow the tools'
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.reasoning import (
@@ -148,7 +152,7 @@ def call_parser(conv: Conversation, default: ParserFactory) -> ParserFactory | N
 
 def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:
     """The prompt's tokens (count_tokens counts these)."""
-    turns = [t.as_template() for t in conv.turns]
+    turns = template_turns(conv)
     extra = dict(conv.template_kwargs)
     template = ctx.tokenizer.chat_template
     if conv.tools or conv.has_tool_turns:
@@ -164,6 +168,17 @@ def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
     return tokenizer.encode(text + conv.prefill, add_special_tokens=False)
+
+
+def template_turns(conv: Conversation) -> list[dict[str, Any]]:
+    """The turns as the chat template takes them; with `render_thoughts`, the current tool
+    loop's with their thoughts (module docstring)."""
+    turns = conv.turns
+    loop = len(turns)
+    if conv.render_thoughts:
+        users = [i for i, turn in enumerate(turns) if turn.role == "user"]
+        loop = users[-1] + 1 if users else len(turns)  # no user turn: no tool loop
+    return [turn.as_template(i >= loop) for i, turn in enumerate(turns)]
 
 
 def forced_grammar(conv: Conversation) -> str | None:

@@ -1,23 +1,15 @@
-"""Reasoning (thinking) output: which models have a reasoning format, splitting their output
-into the thought and the answer, and signing thoughts so a client cannot forge them.
+"""Reasoning (thinking) output: which models have a reasoning format, and splitting their
+output into the thought and the answer (thoughts are signed in thought_signatures.py).
 
 - A model has a reasoning format when its chat template mentions `<think>` (Qwen3 and the
   like); `enable_thinking` is the template variable that turns the thought on or off.
 - The output is `<think>thought</think>answer`; when the generation prompt already opened
   `<think>` (templates that force the thought), the output starts inside the thought.
   Whitespace at the start of the thought and of the answer is dropped.
-- Signatures are base64 HMAC-SHA256 of the thought text, keyed by `ZEROHOP_REASONING_SECRET`
-  when set (replicas behind one address must share it), else by a key drawn at start: a
-  signature is then valid on this server process only.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import os
-import secrets
 from typing import Protocol
 
 from zerohop.api.tools.jsonscan import partial_tag
@@ -25,8 +17,6 @@ from zerohop.engine.sample.thought_budget import THOUGHT_CLOSE, THOUGHT_OPEN
 
 OPEN, CLOSE = THOUGHT_OPEN, THOUGHT_CLOSE
 TAIL_TOKENS = 8
-SECRET_ENV = "ZEROHOP_REASONING_SECRET"
-_SECRET = (os.environ.get(SECRET_ENV) or "").encode() or secrets.token_bytes(32)
 
 
 def has_reasoning_format(chat_template: str | None) -> bool:
@@ -42,15 +32,6 @@ def opens_thought(tokenizer: Decoder, prompt: list[int]) -> bool:
     last few tokens hold the tag and the whitespace after it."""
     tail = tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
     return tail.rstrip().endswith(OPEN)
-
-
-def sign(thinking: str) -> str:
-    digest = hmac.new(_SECRET, thinking.encode(), hashlib.sha256).digest()
-    return base64.b64encode(digest).decode()
-
-
-def verify(thinking: str, signature: str) -> bool:
-    return hmac.compare_digest(sign(thinking), signature)
 
 
 class ReasoningParser:

@@ -50,13 +50,16 @@ class Turn:
     text: str = ""
     calls: list[CallTurn] = field(default_factory=list)
     tool_name: str | None = None  # role "tool": the tool whose call this answers
-    thought: str | None = None  # an assistant turn's verified thought (not rendered today)
+    thought: str | None = None  # an assistant turn's thought (verified where it is signed)
 
-    def as_template(self) -> dict[str, Any]:
-        """The turn in tools/prompt.py's neutral message shape."""
+    def as_template(self, with_thought: bool = False) -> dict[str, Any]:
+        """The turn in tools/prompt.py's neutral message shape; `with_thought`: its thought as
+        `reasoning_content`, the field chat templates read it from."""
         if self.role == "tool":
             return {"role": "tool", "content": self.text, "name": self.tool_name}
         message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if with_thought and self.thought:
+            message["reasoning_content"] = self.thought
         if self.calls:
             message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in self.calls]
         return message
@@ -117,6 +120,9 @@ class Conversation:
     reasoning: Reasoning = field(default_factory=Reasoning)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
+    # The thoughts of the current tool loop reach the chat template (planner.prompt_ids):
+    # set by a surface whose turns hold only thoughts it verified (anthropic/turns.py).
+    render_thoughts: bool = False
 
     @property
     def has_tool_turns(self) -> bool:

@@ -50,6 +50,12 @@ def api_key(scope: Scope) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
+def client_address(scope: Scope) -> str | None:
+    """The peer as `host:port` (the audit's `client`), or None where the server gives none."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
 @dataclass(slots=True, frozen=True)
 class BodyDeadline:
     """How long a request body may take: `timeout` seconds, plus one second for every

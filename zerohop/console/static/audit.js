@@ -2,10 +2,11 @@
 // Runs after console.js (its helpers are globals of the page).
 "use strict";
 
-// One line on what a record is about: an admin action and its target, or a request.
+// One line on what a record is about: an admin action and its target, or a request (an
+// admin-API or console request refused for who sent it names its path).
 function auditSummary(record) {
   if (record.kind === "admin") return `${record.action ?? ""} ${record.target ?? ""}`.trim();
-  const parts = [record.model, record.surface];
+  const parts = [record.model, record.surface, record.path];
   if (record.input_tokens !== undefined) parts.push(`in ${fmtInt(record.input_tokens)}`);
   if (record.output_tokens !== undefined) parts.push(`out ${fmtInt(record.output_tokens)}`);
   if (record.error_type) parts.push(record.error_type);

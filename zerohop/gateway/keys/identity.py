@@ -16,6 +16,9 @@ are made from it. Every value is checked by `zerohop.gateway.keys.validation`, a
 (CLI flags, store rows, claims) with that entry's name for the field, and again when a
 `Limits`, `Budget`, `Tenant` or `Identity` is made: none holds a negative limit, a weight
 <= 0 (or NaN, infinity), a budget <= 0 or an unknown priority class or budget period.
+
+A request refused for its key (revoked, expired, claims refused) stays anonymous; the
+`KeyRef` of the key it presented travels with the refusal, so its audit record names the key.
 """
 
 from __future__ import annotations
@@ -121,6 +124,18 @@ class Identity:
 
     def allows_model(self, model: str) -> bool:
         return not self.models or model in self.models
+
+    def ref(self) -> KeyRef:
+        return KeyRef(self.key_id, self.tenant.name)
+
+
+@dataclass(slots=True, frozen=True)
+class KeyRef:
+    """A known key by its public names, never its secret: the key a refused request presented
+    (revoked, expired, refused claims), which the audit names while the caller stays anonymous."""
+
+    key_id: str
+    tenant: str | None = None  # None: not known (a signed key whose claims name none)
 
 
 ANONYMOUS = Identity(key_id="anonymous", tenant=Tenant("anonymous"), source="anonymous")

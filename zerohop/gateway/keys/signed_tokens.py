@@ -36,6 +36,12 @@ Revocation
     `--revoked FILE`: one key id (`sub`) or token id (`jti`) per line, checked on every
     `verify` (cache hits included); the file is stat()ed at most once per second and re-read
     when it changed (`zerohop.gateway.keys.revocation`).
+
+Audit
+    A token refused after its signature verified (expired, not yet valid, revoked, without
+    expiry, for another audience, with refused claims) carries the `KeyRef` its `sub` and
+    `tenant` name, so the audit record names the key; before that (a bad signature, alg or
+    shape) the caller stays anonymous: an unverified token's claims are anyone's words.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from typing import Any
 
 import jwt
 
-from zerohop.gateway.keys.identity import Identity
+from zerohop.gateway.keys.identity import Identity, KeyRef
 from zerohop.gateway.keys.operator_keys import (
     ALGORITHMS,
     DEFAULT_AUDIENCE,
@@ -77,7 +83,12 @@ _NONE_REVOKED: frozenset[str] = frozenset()
 
 
 class AuthenticationError(Exception):
-    """A bearer token was refused; the message says why (safe to show to the client)."""
+    """A bearer token was refused; the message says why (safe to show to the client).
+    `key`: the key it names, once its signature verified (for the audit), else None."""
+
+    def __init__(self, message: str, key: KeyRef | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -159,7 +170,7 @@ class SignedKeyVerifier:
         self._clock = clock
         self.signature_checks = 0  # signature verifications made (cache misses, per key)
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
-        self._rejected: OrderedDict[str, str] = OrderedDict()
+        self._rejected: OrderedDict[str, tuple[str, KeyRef | None]] = OrderedDict()
         self._revoked = (
             None
             if revoked_file is None
@@ -196,19 +207,20 @@ class SignedKeyVerifier:
         if entry.exp is not None and now >= entry.exp + self.leeway:
             self._cache.pop(token, None)
             message = f"token for key {identity.key_id!r} expired at {iso_time(entry.exp)}"
-            self._remember_rejection(token, message)
-            raise AuthenticationError(message)
+            self._remember_rejection(token, message, identity.ref())
+            raise AuthenticationError(message, identity.ref())
         if entry.nbf is not None and now < entry.nbf - self.leeway:
             raise AuthenticationError(
-                f"token for key {identity.key_id!r} is not valid before {iso_time(entry.nbf)}"
+                f"token for key {identity.key_id!r} is not valid before {iso_time(entry.nbf)}",
+                identity.ref(),
             )
         revoked = _NONE_REVOKED if revoked_file is None else revoked_file.ids
         if revoked:
             if identity.key_id in revoked:
-                raise AuthenticationError(f"key {identity.key_id!r} is revoked")
+                raise AuthenticationError(f"key {identity.key_id!r} is revoked", identity.ref())
             if entry.jti is not None and entry.jti in revoked:
                 raise AuthenticationError(
-                    f"token {entry.jti!r} of key {identity.key_id!r} is revoked"
+                    f"token {entry.jti!r} of key {identity.key_id!r} is revoked", identity.ref()
                 )
         return identity
 
@@ -216,9 +228,9 @@ class SignedKeyVerifier:
         """Whether `token` has been verified and is still cached (tests, metrics)."""
         return token in self._cache
 
-    def _remember_rejection(self, token: str, message: str) -> None:
+    def _remember_rejection(self, token: str, message: str, key: KeyRef | None) -> None:
         rejected = self._rejected
-        rejected[token] = message
+        rejected[token] = (message, key)
         while len(rejected) > REJECTED_CACHE_SIZE:
             try:
                 rejected.popitem(last=False)
@@ -226,14 +238,14 @@ class SignedKeyVerifier:
                 break
 
     def _verify_uncached(self, token: str) -> _Entry:
-        message = self._rejected.get(token)
-        if message is not None:
-            raise AuthenticationError(message)
+        rejection = self._rejected.get(token)
+        if rejection is not None:
+            raise AuthenticationError(*rejection)
         try:
             entry = self._decode(token)
         except _Permanent as e:
-            self._remember_rejection(token, str(e))
-            raise AuthenticationError(str(e)) from None
+            self._remember_rejection(token, str(e), e.key)
+            raise AuthenticationError(str(e), e.key) from None
         cache = self._cache
         cache[token] = entry
         while len(cache) > self.cache_size:
@@ -292,15 +304,20 @@ class SignedKeyVerifier:
                 break
             except jwt.InvalidSignatureError:
                 continue
+            # PyJWT checks the claims only once the signature verified: these name the key.
             except jwt.MissingRequiredClaimError as e:
+                signed = _claimed_key(jwt.decode(token, options={"verify_signature": False}))
                 if e.claim == "aud":
                     raise _Permanent(
-                        f"token has no audience (aud); expected {self.audience!r}"
+                        f"token has no audience (aud); expected {self.audience!r}", signed
                     ) from None
-                raise _Permanent(f"token lacks the claim {e.claim!r}") from None
+                raise _Permanent(f"token lacks the claim {e.claim!r}", signed) from None
             except jwt.InvalidAudienceError:
-                aud = jwt.decode(token, options={"verify_signature": False}).get("aud")
-                raise _Permanent(f"token is for audience {aud!r}, not {self.audience!r}") from None
+                claims = jwt.decode(token, options={"verify_signature": False})
+                raise _Permanent(
+                    f"token is for audience {claims.get('aud')!r}, not {self.audience!r}",
+                    _claimed_key(claims),
+                ) from None
             except jwt.DecodeError as e:
                 raise _Permanent(f"malformed token: {e}") from None
             except jwt.PyJWTError as e:
@@ -310,10 +327,22 @@ class SignedKeyVerifier:
         try:
             identity = identity_from_claims(payload)
         except ValueError as e:
-            raise _Permanent(f"invalid claims: {e}") from None
+            raise _Permanent(f"invalid claims: {e}", _claimed_key(payload)) from None
         if identity.expires_at is None and not self.allow_nonexpiring:
             raise _Permanent(
                 f"token for key {identity.key_id!r} has no expiry (claim 'exp'): this server"
-                " accepts only signed keys that expire"
+                " accepts only signed keys that expire",
+                identity.ref(),
             )
         return _Entry(identity, identity.expires_at, numeric_date(payload, "nbf"))
+
+
+def _claimed_key(claims: object) -> KeyRef | None:
+    """The key a token whose signature verified names (`sub`, `tenant`), though its claims are
+    refused; None where `sub` is no key id."""
+    if not isinstance(claims, dict):
+        return None
+    sub, tenant = claims.get("sub"), claims.get("tenant")
+    if not isinstance(sub, str) or not sub:
+        return None
+    return KeyRef(sub, tenant if isinstance(tenant, str) and tenant else None)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.identity import Budget, Limits, Tenant
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
-from zerohop.gateway.store.rows import InvalidKey, KeyRecord, TenantRow
+from zerohop.gateway.store.rows import KeyEntry, KeyRecord, TenantRow
+from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
+from zerohop.gateway.store.signing_keys import SigningKeyRow
 from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
@@ -61,7 +63,7 @@ class Store(Protocol):
 
     def version(self) -> int: ...
 
-    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]: ...
+    def snapshot(self) -> tuple[int, dict[str, KeyEntry]]: ...
 
     def spend(self) -> list[tuple[str, str, int]]: ...
 
@@ -86,6 +88,22 @@ class Store(Protocol):
     def set_response_status(
         self, tenant: str, response_id: str, status: str, body: str | None, now: float
     ) -> bool: ...
+
+    def create_console_session(self, row: SessionRow, caps: SessionCaps) -> None: ...
+
+    def console_session(
+        self, session_sha256: str, now: float, idle: float
+    ) -> SessionRow | None: ...
+
+    def touch_console_session(self, session_sha256: str, now: float, every: float) -> bool: ...
+
+    def end_console_session(self, session_sha256: str, now: float) -> bool: ...
+
+    def signing_keys(self, purpose: str) -> list[SigningKeyRow]: ...
+
+    def add_signing_key(self, row: SigningKeyRow) -> bool: ...
+
+    def drop_signing_keys(self, purpose: str, below: int) -> int: ...
 
     def close(self) -> None: ...
 

@@ -11,6 +11,9 @@ On any connection error the last index keeps serving (the keys the replica knows
 feed reconnects with backoff (0.2 s doubling to 5 s). It LISTENs *before* it reads, at
 every (re)connection, so a change committed in between is never missed. A full reload
 every 10 minutes catches rows edited by hand without a version bump.
+
+`read_now` reads the keys once, for a replica's start-up; what the feed and it read is
+what the replica keeps as its local snapshot (`zerohop.gateway.store.key_snapshot`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,10 @@ from collections.abc import Callable
 
 import psycopg
 
-from zerohop.gateway.keys.identity import Identity
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL
-from zerohop.gateway.store.postgres import connect, keys_version, read_keys
-from zerohop.gateway.store.rows import InvalidKey
-from zerohop.gateway.store.spec import mask_in, mask_password, one_line
+from zerohop.gateway.store.postgres import check_schema, connect, keys_version, read_key_rows
+from zerohop.gateway.store.rows import KeyRows
+from zerohop.gateway.store.spec import StoreUnavailable, mask_in, mask_password, one_line
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +40,29 @@ FULL_RELOAD_INTERVAL = 600.0
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
 TRIGGERS = ("notify", "reconcile", "reconnect", "full")
 
-Index = dict[str, Identity | InvalidKey]
-Apply = Callable[[int, Index, bool], None]  # (version, index, has_keys)
+Apply = Callable[[KeyRows], None]
+
+
+def read_now(url: str) -> KeyRows:
+    """The keys as the store has them now, read once (a replica's start-up):
+    StoreUnavailable when it cannot be reached, SchemaMismatch when it is not migrated."""
+    try:
+        with connect(url, autocommit=True, application_name=APPLICATION_NAME) as conn:
+            check_schema(conn, mask_password(url))
+            return read_key_rows(conn)
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable.wrap(exc, url) from exc
 
 
 class KeyFeed:
     """Keeps an index current from PostgreSQL. `up`, `reloads` (by trigger), `errors`,
-    `last_error` and `last_propagation` (notify to applied, s) are for metrics."""
+    `last_error` and `last_propagation` (notify to applied, s) are for metrics. With
+    `full_first` its first read of the store is a full reload, whatever the version (the
+    index it follows came from elsewhere: a local snapshot)."""
 
-    def __init__(self, url: str, loaded: Callable[[], int], apply: Apply) -> None:
+    def __init__(
+        self, url: str, loaded: Callable[[], int], apply: Apply, *, full_first: bool = False
+    ) -> None:
         self.url = url
         self._loaded = loaded  # the version the index holds now
         self._apply = apply
@@ -58,7 +74,7 @@ class KeyFeed:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._backoff = BACKOFF_MIN
-        self._last_full = time.monotonic()
+        self._last_full = -FULL_RELOAD_INTERVAL if full_first else time.monotonic()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="zerohop-key-feed", daemon=True)
@@ -104,9 +120,9 @@ class KeyFeed:
         full = time.monotonic() - self._last_full >= FULL_RELOAD_INTERVAL
         if keys_version(conn) == self._loaded() and not full:
             return
-        version, index, has_keys = read_keys(conn)
-        changed = version != self._loaded()
-        self._apply(version, index, has_keys)
+        rows = read_key_rows(conn)
+        changed = rows.version != self._loaded()
+        self._apply(rows)
         self._last_full = time.monotonic()
         self.reloads[trigger if changed else "full"] += 1
         if trigger == "notify":

@@ -15,7 +15,10 @@ transaction that touches them keeps settled + leased <= the budget.
 
 from __future__ import annotations
 
+from zerohop.gateway.store.batch_schema import POSTGRES_SCHEMA as BATCHES_SCHEMA
 from zerohop.gateway.store.response_tables import POSTGRES_SCHEMA as RESPONSES_SCHEMA
+from zerohop.gateway.store.session_tables import POSTGRES_SCHEMA as SESSIONS_SCHEMA
+from zerohop.gateway.store.signing_keys import POSTGRES_SCHEMA as SIGNING_KEYS_SCHEMA
 from zerohop.gateway.store.thread_tables import POSTGRES_SCHEMA as THREADS_SCHEMA
 from zerohop.gateway.store.usage_tables import POSTGRES_SCHEMA
 
@@ -91,13 +94,28 @@ _THREADS_V3 = THREADS_SCHEMA
 # table only: a zerohop of version 2 or 3 serves as before beside it.
 _RESPONSES_V4 = RESPONSES_SCHEMA
 
+# Issue 42: the server's signing keys (zerohop.gateway.store.signing_keys), so a thought
+# signed by one replica verifies on every other and after a restart. A new table only.
+_SIGNING_KEYS_V5 = SIGNING_KEYS_SCHEMA
+
+# Issue 42: the console's login sessions (zerohop.gateway.store.session_tables), so any
+# replica serves a session and a restart keeps it. A new table only.
+_SESSIONS_V6 = SESSIONS_SCHEMA
+
+# Issue 42: Message Batches and OpenAI batches, their lines (leased to the replica running
+# them) and files (zerohop.gateway.store.batch_schema). New tables only.
+_BATCHES_V7 = BATCHES_SCHEMA
+
 # (version, SQL): applied in order, each in one transaction.
 PG_MIGRATIONS: list[tuple[int, str]] = [
     (1, _KEYS_V1 + _LEASES_V1),
     (2, _ADMIN_V2),
     (3, _THREADS_V3),
     (4, _RESPONSES_V4),
+    (5, _SIGNING_KEYS_V5),
+    (6, _SESSIONS_V6),
+    (7, _BATCHES_V7),
 ]
-MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2}
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

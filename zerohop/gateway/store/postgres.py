@@ -23,17 +23,19 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.identity import Budget, Limits, Tenant
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, SCHEMA_VERSION
 from zerohop.gateway.store.response_tables import ResponseRow, ResponseTables, StoredResponse
 from zerohop.gateway.store.rows import (
-    InvalidKey,
+    KeyEntry,
     KeyRecord,
+    KeyRows,
     TenantRow,
-    key_identity,
     key_record,
     tenant_row,
 )
+from zerohop.gateway.store.session_tables import SessionCaps, SessionRow, SessionTables
+from zerohop.gateway.store.signing_keys import SigningKeyRow, SigningKeyTables
 from zerohop.gateway.store.spec import SchemaMismatch, StoreUnavailable, mask_password
 from zerohop.gateway.store.sqlite import (
     KEY_ID_LENGTH,
@@ -75,6 +77,8 @@ _INSERT_KEY = (
 _USAGE = UsageTables(postgres=True)
 _THREADS = ThreadTables(postgres=True)
 _RESPONSES = ResponseTables(postgres=True)
+_SESSIONS = SessionTables(postgres=True)
+_SIGNING_KEYS = SigningKeyTables(postgres=True)
 # Ordered as SQLite orders text (bytewise), whatever the database's collation.
 _TENANTS = 'SELECT * FROM tenants ORDER BY name COLLATE "C"'
 _KEYS = 'SELECT * FROM keys ORDER BY tenant COLLATE "C", created'
@@ -122,20 +126,19 @@ def keys_version(conn: psycopg.Connection) -> int:
     return int(_one(conn, _VERSION)["value"])
 
 
-def read_keys(conn: psycopg.Connection) -> tuple[int, dict[str, Identity | InvalidKey], bool]:
-    """(version, secret hash -> Identity or InvalidKey of every key not revoked, whether any
-    key exists at all), as one consistent read."""
+def read_keys(conn: psycopg.Connection) -> tuple[int, dict[str, KeyEntry], bool]:
+    """(version, secret hash -> Identity or InvalidKey of every key not revoked and
+    RevokedKey of every revoked one, whether any key exists at all), as one consistent read."""
+    rows = read_key_rows(conn)
+    return rows.version, rows.index(), rows.has_keys
+
+
+def read_key_rows(conn: psycopg.Connection) -> KeyRows:
+    """Every tenant and key row with the keys_version they are at, as one consistent read."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         version = keys_version(conn)
-        tenants = {r.tenant.name: r for r in map(tenant_row, _all(conn, _TENANTS))}
-        rows = _all(conn, "SELECT * FROM keys WHERE revoked IS NULL")
-        has_keys = bool(rows) or _one(conn, "SELECT EXISTS (SELECT 1 FROM keys) AS e")["e"]
-    index = {}
-    for row in rows:
-        record = key_record(row)
-        index[row["secret_sha256"]] = key_identity(record, tenants.get(record.tenant))
-    return version, index, has_keys
+        return KeyRows(version, _all(conn, _TENANTS), _all(conn, "SELECT * FROM keys"))
 
 
 class PostgresStore(TenantReads):
@@ -286,9 +289,10 @@ class PostgresStore(TenantReads):
         with self._connection() as conn:
             return keys_version(conn)
 
-    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]:
+    def snapshot(self) -> tuple[int, dict[str, KeyEntry]]:
         """(version, secret hash -> Identity) of every key that is not revoked; a key whose
-        row or tenant row holds an invalid value maps to an InvalidKey instead."""
+        row or tenant row holds an invalid value maps to an InvalidKey instead, a revoked
+        key to a RevokedKey (refused, named in the audit)."""
         with self._connection() as conn:
             version, index, _has_keys = read_keys(conn)
         return version, index
@@ -339,6 +343,38 @@ class PostgresStore(TenantReads):
     ) -> bool:
         with self._connection() as conn, conn.transaction():
             return _RESPONSES.set_status(conn.cursor(), tenant, response_id, status, body, now)
+
+    # -- console sessions (zerohop.gateway.store.session_tables) ----------------------------
+
+    def create_console_session(self, row: SessionRow, caps: SessionCaps) -> None:
+        with self._connection() as conn, conn.transaction():
+            _SESSIONS.create(conn.cursor(row_factory=dict_row), row, caps)
+
+    def console_session(self, session_sha256: str, now: float, idle: float) -> SessionRow | None:
+        with self._connection() as conn, conn.transaction():
+            return _SESSIONS.get(conn.cursor(row_factory=dict_row), session_sha256, now, idle)
+
+    def touch_console_session(self, session_sha256: str, now: float, every: float) -> bool:
+        with self._connection() as conn, conn.transaction():
+            return _SESSIONS.touch(conn.cursor(), session_sha256, now, every)
+
+    def end_console_session(self, session_sha256: str, now: float) -> bool:
+        with self._connection() as conn, conn.transaction():
+            return _SESSIONS.revoke(conn.cursor(), session_sha256, now)
+
+    # -- signing keys (zerohop.gateway.store.signing_keys) ----------------------------------
+
+    def signing_keys(self, purpose: str) -> list[SigningKeyRow]:
+        with self._connection() as conn:
+            return _SIGNING_KEYS.keys(conn.cursor(row_factory=dict_row), purpose)
+
+    def add_signing_key(self, row: SigningKeyRow) -> bool:
+        with self._connection() as conn, conn.transaction():
+            return _SIGNING_KEYS.add(conn.cursor(), row)
+
+    def drop_signing_keys(self, purpose: str, below: int) -> int:
+        with self._connection() as conn, conn.transaction():
+            return _SIGNING_KEYS.drop(conn.cursor(), purpose, below)
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of the fleet: settled plus leased to replicas."""

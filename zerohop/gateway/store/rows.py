@@ -11,6 +11,9 @@ placeholder for it (no limit, no budget, weight 1) and names the field in `probl
   the row and field, while every other key is served;
 - `zerohop keys list|show` shows the row as "invalid", and `zerohop keys update|tenant`
   repair it (they refuse to write a placeholder back: each bad field must be given).
+
+A revoked key's row is read as a `RevokedKey` (its id and tenant only): the server refuses
+it as it refuses an unknown key, and its audit records name it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.gateway.keys import validation
-from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, KeyRef, Limits, Tenant
 
 Problems = dict[str, str]  # "table.column" -> what is wrong with it
 Row = Mapping[str, Any]  # a sqlite3.Row, or a dict_row of PostgreSQL
@@ -84,6 +87,47 @@ class InvalidKey:
     key_id: str
     problems: tuple[str, ...]  # the messages, for the log
     fields: tuple[str, ...]  # "table.column", for the client
+    tenant: str | None = None  # the row's tenant, for the audit
+
+    def ref(self) -> KeyRef:
+        return KeyRef(self.key_id, self.tenant)
+
+
+@dataclass(slots=True, frozen=True)
+class RevokedKey:
+    """A revoked (or archived) key: refused as an unknown key is, but named in the audit."""
+
+    key_id: str
+    tenant: str
+
+    def ref(self) -> KeyRef:
+        return KeyRef(self.key_id, self.tenant)
+
+
+KeyEntry = Identity | InvalidKey | RevokedKey  # what a snapshot maps a secret's hash to
+
+
+@dataclass(slots=True, frozen=True)
+class KeyRows:
+    """One consistent read of the keys a server serves, as the store's rows: what a fleet
+    replica indexes, and keeps a local copy of (`zerohop.gateway.store.key_snapshot`)."""
+
+    version: int  # the store's keys_version at the read
+    tenants: list[dict[str, Any]]
+    keys: list[dict[str, Any]]  # every key, revoked ones included
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.keys)
+
+    def index(self) -> dict[str, KeyEntry]:
+        """secret hash -> what each key is served as (`key_entry`)."""
+        tenants = {r.tenant.name: r for r in map(tenant_row, self.tenants)}
+        index: dict[str, KeyEntry] = {}
+        for row in self.keys:
+            record = key_record(row)
+            index[row["secret_sha256"]] = key_entry(record, tenants.get(record.tenant))
+        return index
 
 
 def budget_dict(budget: Budget) -> dict[str, Any]:
@@ -173,6 +217,13 @@ def key_record(row: Row) -> KeyRecord:
     )
 
 
+def key_entry(record: KeyRecord, tenant: TenantRow | None) -> KeyEntry:
+    """What a snapshot holds for a key: RevokedKey once it is revoked, else `key_identity`."""
+    if record.revoked is not None:
+        return RevokedKey(record.key_id, record.tenant)
+    return key_identity(record, tenant)
+
+
 def key_identity(record: KeyRecord, tenant: TenantRow | None) -> Identity | InvalidKey:
     """What the server serves a key as: its Identity, or InvalidKey when its row or its
     tenant's row (or the lack of one) is invalid."""
@@ -183,7 +234,7 @@ def key_identity(record: KeyRecord, tenant: TenantRow | None) -> Identity | Inva
     else:
         problems |= tenant.problems
     if problems or tenant is None:
-        return InvalidKey(record.key_id, tuple(problems.values()), tuple(problems))
+        return InvalidKey(record.key_id, tuple(problems.values()), tuple(problems), record.tenant)
     return Identity(
         key_id=record.key_id,
         tenant=tenant.tenant,

@@ -20,19 +20,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
+from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Limits, Tenant
 from zerohop.gateway.store import response_tables as response_sql
+from zerohop.gateway.store import session_tables as session_sql
+from zerohop.gateway.store import signing_keys as signing_sql
 from zerohop.gateway.store import thread_tables as thread_sql
 from zerohop.gateway.store import usage_tables as usage_sql
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import (
-    InvalidKey,
+    KeyEntry,
     KeyRecord,
     TenantRow,
-    key_identity,
+    key_entry,
     key_record,
     tenant_row,
 )
+from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
+from zerohop.gateway.store.signing_keys import SigningKeyRow
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
@@ -89,6 +93,8 @@ NO_LIMITS = Limits()
 _USAGE = usage_sql.UsageTables(postgres=False)
 _THREADS = thread_sql.ThreadTables(postgres=False)
 _RESPONSES = response_sql.ResponseTables(postgres=False)
+_SESSIONS = session_sql.SessionTables(postgres=False)
+_SIGNING_KEYS = signing_sql.SigningKeyTables(postgres=False)
 
 
 def default_db_path() -> Path:
@@ -110,7 +116,12 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
     committed when the process is killed, only on an OS crash or power loss (the budget
     ledger's `--durability normal`)."""
     schema = (
-        SCHEMA + usage_sql.SQLITE_SCHEMA + thread_sql.SQLITE_SCHEMA + response_sql.SQLITE_SCHEMA
+        SCHEMA
+        + usage_sql.SQLITE_SCHEMA
+        + thread_sql.SQLITE_SCHEMA
+        + response_sql.SQLITE_SCHEMA
+        + session_sql.SQLITE_SCHEMA
+        + signing_sql.SQLITE_SCHEMA
     )
     conn = open_wal(path, schema, synchronous)
     _add_key_columns(conn)
@@ -297,17 +308,18 @@ class KeyStore(TenantReads):
         row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
         return int(row[0])
 
-    def snapshot(self) -> tuple[int, dict[str, Identity | InvalidKey]]:
+    def snapshot(self) -> tuple[int, dict[str, KeyEntry]]:
         """(version, secret hash -> Identity) of every key that is not revoked; a key whose
-        row or tenant row holds an invalid value maps to an InvalidKey instead."""
+        row or tenant row holds an invalid value maps to an InvalidKey instead, a revoked
+        key to a RevokedKey (refused, named in the audit)."""
         with self._transaction() as conn:
             version = self.version()
             tenants = {t.tenant.name: t for t in self.tenant_rows()}
-            rows = conn.execute("SELECT * FROM keys WHERE revoked IS NULL").fetchall()
+            rows = conn.execute("SELECT * FROM keys").fetchall()
         index = {}
         for row in rows:
             record = key_record(row)
-            index[row["secret_sha256"]] = key_identity(record, tenants.get(record.tenant))
+            index[row["secret_sha256"]] = key_entry(record, tenants.get(record.tenant))
         return version, index
 
     def spend(self) -> list[tuple[str, str, int]]:
@@ -360,6 +372,36 @@ class KeyStore(TenantReads):
     ) -> bool:
         with self._transaction() as conn:
             return _RESPONSES.set_status(conn, tenant, response_id, status, body, now)
+
+    # -- console sessions (zerohop.gateway.store.session_tables) ----------------------------
+
+    def create_console_session(self, row: SessionRow, caps: SessionCaps) -> None:
+        with self._transaction() as conn:
+            _SESSIONS.create(conn, row, caps)
+
+    def console_session(self, session_sha256: str, now: float, idle: float) -> SessionRow | None:
+        return _SESSIONS.get(self.conn, session_sha256, now, idle)  # one SELECT: no lock
+
+    def touch_console_session(self, session_sha256: str, now: float, every: float) -> bool:
+        with self._transaction() as conn:
+            return _SESSIONS.touch(conn, session_sha256, now, every)
+
+    def end_console_session(self, session_sha256: str, now: float) -> bool:
+        with self._transaction() as conn:
+            return _SESSIONS.revoke(conn, session_sha256, now)
+
+    # -- signing keys (zerohop.gateway.store.signing_keys) ----------------------------------
+
+    def signing_keys(self, purpose: str) -> list[SigningKeyRow]:
+        return _SIGNING_KEYS.keys(self.conn, purpose)  # one SELECT: no lock
+
+    def add_signing_key(self, row: SigningKeyRow) -> bool:
+        with self._transaction() as conn:
+            return _SIGNING_KEYS.add(conn, row)
+
+    def drop_signing_keys(self, purpose: str, below: int) -> int:
+        with self._transaction() as conn:
+            return _SIGNING_KEYS.drop(conn, purpose, below)
 
 
 SqliteStore = KeyStore  # the Store (zerohop.gateway.store.open_store) of one replica's own file

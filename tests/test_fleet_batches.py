@@ -1,0 +1,159 @@
+"""Batches in the fleet store: three real `zerohop serve` replicas on one real PostgreSQL
+(`ZEROHOP_STORE`), driven by the official SDKs. A batch made on one replica is read, listed,
+cancelled and its results fetched on the others; a replica SIGKILLed while it runs lines has
+them finished by the others after the lease TTL, one result each; a rolling restart of all
+three loses no batch and no stored response."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import psycopg
+import pytest
+
+from tests.live_server import MODEL_NAME, LiveServer
+from tests.pg_fixtures import migrated_database, wait_until
+from tests.postgres_server import PostgresServer
+from zerohop.gateway.store.postgres import PostgresStore
+
+LEASE_TTL = 2.0  # seconds: a killed replica's lines run elsewhere this soon (the flag's least)
+
+
+@pytest.fixture(scope="module")
+def store_url(postgres: PostgresServer) -> str:
+    return migrated_database(postgres)
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    llama_dir: Path, store_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[LiveServer]]:
+    servers = [
+        LiveServer(
+            llama_dir, ["--lease-ttl", str(LEASE_TTL)], extra_env={"ZEROHOP_STORE": store_url}
+        )
+        for _ in range(3)
+    ]
+    try:
+        for i, server in enumerate(servers):  # one after another: two cores
+            server.start(tmp_path_factory.mktemp(f"batchfleet{i}") / "server.log")
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def key(store_url: str) -> str:
+    store = PostgresStore(store_url)
+    try:
+        secret, _ = store.create_key("batcher")
+    finally:
+        store.close()
+    return secret
+
+
+def sdk(server: LiveServer, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
+
+
+def requests(count: int, max_tokens: int, prefix: str = "line") -> list[dict]:
+    params = {"model": MODEL_NAME, "max_tokens": max_tokens, "temperature": 0}
+    return [
+        {
+            "custom_id": f"{prefix}-{i}",
+            "params": {**params, "messages": [{"role": "user", "content": f"count {i}"}]},
+        }
+        for i in range(count)
+    ]
+
+
+def ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 120.0) -> None:
+    wait_until(
+        lambda: client.messages.batches.retrieve(batch_id).processing_status == "ended",
+        timeout,
+        0.2,
+    )
+
+
+def results(client: anthropic.Anthropic, batch_id: str) -> Counter:
+    return Counter((r.custom_id, r.result.type) for r in client.messages.batches.results(batch_id))
+
+
+def test_a_batch_made_on_one_replica_is_served_by_every_other(
+    fleet: list[LiveServer], key: str
+) -> None:
+    made = sdk(fleet[0], key).messages.batches.create(requests=requests(6, 4))
+    for server in fleet[1:]:
+        seen = sdk(server, key).messages.batches.retrieve(made.id)
+        assert (seen.id, seen.created_at) == (made.id, made.created_at)
+        assert made.id in [b.id for b in sdk(server, key).messages.batches.list(limit=20)]
+    ended(sdk(fleet[1], key), made.id)
+    for server in fleet:
+        got = results(sdk(server, key), made.id)
+        assert got == Counter({(f"line-{i}", "succeeded"): 1 for i in range(6)}), got
+
+    doomed = sdk(fleet[0], key).messages.batches.create(requests=requests(40, 16, "doomed"))
+    canceling = sdk(fleet[2], key).messages.batches.cancel(doomed.id)
+    assert canceling.processing_status in ("canceling", "ended")
+    ended(sdk(fleet[1], key), doomed.id)
+    kinds = Counter(kind for _, kind in results(sdk(fleet[1], key), doomed.id).elements())
+    assert kinds["canceled"] > 0 and sum(kinds.values()) == 40, kinds
+
+
+def _owners(store_url: str, batch_id: str) -> set[str]:
+    with psycopg.connect(store_url) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT lease_owner FROM lines WHERE batch_id = %s AND state = 'running'",
+            (batch_id,),
+        ).fetchall()
+    return {owner for (owner,) in rows if owner}
+
+
+def test_a_killed_replicas_lines_finish_on_the_others_once_each(
+    fleet: list[LiveServer], key: str, store_url: str
+) -> None:
+    count = 60
+    made = sdk(fleet[0], key).messages.batches.create(requests=requests(count, 48, "kill"))
+    victims: list[LiveServer] = []
+
+    def running_on_a_replica() -> bool:  # the replica id carries its API process's pid
+        owners = _owners(store_url, made.id)
+        victims[:] = [s for s in fleet if any(f"-{s.process.pid}-" in o for o in owners)]
+        return bool(victims)
+
+    wait_until(running_on_a_replica, 60.0, 0.02)
+    victim = victims[0]
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait()
+    killed_at = time.monotonic()
+    survivors = [s for s in fleet if s is not victim]
+    ended(sdk(survivors[0], key), made.id, timeout=180.0)
+    resumed_after = time.monotonic() - killed_at
+    got = results(sdk(survivors[1], key), made.id)
+    assert got == Counter({(f"kill-{i}", "succeeded"): 1 for i in range(count)}), got
+    assert resumed_after >= LEASE_TTL / 2  # its lines waited for their lease to end
+    victim.start(victim.log_path)  # back for the next test
+
+
+def test_a_rolling_restart_loses_no_batch_and_no_stored_response(
+    fleet: list[LiveServer], key: str
+) -> None:
+    made = sdk(fleet[0], key).messages.batches.create(requests=requests(30, 32, "roll"))
+    oa = openai.OpenAI(base_url=fleet[1].url + "/v1", api_key=key, max_retries=0)
+    stored = oa.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=4, store=True)
+    for server in fleet:
+        server.stop()
+        server.start(server.log_path)
+    ended(sdk(fleet[2], key), made.id, timeout=180.0)
+    got = results(sdk(fleet[0], key), made.id)
+    assert got == Counter({(f"roll-{i}", "succeeded"): 1 for i in range(30)}), got
+    for server in fleet:
+        again = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+        assert again.responses.retrieve(stored.id).output_text == stored.output_text
