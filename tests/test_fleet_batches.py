@@ -116,6 +116,15 @@ def _owners(store_url: str, batch_id: str) -> set[str]:
     return {owner for (owner,) in rows if owner}
 
 
+def _lines_of(store_url: str, batch_id: str, owner: str) -> list[int]:
+    with psycopg.connect(store_url) as conn:
+        rows = conn.execute(
+            "SELECT idx FROM lines WHERE batch_id = %s AND state = 'running' AND lease_owner = %s",
+            (batch_id, owner),
+        ).fetchall()
+    return [index for (index,) in rows]
+
+
 def test_a_killed_replicas_lines_finish_on_the_others_once_each(
     fleet: list[LiveServer], key: str, store_url: str
 ) -> None:
@@ -133,9 +142,14 @@ def test_a_killed_replicas_lines_finish_on_the_others_once_each(
     victim.process.send_signal(signal.SIGKILL)
     victim.process.wait()
     killed_at = time.monotonic()
+    owner = next(o for o in _owners(store_url, made.id) if f"-{victim.process.pid}-" in o)
+    orphans = _lines_of(store_url, made.id, owner)
+    assert orphans, "the victim held lines when it died"
+    wait_until(lambda: not _lines_of(store_url, made.id, owner), 60.0, 0.02)
+    resumed_after = time.monotonic() - killed_at  # its lines run (or ran) elsewhere
+    print(f"\n{len(orphans)} lines of the killed replica resumed after {resumed_after:.2f} s")
     survivors = [s for s in fleet if s is not victim]
     ended(sdk(survivors[0], key), made.id, timeout=180.0)
-    resumed_after = time.monotonic() - killed_at
     got = results(sdk(survivors[1], key), made.id)
     assert got == Counter({(f"kill-{i}", "succeeded"): 1 for i in range(count)}), got
     assert resumed_after >= LEASE_TTL / 2  # its lines waited for their lease to end
