@@ -108,3 +108,11 @@ def postgres() -> Iterator[Any]:
     from tests.pg_fixtures import postgres_server
 
     yield from postgres_server()
+
+
+@pytest.fixture(scope="module")
+def store_url(postgres: Any) -> str:
+    """A migrated fleet store of the module's own in that PostgreSQL (its replicas share it)."""
+    from tests.pg_fixtures import migrated_database
+
+    return migrated_database(postgres)

@@ -111,6 +111,23 @@ class LiveServer:
             return self.process.wait()
 
 
+@contextmanager
+def fleet_of(
+    model_dir: Path, store_url: str, args: list[list[str]], folder: Any
+) -> Iterator[list[LiveServer]]:
+    """One replica per `args` entry on the fleet store `store_url` (ZEROHOP_STORE), started
+    one after another (model loads at once would only share the cores), each logging into a
+    folder of its own from `folder()`; all stopped at the end."""
+    servers = [LiveServer(model_dir, a, extra_env={"ZEROHOP_STORE": store_url}) for a in args]
+    try:
+        for server in servers:
+            server.start(folder() / "server.log")
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def with_chat_template(model_dir: Path, folder: Path, template: str) -> Path:
     """`folder`: a copy of the model folder whose chat template is `template`."""
     shutil.copytree(model_dir, folder)

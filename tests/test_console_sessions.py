@@ -23,8 +23,7 @@ import pytest
 
 from tests.browser import ConsoleTab, launch_browser
 from tests.live_server import LiveServer
-from tests.pg_fixtures import migrated_database, sql, wait_until
-from tests.postgres_server import PostgresServer
+from tests.pg_fixtures import sql, wait_until
 from zerohop.admin.sessions import COOKIE, session_digest
 from zerohop.gateway.store.sqlite import KeyStore
 
@@ -172,11 +171,6 @@ def test_the_cookie_flags_are_validated_where_they_enter(llama_dir: Path) -> Non
 
 
 # -- two replicas of one PostgreSQL fleet store -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def store_url(postgres: PostgresServer) -> str:
-    return migrated_database(postgres)
 
 
 @pytest.fixture(scope="module")

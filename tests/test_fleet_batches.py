@@ -17,36 +17,20 @@ import openai
 import psycopg
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
-from tests.pg_fixtures import migrated_database, wait_until
-from tests.postgres_server import PostgresServer
+from tests.live_server import MODEL_NAME, LiveServer, fleet_of
+from tests.pg_fixtures import wait_until
 from zerohop.gateway.store.postgres import PostgresStore
 
 LEASE_TTL = 2.0  # seconds: a killed replica's lines run elsewhere this soon (the flag's least)
 
 
 @pytest.fixture(scope="module")
-def store_url(postgres: PostgresServer) -> str:
-    return migrated_database(postgres)
-
-
-@pytest.fixture(scope="module")
 def fleet(
     llama_dir: Path, store_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[LiveServer]]:
-    servers = [
-        LiveServer(
-            llama_dir, ["--lease-ttl", str(LEASE_TTL)], extra_env={"ZEROHOP_STORE": store_url}
-        )
-        for _ in range(3)
-    ]
-    try:
-        for i, server in enumerate(servers):  # one after another: two cores
-            server.start(tmp_path_factory.mktemp(f"batchfleet{i}") / "server.log")
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    args = [["--lease-ttl", str(LEASE_TTL)]] * 3
+    with fleet_of(llama_dir, store_url, args, lambda: tmp_path_factory.mktemp("batchfleet")) as f:
+        yield f
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer
-from tests.pg_fixtures import migrated_database, wait_until
+from tests.live_server import MODEL_NAME, LiveServer, fleet_of
+from tests.pg_fixtures import wait_until
 from tests.postgres_server import PostgresServer
 from zerohop.client import ReplicaPool, async_http_client
 from zerohop.gateway.keys.identity import Budget, Tenant
@@ -34,30 +34,13 @@ BUDGET = 6_000
 
 
 @pytest.fixture(scope="module")
-def store_url(postgres: PostgresServer) -> str:
-    return migrated_database(postgres)
-
-
-@pytest.fixture(scope="module")
 def fleet(
     llama_dir: Path, store_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[LiveServer]]:
-    servers = [
-        LiveServer(
-            llama_dir,
-            ["--lease-ttl", str(OUTAGE_LEASE_TTL if i == 0 else LEASE_TTL)],
-            extra_env={"ZEROHOP_STORE": store_url},
-        )
-        for i in range(3)
-    ]
-    # One after another: three model loads at once would only share the two cores.
-    try:
-        for i, server in enumerate(servers):
-            server.start(tmp_path_factory.mktemp(f"fleet{i}") / "server.log")
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
+    ttls = [OUTAGE_LEASE_TTL, LEASE_TTL, LEASE_TTL]
+    args = [["--lease-ttl", str(ttl)] for ttl in ttls]
+    with fleet_of(llama_dir, store_url, args, lambda: tmp_path_factory.mktemp("fleet")) as f:
+        yield f
 
 
 @pytest.fixture
