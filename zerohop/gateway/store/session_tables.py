@@ -61,7 +61,7 @@ _GET = (
     "SELECT session_sha256, key_id, created, last_seen, expires FROM console_sessions"
     f" WHERE {_LIVE} AND expires >= ? AND last_seen >= ?"
 )
-_TOUCH = f"UPDATE console_sessions SET last_seen = ? WHERE {_LIVE} AND last_seen < ?"
+_TOUCH = f"UPDATE console_sessions SET last_seen = ? WHERE {_LIVE} AND last_seen <= ?"
 _REVOKE = f"UPDATE console_sessions SET revoked = ? WHERE {_LIVE}"
 
 
