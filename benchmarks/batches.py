@@ -108,7 +108,7 @@ class BatchServer(Server):
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+                self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
             )
 
     @property

@@ -146,7 +146,7 @@ def test_share_zero_holds_lines_even_before_anything_is_measured() -> None:
 
 
 def test_the_config_share_is_a_finite_non_negative_number() -> None:
-    assert EngineConfig().background_step_share == 0.2
+    assert EngineConfig().background_step_share == 0.1
     assert EngineConfig(background_step_share=0).background_step_share == 0
     for bad in (-0.1, float("nan"), float("inf"), "0.1", True, None):
         with pytest.raises(ValueError, match="background_step_share"):

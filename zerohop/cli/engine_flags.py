@@ -39,7 +39,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--batch-step-share",
         type=NONNEGATIVE_NUMBER,
-        default=0.2,  # EngineConfig's background_step_share (engine/sched/background_share.py)
+        default=0.1,  # EngineConfig's background_step_share (engine/sched/background_share.py)
         metavar="SHARE",
         help="a step with interactive streams carries only the batch lines whose measured cost"
         " adds at most this share of its own, so streams keep their pace beside a batch (with"

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 
 from zerohop.engine.sched.step_times import StepCurve, StepTimes
 
-# The interactive step's cost that background rows beside it may add, as a share of it:
-# the issue's target is interactive TPOT within 1.3x idle beside a batch; 0.2 leaves room
-# for the steps' noise and the rows an estimate undercounts.
-DEFAULT_BACKGROUND_SHARE = 0.2
+# The interactive step's cost that background rows beside it may add, as a share of it. The
+# target is interactive TPOT within 1.3x idle beside a batch; benchmarks/batches.py on the
+# default model, two alternating runs each: 0.2 gave TPOT 1.34x and 1.43x (the steps' noise,
+# and rows an estimate undercounts, come on top of the share), 0.1 gave 1.16x and 1.17x, for
+# the batch's rate beside the stream falling from 0.14x to 0.10x its idle rate.
+DEFAULT_BACKGROUND_SHARE = 0.1
 # Steps of earnings credit may hold: rows dearer than one step's earnings run every few
 # steps, and a burst after a pause is bounded by this many steps' share.
 CARRY_STEPS = 8
