@@ -379,14 +379,14 @@ def _batch_store(options: ServeOptions, gateway: Gateway | None):
     every batch), else this server's own SQLite file."""
     from zerohop.batches.store import BatchStore
 
-    spec = gateway.auth.spec if gateway is not None else None
-    if gateway is not None and spec is not None and spec.kind == "postgresql":
+    if gateway is not None and gateway.auth.spec.kind == "postgresql":
         from zerohop.batches.pg_store import PgBatchStore
         from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
 
         keeper = getattr(gateway.ledger, "keeper", None)
         owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
-        return PgBatchStore(spec.url, owner or new_replica_id(), options.gateway.leases.ttl)
+        url = gateway.auth.spec.url
+        return PgBatchStore(url, owner or new_replica_id(), options.gateway.leases.ttl)
     keys_db = options.gateway.keys_db or default_db_path()
     return BatchStore(options.batches.db or keys_db.parent / "batches.db")
 

@@ -92,7 +92,7 @@ class FileTable(Connection):
     def _remove_content(self, file_id: str) -> None:
         (self.files_dir / file_id).unlink(missing_ok=True)
 
-    def _write_content(self, file_id: str, content: bytes) -> Path:
+    def _write_content(self, file_id: str, content: bytes) -> None:
         path = self.files_dir / file_id
         temporary = self.files_dir / f".{file_id}.tmp"
         with open(temporary, "wb") as out:
@@ -100,7 +100,6 @@ class FileTable(Connection):
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
-        return path
 
     def _insert_file(
         self,

@@ -25,12 +25,10 @@ from zerohop.batches.records import (
 from zerohop.batches.results import api_of, refused
 from zerohop.batches.schema import _LINE_COLUMNS, Connection, Statements, _dumps, _line, _loads
 
-# A line's columns when it goes back to waiting (the PostgreSQL store clears its lease too).
-_WAITING_AGAIN = "state = ?, started_at = NULL"
-
 
 class LineTable(Connection):
-    _waiting_again = _WAITING_AGAIN
+    # A line's columns when it goes back to waiting (the PostgreSQL store clears its lease too).
+    _waiting_again = "state = ?, started_at = NULL"
 
     def next_waiting(self, limit: int, *, exclude: Iterable[str] = ()) -> list[WaitingLine]:
         """Up to `limit` waiting lines of in-progress batches, taken in turn from each tenant

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from zerohop.gateway.store.postgres import conninfo_options
 from zerohop.gateway.store.spec import StoreUnavailable
+from zerohop.gateway.store.usage_tables import for_postgres
 
 POOL_MIN, POOL_MAX = 1, 4
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
@@ -65,12 +66,12 @@ class Session:
         self._conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        cursor = self._conn.execute(_placeholders(sql), tuple(params))
+        cursor = self._conn.execute(for_postgres(sql), tuple(params))
         return _read(cursor)
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Rows:
         with self._conn.cursor() as cursor:
-            cursor.executemany(_placeholders(sql), [tuple(p) for p in params])
+            cursor.executemany(for_postgres(sql), [tuple(p) for p in params])
             return Rows([], cursor.rowcount)
 
 
@@ -95,10 +96,6 @@ class PgDatabase:
         with self._reachable(), self._pool.connection() as conn:
             return Session(conn).execute(sql, params)
 
-    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Rows:
-        with self.transaction() as session:
-            return session.executemany(sql, params)
-
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         with self._reachable(), self._pool.connection() as conn, conn.transaction():
@@ -115,11 +112,6 @@ class PgDatabase:
 
     def close(self) -> None:
         self._pool.close()
-
-
-def _placeholders(sql: str) -> str:
-    """SQLite's `?` as psycopg's `%s` (the tables' SQL has no other `?` nor `%`)."""
-    return sql.replace("?", "%s")
 
 
 def _read(cursor: psycopg.Cursor) -> Rows:

@@ -81,8 +81,8 @@ class PgBatchStore(BatchTable):
         with self._transaction() as conn:
             return self._settle_abandoned(conn, "l.lease_until < ?", (now,), now)
 
-    def _write_content(self, file_id: str, content: bytes) -> Path:
-        return self.files_dir / file_id  # written with the file's row (`_insert_file`)
+    def _write_content(self, file_id: str, content: bytes) -> None:
+        pass  # written with the file's row (`_insert_file`)
 
     def _remove_content(self, file_id: str) -> None:
         pass  # deleted with the file's row (ON DELETE CASCADE)

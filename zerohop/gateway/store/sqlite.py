@@ -30,8 +30,8 @@ from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import (
     KeyEntry,
     KeyRecord,
+    KeyRows,
     TenantRow,
-    key_entry,
     key_record,
     tenant_row,
 )
@@ -314,13 +314,9 @@ class KeyStore(TenantReads):
         key to a RevokedKey (refused, named in the audit)."""
         with self._transaction() as conn:
             version = self.version()
-            tenants = {t.tenant.name: t for t in self.tenant_rows()}
-            rows = conn.execute("SELECT * FROM keys").fetchall()
-        index = {}
-        for row in rows:
-            record = key_record(row)
-            index[row["secret_sha256"]] = key_entry(record, tenants.get(record.tenant))
-        return version, index
+            tenants = [dict(r) for r in conn.execute("SELECT * FROM tenants")]
+            keys = [dict(r) for r in conn.execute("SELECT * FROM keys")]
+        return version, KeyRows(version, tenants, keys).index()
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of every ledger row, reservations included."""
