@@ -70,11 +70,13 @@ class VTCPolicy(SchedulingPolicy):
             return None
         level = min(level for level, _ in self.queues)
         tenants = [tenant for lv, tenant in self.queues if lv == level]
-        tenant = min(tenants, key=lambda t: self._rank(t, self.queues[(level, t)][0]))
+        tenant = min(tenants, key=lambda t: self._rank(self.queues[(level, t)][0]))
         return self.queues[(level, tenant)][0]
 
-    def _rank(self, tenant: str, seq: Sequence) -> tuple[float, int, int]:
-        return self.counters[tenant], self._backlogged.get(tenant, 0), seq.arrival
+    def _rank(self, seq: Sequence) -> tuple[float, int, int]:
+        """Its tenant's counter, ties to the tenant backlogged last, then arrival."""
+        tenant = seq.tenant
+        return self.counters.get(tenant, 0.0), self._backlogged.get(tenant, 0), seq.arrival
 
     def remove(self, seq: Sequence) -> None:
         key = (seq.priority, seq.tenant)
@@ -100,13 +102,7 @@ class VTCPolicy(SchedulingPolicy):
         """Prompt chunks by class, then the tenant served least, then arrival: fair share
         governs a step's prompt budget as it governs admission, so a light tenant's prompt
         is computed before a flooding tenant's running prompts take the step."""
-        tenant = seq.tenant
-        return (
-            seq.priority,
-            self.counters.get(tenant, 0.0),
-            self._backlogged.get(tenant, 0),
-            seq.arrival,
-        )
+        return (seq.priority, *self._rank(seq))
 
     def admitted(self, seq: Sequence) -> None:
         self._last_admitted = seq.tenant
