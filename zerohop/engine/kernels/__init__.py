@@ -38,6 +38,7 @@ HEADERS = tuple(
         "decode_step.h",
         "dense_gemm.h",
         "token_mask.h",
+        "wide_product.h",
     )
 )
 log = logging.getLogger("zerohop.kernels")
