@@ -38,7 +38,8 @@ HEADERS = tuple(
         "decode_step.h",
         "dense_gemm.h",
         "token_mask.h",
-        "wide_product.h",
+        "int16_rows.h",
+        "panel_product.h",
     )
 )
 log = logging.getLogger("zerohop.kernels")

@@ -3,5 +3,5 @@
 from zerohop.engine.kernels import cache_dir, load
 
 module = load()
-simd = "AVX2" if module.simd() else "portable C++"
+simd = "AVX-512 VNNI" if module.wide() else "AVX2" if module.simd() else "portable C++"
 print(f"zerohop CPU kernels ({simd}) ready in {cache_dir()}")

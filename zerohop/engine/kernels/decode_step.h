@@ -12,6 +12,7 @@
 
 #include "attention.h"
 #include "dense_gemm.h"
+#include "panel_product.h"
 #include "pointwise.h"
 
 namespace zerohop {
@@ -20,16 +21,19 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d);
 torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m);
 
 // One weight matrix as zerohop's kernels hold it: "dense" (dense_pack's panels of a float32,
-// float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m).
+// float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m), "q8_0_panels" and "q4_1_panels"
+// (q8_0_pack's and q4_1_pack's: the products on AVX-512 VNNI).
 class Product {
  public:
-  enum class Kind { kDense, kQ8_0, kQ4_1 };
+  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
           c10::optional<torch::Tensor> bias, int64_t out_features = 0)
       : kind_(parse(kind)), tensors_(std::move(tensors)), bias_(std::move(bias)),
         out_features_(out_features) {
-    const size_t expected = kind_ == Kind::kQ4_1 ? 3 : kind_ == Kind::kQ8_0 ? 2 : 1;
+    const size_t expected = kind_ == Kind::kDense                                   ? 1
+                            : kind_ == Kind::kQ8_0 || kind_ == Kind::kQ8_0Panels ? 2
+                                                                                 : 3;
     TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
   }
 
@@ -39,15 +43,31 @@ class Product {
       case Kind::kDense: out = dense_linear(x, tensors_[0], out_features_); break;
       case Kind::kQ8_0: out = q8_0_linear(x, tensors_[0], tensors_[1]); break;
       case Kind::kQ4_1: out = q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]); break;
+      case Kind::kQ8_0Panels:
+      case Kind::kQ4_1Panels: out = panel_linear(x); break;
     }
     if (bias_) out.add_(*bias_);
     return out;
   }
 
  private:
+  torch::Tensor panel_linear(const torch::Tensor& x) const {
+#ifdef ZH_WIDE
+    if (kind_ == Kind::kQ8_0Panels) {
+      return panels::q8_0_linear(x, tensors_[0], tensors_[1], out_features_);
+    }
+    return panels::q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2], out_features_);
+#else
+    TORCH_CHECK(false, "panels need AVX-512 VNNI");
+    return x;
+#endif
+  }
+
   static Kind parse(const std::string& kind) {
     if (kind == "dense") return Kind::kDense;
     if (kind == "q8_0") return Kind::kQ8_0;
+    if (kind == "q8_0_panels") return Kind::kQ8_0Panels;
+    if (kind == "q4_1_panels") return Kind::kQ4_1Panels;
     TORCH_CHECK(kind == "q4_1", "unknown product kind ", kind);
     return Kind::kQ4_1;
   }
@@ -55,7 +75,7 @@ class Product {
   Kind kind_;
   std::vector<torch::Tensor> tensors_;
   c10::optional<torch::Tensor> bias_;
-  int64_t out_features_;  // dense kinds: N (their panels pad it to a multiple of 16)
+  int64_t out_features_;  // dense and panel kinds: N (their panels pad it to a multiple of 16)
 };
 
 struct DecodeLayer {

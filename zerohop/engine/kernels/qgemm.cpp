@@ -1,8 +1,10 @@
 // Matrix products straight from block-quantized weights, three ways. Weights are never
 // dequantized in memory.
-//   16-bit activations (the default with AVX-512 VNNI, wide_product.h): each block of 32
-//     activations rounded to int16 with its own scale, multiplied exactly in integers; within
-//     ~2e-5 of the float product, 1.2-1.5x the float path's rate on SmolLM2's shapes.
+//   16-bit activations (the default with AVX-512 VNNI, panel_product.h): each block of 32
+//     activations rounded to int16 with its own scale (int16_rows.h), multiplied exactly in
+//     integers with weights packed in panels of 16 rows; within ~2e-5 of the float product,
+//     1.4x the float path's rate at one row and 2-3x at 8-128 on SmolLM2's shapes. Here the
+//     weights are packed per call; the engine packs them once (q4_1_pack, q8_0_pack).
 //   float activations (the default elsewhere): each block of 32 weights is expanded to
 //     float32 in registers and multiplied with float32 activations, for up to eight
 //     activation rows at a time; equal to a float32 product with the dequantized weights up
@@ -34,7 +36,7 @@
 #include "pointwise.h"
 #include "spin_pool.h"
 #include "token_mask.h"
-#include "wide_product.h"
+#include "panel_product.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -50,7 +52,7 @@
 
 namespace {
 
-namespace wide = zerohop::wide;
+namespace panels = zerohop::panels;
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kRowTile = 8;  // activation rows sharing one expansion of a weight block
@@ -431,40 +433,6 @@ torch::Tensor integer_product(const torch::Tensor& x, int64_t out_features, RowA
 }
 #endif
 
-#ifdef ZH_WIDE
-// The default product where AVX-512 VNNI is there: activations rounded to int16 per block
-// (wide_product.h), once per call; weights_at(n) is weight row n.
-template <typename WeightsAt>
-torch::Tensor wide_product(const torch::Tensor& x, int64_t out_features, WeightsAt weights_at) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  constexpr bool q4 = std::is_same_v<decltype(weights_at(0)), wide::Q4_1Weights>;
-  const wide::Int16Rows xq = wide::round_rows(x.data_ptr<float>(), rows, cols, q4);
-  auto out = torch::empty({rows, out_features}, x.options());
-  float* out_data = out.data_ptr<float>();
-  // A tile's activations (2 bytes an entry, and 1 of pair scales) stay within L1 (32 KiB)
-  // beside a group of weight rows, which every tile of activation rows takes in turn: the
-  // weights stream from memory once per call, not once per tile.
-  const int64_t row_tile = cols <= 1024 ? wide::kMaxRows : wide::kMaxRows / 2;
-  const int64_t weight_group = cols <= 1024 ? 16 : 8;
-  zerohop::SpinPool::instance().run(out_features, [&](int64_t begin, int64_t end) {
-    float tile[wide::kMaxRows];
-    for (int64_t group = begin; group < end; group += weight_group) {
-      const int64_t group_end = std::min(end, group + weight_group);
-      for (int64_t row0 = 0; row0 < rows; row0 += row_tile) {
-        const int64_t tile_rows = std::min(row_tile, rows - row0);
-        for (int64_t n = group; n < group_end; ++n) {
-          wide::dot_tile(weights_at(n), xq, row0, tile_rows, tile);
-          for (int64_t r = 0; r < tile_rows; ++r) {
-            out_data[(row0 + r) * out_features + n] = tile[r];
-          }
-        }
-      }
-    }
-  }, kOutputAlign);
-  return out;
-}
-#endif
-
 // Whether q8_0 and q4_1 products round decode rows' activations to int8 (see
 // integer_product); off (the default), every row multiplies float32 activations, exact up to
 // summation order. Off because a position must compute the same whether it is decoded or
@@ -557,9 +525,9 @@ torch::Tensor q8_0_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
       },
       [&](const torch::Tensor& part) {
 #ifdef ZH_WIDE
-        return wide_product(part, n, [&](int64_t i) {
-          return wide::Q8_0Weights{q + i * cols, scales + i * blocks};
-        });
+        // Packed per call here; the engine packs its weights once (q8_0_pack).
+        const auto [panel_qs, panel_d] = panels::pack_q8_0(qs, d);
+        return panels::q8_0_linear(part, panel_qs, panel_d, n);
 #else
         return blocked_product(part, n, row_at);
 #endif
@@ -589,9 +557,9 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
       },
       [&](const torch::Tensor& part) {
 #ifdef ZH_WIDE
-        return wide_product(part, n, [&](int64_t i) {
-          return wide::Q4_1Weights{q + i * half, scales + i * blocks, mins + i * blocks};
-        });
+        // Packed per call here; the engine packs its weights once (q4_1_pack).
+        const auto [panel_qs, panel_d, panel_m] = panels::pack_q4_1(qs, d, m);
+        return panels::q4_1_linear(part, panel_qs, panel_d, panel_m, n);
 #else
         // One expansion at every row count: the two sum a block's lanes in different orders.
         return blocked_product(part, n, [&](int64_t i) { return Q4ShiftRow{row_at(i)}; });
@@ -616,6 +584,16 @@ bool simd() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q8_0_linear", &zerohop::q8_0_linear, "x @ W.T for q8_0 blocks");
   module.def("q4_1_linear", &zerohop::q4_1_linear, "x @ W.T for q4_1 blocks");
+  module.def("q4_1_pack", &zerohop::panels::pack_q4_1,
+             "q4_1 (qs, d, m) in panels of 16 rows for q4_1_panel_linear");
+  module.def("q8_0_pack", &zerohop::panels::pack_q8_0,
+             "q8_0 (qs, d) in panels of 16 rows for q8_0_panel_linear");
+#ifdef ZH_WIDE
+  module.def("q4_1_panel_linear", &zerohop::panels::q4_1_linear,
+             "x @ W.T for q4_1 panels (q4_1_pack's), with out_features");
+  module.def("q8_0_panel_linear", &zerohop::panels::q8_0_linear,
+             "x @ W.T for q8_0 panels (q8_0_pack's), with out_features");
+#endif
   module.def("dense_pack", &zerohop::dense_pack,
              "a float32/float16/bfloat16 W [N, K] in the dense kernel's panels [N / 16, K, 16]");
   module.def("dense_linear", &zerohop::dense_linear,

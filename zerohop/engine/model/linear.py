@@ -25,10 +25,12 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 class KernelWeight:
     """A linear layer as zerohop's C++ kernels hold it, for the C++ decode step to run."""
 
-    kind: str  # "dense" (panels of W), "q8_0" (qs, scales) or "q4_1" (qs, scales, mins)
+    # "dense" (panels of W), "q8_0" (qs, scales), "q4_1" (qs, scales, mins), or where the
+    # kernels have AVX-512 VNNI "q8_0_panels" / "q4_1_panels" (q8_0_pack's / q4_1_pack's)
+    kind: str
     tensors: tuple[torch.Tensor, ...]
     bias: torch.Tensor | None
-    out_features: int = 0  # dense: N (the panels pad it to a multiple of 16)
+    out_features: int = 0  # dense and panel kinds: N (the panels pad it to a multiple of 16)
 
 
 def kernel_weight(linear: Linear) -> KernelWeight | None:
@@ -75,7 +77,17 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
     ops = kernels.load()
     qs, scales, mins = weight.qs, weight.scales, weight.mins
     tensors: tuple[torch.Tensor | None, ...]
-    if weight.kind == "q8_0":
+    kind, out_features = weight.kind, 0
+    if ops.wide():  # in panels of 16 rows, packed once (kernels/panel_product.h)
+        kind, out_features = f"{weight.kind}_panels", weight.shape[0]
+        if weight.kind == "q8_0":
+            tensors = panels = tuple(ops.q8_0_pack(qs, scales))
+            panel_linear = ops.q8_0_panel_linear
+        else:
+            tensors = panels = tuple(ops.q4_1_pack(qs, scales, mins))
+            panel_linear = ops.q4_1_panel_linear
+        product = lambda x: panel_linear(x, *panels, out_features)  # noqa: E731
+    elif kind == "q8_0":
         product = lambda x: ops.q8_0_linear(x, qs, scales)  # noqa: E731
         tensors = (qs, scales)
     else:
@@ -85,7 +97,7 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
         linear = lambda x: product(x.contiguous())  # noqa: E731
     else:
         linear = lambda x: product(x.contiguous()).add_(bias)  # noqa: E731
-    return _with_kernel_weight(linear, KernelWeight(weight.kind, tensors, bias))
+    return _with_kernel_weight(linear, KernelWeight(kind, tensors, bias, out_features))
 
 
 def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
