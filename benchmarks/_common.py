@@ -280,3 +280,22 @@ if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "build":
         sys.exit("usage: _common.py build FOLDER")
     build_model(Path(sys.argv[2]))
+
+
+ACTIVATIONS = ("default", "int8")
+
+
+def set_activations(activations: str) -> None:
+    """The quantized products' activations: `default` (16-bit per block on the panels where
+    the CPU has AVX-512 VNNI, else float32) or `int8` (llama.cpp's rounding of decode rows,
+    opt-in, row-major products only: not where the engine packs its weights in panels)."""
+    from zerohop.engine import kernels
+
+    if activations not in ACTIVATIONS:
+        raise SystemExit(f"--activations: {activations!r} is not one of {ACTIVATIONS}")
+    if not kernels.available():
+        return
+    ops = kernels.load()
+    if activations == "int8" and ops.wide():
+        raise SystemExit("--activations int8: this CPU's products run on panels, without int8")
+    ops.set_integer_dots(activations == "int8")

@@ -16,12 +16,13 @@ The timer wrappers themselves cost ~0.3 us a call (~300 calls a step for SmolLM2
 in `other`. Prompts are token ids, 128 each; decode steps are measured after every request's
 prefill is done.
 
-With --activations int8,float the quantized products alternate between activations rounded
-to int8 (the default where AVX2 is there) and float32 ones, pass by pass, for a side-by-side
-comparison in one process.
+With --activations default,int8 the quantized products alternate between the default
+activations (16-bit per block on AVX-512 VNNI's panels, else float32) and ones rounded to int8
+(opt-in, row-major products only: not on a CPU whose products run on panels), pass by pass,
+for a side-by-side comparison in one process.
 
     .venv/bin/python benchmarks/profile_step.py [--model-dir M] [--threads 1] [--batches 1,8,32]
-        [--enforce-eager] [--activations int8,float] [--passes 1]
+        [--enforce-eager] [--activations default,int8] [--passes 1]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, model_path, print_table, set_threads, write_json
+from _common import ROOT, model_path, print_table, set_activations, set_threads, write_json
 
 CATEGORIES = (
     "linear", "lm_head", "attention", "norms", "rope", "embedding", "sampling", "c++ step"
@@ -54,7 +55,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-steps", type=int, default=10, help="decode steps measured")
     p.add_argument(
-        "--activations", default="int8", help="int8, float or both (int8,float), alternated"
+        "--activations",
+        default="default",
+        help="default, int8 or both (default,int8), alternated (int8: row-major products only)",
     )
     p.add_argument("--passes", type=int, default=1, help="measured passes per batch and setting")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "profile_step.json")
@@ -164,24 +167,15 @@ def _timed_step(engine: Any, timers: StepTimers, batch: int, phase: str, tokens:
     return {"batch": batch, "phase": phase, "tokens": tokens, "seconds": total, "parts": parts}
 
 
-def set_activations(activations: str) -> None:
-    """int8: the quantized products round activations to int8 (where AVX2 is); float: not."""
-    from zerohop.engine import kernels
-
-    assert activations in ("int8", "float"), activations
-    if kernels.available():
-        kernels.load().set_integer_dots(activations == "int8")
-
-
 def summarize(rows: list[dict]) -> list[dict]:
     """Per (batch, phase, activations): the median step and its split, in ms and % of it."""
     out = []
     keys = sorted(
-        {(r["batch"], r["phase"], r.get("activations", "int8")) for r in rows},
+        {(r["batch"], r["phase"], r.get("activations", "default")) for r in rows},
         key=lambda k: (k[0], k[1] != "prefill", k[2]),
     )
     for batch, phase, activations in keys:
-        group = sorted((r for r in rows if (r["batch"], r["phase"], r.get("activations", "int8"))
+        group = sorted((r for r in rows if (r["batch"], r["phase"], r.get("activations", "default"))
                         == (batch, phase, activations)), key=lambda r: r["seconds"])  # fmt: skip
         median = group[len(group) // 2]
         step_ms = median["seconds"] * 1000
@@ -219,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 seed = 1000 * i + 2 * batch + 1
                 for row in measure_batch(llm, timers, batch, args, seed=seed):
                     rows.append({**row, "activations": activations})
-    set_activations("int8")
+    set_activations("default")
     table = summarize(rows)
     print(f"model {model}, {args.threads} threads; median step of each kind, ms (% of the step)")
     headers = list(table[0])

@@ -226,6 +226,41 @@ def test_a_rows_product_does_not_depend_on_its_batch(qtype: str, cols: int, int8
                 assert torch.equal(together[row], alone[row]), (rows, row)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("rows", [16, 40, 72])  # whole panels, and a last one part-filled
+def test_packed_panels_compute_as_the_row_major_product(qtype: str, rows: int) -> None:
+    # The engine packs its weights once (q4_1_pack / q8_0_pack) and multiplies the panels;
+    # the row-major entry point packs per call: the same numbers, to the bit.
+    ops = kernels.load()
+    if not ops.wide():
+        pytest.skip("panels need AVX-512 VNNI")
+    _, weight = gguf_weight(rows, 160, qtype)
+    x = torch.randn(9, 160)
+    if qtype == "Q8_0":
+        packed = ops.q8_0_pack(weight.qs, weight.scales)
+        got = ops.q8_0_panel_linear(x, *packed, rows)
+    else:
+        packed = ops.q4_1_pack(weight.qs, weight.scales, weight.mins)
+        got = ops.q4_1_panel_linear(x, *packed, rows)
+    assert got.shape == (9, rows)
+    assert torch.equal(got, product(weight, x))
+    assert relative_error(got, x @ weight.dequantize().T) < default_tolerance()
+
+
+def test_panels_refuse_what_does_not_match_them() -> None:
+    ops = kernels.load()
+    if not ops.wide():
+        pytest.skip("panels need AVX-512 VNNI")
+    _, weight = gguf_weight(40, 64, "Q4_1")
+    packed = ops.q4_1_pack(weight.qs, weight.scales, weight.mins)
+    with pytest.raises(RuntimeError, match="out_features"):
+        ops.q4_1_panel_linear(torch.randn(2, 64), *packed, 49)  # three panels hold 33-48
+    with pytest.raises(RuntimeError, match="inner dimension"):
+        ops.q4_1_panel_linear(torch.randn(2, 96), *packed, 40)
+    with pytest.raises(RuntimeError, match="int8"):
+        ops.q8_0_panel_linear(torch.randn(2, 64), packed[0], packed[1], 40)
+
+
 @pytest.mark.parametrize("rows", [4, 17, 31, 130, 1000])
 @pytest.mark.usefixtures("default_activations")
 def test_products_cover_every_row_when_split_in_chunks(rows: int) -> None:
