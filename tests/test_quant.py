@@ -23,7 +23,12 @@ from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
 from zerohop import LLM, SamplingParams
 from zerohop.engine import kernels
 from zerohop.engine.model.linear import make_quantized_linear
-from zerohop.engine.model.quant import QuantizedWeight, from_gguf_blocks, quantize_q8_0
+from zerohop.engine.model.quant import (
+    PanelRows,
+    QuantizedWeight,
+    from_gguf_blocks,
+    quantize_q8_0,
+)
 
 QT = gguf.GGMLQuantizationType
 
@@ -247,6 +252,16 @@ def test_packed_panels_compute_as_the_row_major_product(qtype: str, rows: int) -
     assert relative_error(got, x @ weight.dequantize().T) < default_tolerance()
 
 
+@pytest.mark.parametrize("rows", [16, 40])
+def test_rows_read_from_panels_equal_the_blocks_rows(rows: int) -> None:
+    # A tied embedding looked up from its output layer's q8_0 panels: the same float32 rows.
+    ops = kernels.load()
+    _, weight = gguf_weight(rows, 96, "Q8_0")
+    panels = PanelRows(weight.shape, *ops.q8_0_pack(weight.qs, weight.scales))
+    ids = torch.tensor([0, rows - 1, 7, 15, 3, 7])
+    assert torch.equal(panels.dequantize(ids), weight.dequantize(ids))
+
+
 def test_panels_refuse_what_does_not_match_them() -> None:
     ops = kernels.load()
     if not ops.wide():
@@ -321,7 +336,8 @@ def test_engine_computes_from_the_files_blocks(
 ) -> None:
     path = write_gguf(tiny_folder, tmp_path / f"tiny-{qtype}.gguf", qtype)
     quantized, exact = engine(path, "auto"), engine(path, "none")
-    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight)
+    # Tied to the output layer: read from its q8_0 panels where the kernels pack them.
+    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight | PanelRows)
     assert isinstance(exact.engine.model.embed_tokens, torch.Tensor)
     rng = np.random.default_rng(0)
     prompts = [[BOS_ID, *rng.integers(4, 512, size=n).tolist()] for n in (3, 17, 40)]
@@ -340,7 +356,7 @@ def test_engine_computes_from_the_files_blocks(
 def test_q8_0_mode_quantizes_float_weights(tiny_folder: Path) -> None:
     quantized = engine(tiny_folder, "q8_0")
     layer = quantized.engine.model.layers[0]
-    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight)
+    assert isinstance(quantized.engine.model.embed_tokens, QuantizedWeight | PanelRows)
     assert layer.qkv_proj.__name__ == "<lambda>"  # a kernel product, not a oneDNN one
     out = quantized.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=4))
     assert len(out[0].token_ids) >= 1

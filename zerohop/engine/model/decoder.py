@@ -22,13 +22,14 @@ from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_a
 from zerohop.engine.model.fused import FusedOps
 from zerohop.engine.model.linear import (
     Linear,
+    kernel_weight,
     make_dense_linear,
     make_onednn_linear,
     make_plain_linear,
     make_quantized_linear,
     onednn_available,
 )
-from zerohop.engine.model.quant import BLOCK, QuantizedWeight, quantize_q8_0
+from zerohop.engine.model.quant import BLOCK, PanelRows, QuantizedWeight, quantize_q8_0
 from zerohop.engine.model.rope import RotaryEmbedding, apply_rotary
 
 Rope = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -54,6 +55,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(torch.float32)
     variance = x32.pow(2).mean(-1, keepdim=True)
     return weight * (x32 * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def _lookup_from_panels(
+    embedding: torch.Tensor | QuantizedWeight | PanelRows, lm_head: Linear
+) -> torch.Tensor | QuantizedWeight | PanelRows:
+    """A tied q8_0 embedding read from its output layer's panels (kernels/panel_product.h),
+    so the matrix is held once; any other embedding as it is."""
+    packed = kernel_weight(lm_head)
+    if not isinstance(embedding, QuantizedWeight) or packed is None:
+        return embedding
+    if packed.kind != "q8_0_panels" or packed.bias is not None:
+        return embedding
+    qs, scales = packed.tensors
+    return PanelRows(embedding.shape, qs, scales)
 
 
 class CausalLM:
@@ -86,11 +101,14 @@ class CausalLM:
         else:
             self.float_linear = make_plain_linear
         vocab, hidden = config.vocab_size, config.hidden_size
-        self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
+        self.embed_tokens: torch.Tensor | QuantizedWeight | PanelRows = weights.take_matrix(
+            "model.embed_tokens.weight", (vocab, hidden)
+        )
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights.take("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
             self.lm_head = self.linear(self.embed_tokens, None)
+            self.embed_tokens = _lookup_from_panels(self.embed_tokens, self.lm_head)
         else:
             self.lm_head = self.linear(weights.take_matrix("lm_head.weight", (vocab, hidden)), None)
         self.rotary = RotaryEmbedding(
@@ -147,7 +165,7 @@ class CausalLM:
         return self.float_linear(weight, bias)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.embed_tokens, QuantizedWeight):
+        if isinstance(self.embed_tokens, (QuantizedWeight, PanelRows)):
             return self.embed_tokens.dequantize(input_ids)
         return F.embedding(input_ids, self.embed_tokens).to(self.dtype)
 

@@ -77,6 +77,31 @@ class QuantizedWeight:
         )
 
 
+@dataclass(slots=True)
+class PanelRows:
+    """A q8_0 matrix held only as the product kernels' panels (`q8_0_pack`'s: int8 qs [P,
+    blocks, 16, 32], float32 scales [P, blocks, 16]), read a row at a time: a tied embedding
+    looked up from its output layer's weights instead of a second row-major copy."""
+
+    shape: tuple[int, int]
+    qs: torch.Tensor
+    scales: torch.Tensor
+
+    def dequantize(self, rows: torch.Tensor) -> torch.Tensor:
+        """The float32 rows `rows` [n] of the matrix: [n, K], as QuantizedWeight's."""
+        panel, lane = rows // 16, rows % 16
+        blocks = self.qs.shape[1]
+        # A panel block's 32 bytes per pair of columns j are [row 0 k, row 0 k+1, row 1 k, ...].
+        pairs = self.qs.view(self.qs.shape[0], blocks, 16, 16, 2)
+        block, pair = torch.arange(blocks)[None, :, None], torch.arange(16)[None, None, :]
+        values = pairs[panel[:, None, None], block, pair, lane[:, None, None]]
+        scales = self.scales[panel[:, None], torch.arange(blocks)[None, :], lane[:, None]]
+        count = rows.shape[0]
+        return (values.reshape(count, blocks, BLOCK).float() * scales.unsqueeze(-1)).reshape(
+            count, self.shape[1]
+        )
+
+
 def quantize_q8_0(weight: torch.Tensor) -> QuantizedWeight:
     """Float [N, K] -> q8_0, rounding as llama.cpp's quantize_row_q8_0 does."""
     rows, cols = weight.shape
