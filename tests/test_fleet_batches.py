@@ -109,25 +109,37 @@ def _lines_of(store_url: str, batch_id: str, owner: str) -> list[int]:
     return [index for (index,) in rows]
 
 
+def _stop_a_replica_holding_lines(
+    fleet: list[LiveServer], store_url: str, batch_id: str
+) -> tuple[LiveServer, str]:
+    """A replica running lines of the batch, stopped (SIGSTOP) so that it holds them until it
+    is killed, and its lease owner id (which carries its API process's pid). A replica that
+    ended its last line just before the stop is let go and another looked for."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        for server in fleet:
+            mark = f"-{server.process.pid}-"
+            if not any(mark in o for o in _owners(store_url, batch_id)):
+                continue
+            server.process.send_signal(signal.SIGSTOP)
+            held = [o for o in _owners(store_url, batch_id) if mark in o]
+            if held:
+                return server, held[0]
+            server.process.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError("no replica ran the batch's lines within 60 s")
+
+
 def test_a_killed_replicas_lines_finish_on_the_others_once_each(
     fleet: list[LiveServer], key: str, store_url: str
 ) -> None:
     count = 60
     made = sdk(fleet[0], key).messages.batches.create(requests=requests(count, 48, "kill"))
-    victims: list[LiveServer] = []
-
-    def running_on_a_replica() -> bool:  # the replica id carries its API process's pid
-        owners = _owners(store_url, made.id)
-        victims[:] = [s for s in fleet if any(f"-{s.process.pid}-" in o for o in owners)]
-        return bool(victims)
-
-    wait_until(running_on_a_replica, 60.0, 0.02)
-    victim = victims[0]
+    victim, owner = _stop_a_replica_holding_lines(fleet, store_url, made.id)
+    orphans = _lines_of(store_url, made.id, owner)
     victim.process.send_signal(signal.SIGKILL)
     victim.process.wait()
     killed_at = time.monotonic()
-    owner = next(o for o in _owners(store_url, made.id) if f"-{victim.process.pid}-" in o)
-    orphans = _lines_of(store_url, made.id, owner)
     assert orphans, "the victim held lines when it died"
     wait_until(lambda: not _lines_of(store_url, made.id, owner), 60.0, 0.02)
     resumed_after = time.monotonic() - killed_at  # its lines run (or ran) elsewhere

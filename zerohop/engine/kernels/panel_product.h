@@ -30,16 +30,17 @@ constexpr int64_t kPanel = 16;  // weight rows a panel holds
 constexpr int64_t kBlock = 32;
 constexpr int64_t kPanelBlockBytes = kPanel * kBlock / 2;  // 256
 
-// Byte t of pair j in a panel's block: low nibble q[row t / 2][2j + t % 2], high nibble
-// q[row 8 + t / 2][2j + t % 2], so the low nibbles widen to words 0-15 and the high ones to
-// words 16-31 of the pair's vector.
+// A q4_1 weight from the row-major nibbles: column k of row `row`.
 inline uint8_t nibble(const uint8_t* row_major, int64_t half_cols, int64_t row, int64_t k) {
   const uint8_t byte = row_major[row * half_cols + (k / kBlock) * 16 + (k % kBlock) % 16];
   return (k % kBlock) < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
 // qs [N, K / 2] uint8 (q4_1 nibbles), d, m [N, K / 32] float32 into panels: qs [P, blocks,
-// 16, 16] uint8, d and m [P, blocks, 16] float32, P = ceil(N / 16) (missing rows zero).
+// 8, 32] uint8, d and m [P, blocks, 16] float32, P = ceil(N / 16) (missing rows zero). The 32
+// bytes of group g hold the pairs of columns 2g (low nibbles) and 2g + 1 (high nibbles), byte
+// t the weight of row t / 2 at column k + t % 2 of its pair k: one load widens to both pairs'
+// vectors with a mask and a shift.
 inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> pack_q4_1(
     const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m) {
   TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kUInt8 && qs.is_contiguous(),
@@ -50,7 +51,7 @@ inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> pack_q4_1(
                   d.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kFloat32,
               "scales and mins must be float32 [N, K / 32]");
   const int64_t panels = (rows + kPanel - 1) / kPanel;
-  auto packed = torch::zeros({panels, blocks, kPanel, 16}, qs.options());
+  auto packed = torch::zeros({panels, blocks, 8, 2 * kPanel}, qs.options());
   auto dp = torch::zeros({panels, blocks, kPanel}, d.options());
   auto mp = torch::zeros({panels, blocks, kPanel}, d.options());
   const uint8_t* src = qs.data_ptr<uint8_t>();
@@ -61,13 +62,12 @@ inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> pack_q4_1(
   for (int64_t p = 0; p < panels; ++p) {
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* block = out + (p * blocks + b) * kPanelBlockBytes;
-      for (int64_t j = 0; j < 16; ++j) {
-        for (int64_t t = 0; t < 16; ++t) {
-          const int64_t low_row = p * kPanel + t / 2, high_row = low_row + 8;
-          const int64_t k = b * kBlock + 2 * j + t % 2;
-          const uint8_t low = low_row < rows ? nibble(src, half, low_row, k) : 0;
-          const uint8_t high = high_row < rows ? nibble(src, half, high_row, k) : 0;
-          block[j * 16 + t] = static_cast<uint8_t>(low | (high << 4));
+      for (int64_t g = 0; g < 8; ++g) {
+        for (int64_t t = 0; t < 2 * kPanel; ++t) {
+          const int64_t row = p * kPanel + t / 2, k = b * kBlock + 4 * g + t % 2;
+          if (row >= rows) continue;
+          const uint8_t low = nibble(src, half, row, k), high = nibble(src, half, row, k + 2);
+          block[g * 2 * kPanel + t] = static_cast<uint8_t>(low | (high << 4));
         }
       }
       for (int64_t i = 0; i < kPanel && p * kPanel + i < rows; ++i) {
@@ -116,28 +116,37 @@ inline std::tuple<torch::Tensor, torch::Tensor> pack_q8_0(const torch::Tensor& q
 
 #ifdef ZH_WIDE
 
-// How each kind's panel widens pair j of a block to 32 int16, and whether it has mins.
+// How each kind's panel widens pairs 2g and 2g + 1 of a block to 32 int16 each, and whether
+// it has mins.
 struct Q4_1Panel {
   static constexpr bool kMins = true;
   static constexpr int64_t kBlockBytes = kPanelBlockBytes;
-  static __m512i widen(const uint8_t* block, int64_t j) {
-    const __m512i shifts = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL,
-                                            0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                            0, 0);
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + j * 16))));
-    return _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
+  static void widen(const uint8_t* block, int64_t g, __m512i& first, __m512i& second) {
+    const __m512i bytes = _mm512_cvtepu8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + g * 2 * kPanel)));
+    first = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+    second = _mm512_srli_epi16(bytes, 4);
   }
 };
 
 struct Q8_0Panel {
   static constexpr bool kMins = false;
   static constexpr int64_t kBlockBytes = kPanel * kBlock;
-  static __m512i widen(const uint8_t* block, int64_t j) {
-    return _mm512_cvtepi8_epi16(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + j * 2 * kPanel)));
+  static void widen(const uint8_t* block, int64_t g, __m512i& first, __m512i& second) {
+    const uint8_t* pairs = block + g * 4 * kPanel;
+    first = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)));
+    second = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs + 2 * kPanel)));
   }
 };
+
+// Two int16 activations (a pair of columns) in every 32-bit lane: one load the compiler folds
+// into vpdpwssd's broadcast operand.
+inline __m512i broadcast_pair(const int16_t* columns) {
+  int32_t pair;
+  std::memcpy(&pair, columns, sizeof(pair));
+  return _mm512_set1_epi32(pair);
+}
 
 constexpr int64_t kRows = 8;  // activation rows sharing each widened pair of columns
 
@@ -156,12 +165,13 @@ void panel_rows(const uint8_t* q, const float* d, const float* m, const wide::In
     __m512i dot[ROWS];
     for (int r = 0; r < ROWS; ++r) dot[r] = _mm512_setzero_si512();
     const uint8_t* qb = q + b * Kind::kBlockBytes;
-    for (int64_t j = 0; j < 16; ++j) {
-      const __m512i w = Kind::widen(qb, j);
+    for (int64_t g = 0; g < 8; ++g) {
+      __m512i first, second;
+      Kind::widen(qb, g, first, second);
       for (int r = 0; r < ROWS; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, xq + r * cols + b * kBlock + 2 * j, sizeof(pair));
-        dot[r] = _mm512_dpwssd_epi32(dot[r], w, _mm512_set1_epi32(pair));
+        const int16_t* columns = xq + r * cols + b * kBlock + 4 * g;
+        dot[r] = _mm512_dpwssd_epi32(dot[r], first, broadcast_pair(columns));
+        dot[r] = _mm512_dpwssd_epi32(dot[r], second, broadcast_pair(columns + 2));
       }
     }
     const __m512 dw = _mm512_loadu_ps(d + b * kPanel);
@@ -202,7 +212,7 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& qs,
               "x must be a contiguous float32 matrix");
   const int64_t rows = x.size(0), cols = x.size(1), blocks = cols / kBlock;
   TORCH_CHECK(cols % kBlock == 0, "the inner dimension must be a multiple of 32");
-  TORCH_CHECK(qs.dim() == 4 && qs.size(1) == blocks && qs.size(2) == kPanel &&
+  TORCH_CHECK(qs.dim() == 4 && qs.size(1) == blocks &&
                   qs.size(2) * qs.size(3) == Kind::kBlockBytes && qs.is_contiguous(),
               "the panels do not match the input's inner dimension");
   const int64_t panels = qs.size(0);
