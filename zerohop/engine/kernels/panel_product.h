@@ -1,13 +1,14 @@
 // q4_1 and q8_0 products from weights packed in panels of 16 rows, on 16-bit activations
 // (AVX-512 VNNI): the default where the CPU has it.
 //
-// A panel holds 16 weight rows block by block; within a block, for each pair of columns
-// (k, k + 1), 16 bytes whose nibbles widen to the 32 int16 [row 0 k, row 0 k+1, row 1 k, ...,
-// row 15 k+1]. One vpdpwssd then multiplies that with the activation pair (x_k, x_k+1)
-// broadcast, for all 16 rows at once: 32 products an instruction, the scaling by dw * dx and
-// the min term once per block and row, not once per pair of blocks (a row-major kernel
-// spends three float operations per two integer ones). Measured on one core:
-// ~90 GMAC/s at eight activation rows, 0.8 of the vpdpwssd peak, against ~39 row-major.
+// A panel holds 16 weight rows block by block; within a block, each pair of columns (k, k + 1)
+// widens to the 32 int16 [row 0 k, row 0 k+1, row 1 k, ..., row 15 k+1] (q8_0: 32 bytes
+// sign-extended; q4_1: two pairs' nibbles share 32 bytes, split by a mask and a shift). One
+// vpdpwssd then multiplies that with the activation pair (x_k, x_k+1) broadcast, for all 16
+// rows at once: 32 products an instruction, the scaling by dw * dx and the min term once per
+// block and row, not once per pair of blocks (a row-major kernel spends three float operations
+// per two integer ones). Measured on one core: ~90 GMAC/s at eight activation rows, 0.8 of the
+// vpdpwssd peak, against ~39 row-major.
 //
 // A row's result is the same at every row count and tile: each block's integer dot is exact,
 // and the float sum adds the blocks in order, fma(dot, dw * dx, sum) then fma(m, dx sum q,
@@ -21,8 +22,8 @@
 #include <cstring>
 #include <tuple>
 
-#include "spin_pool.h"
 #include "int16_rows.h"
+#include "spin_pool.h"
 
 namespace zerohop::panels {
 
