@@ -6,6 +6,7 @@ the benchmarks do that in a child process so the build's memory never counts in 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -299,3 +300,14 @@ def set_activations(activations: str) -> None:
     if activations == "int8" and ops.wide():
         raise SystemExit("--activations int8: this CPU's products run on panels, without int8")
     ops.set_integer_dots(activations == "int8")
+
+
+def int_list(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    """A comma-separated list of positive integers, in order, without repeats."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"{option}: comma-separated integers, not {text!r}")
+    if not values or min(values) < 1:
+        p.error(f"{option}: one or more integers >= 1, not {text!r}")
+    return list(dict.fromkeys(values))

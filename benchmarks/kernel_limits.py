@@ -64,6 +64,7 @@ from _common import (
     ROOT,
     ModelShape,
     cpu_count,
+    int_list,
     model_path,
     open_model,
     print_table,
@@ -331,7 +332,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-mib", type=int, default=512, help="the bandwidth tensors' size")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "kernel_limits.json")
     args = p.parse_args(argv)
-    args.rows = _int_list(p, "--rows", args.rows)
+    args.rows = int_list(p, "--rows", args.rows)
     args.activations = list(dict.fromkeys(a.strip() for a in args.activations.split(",")))
     if unknown := set(args.activations) - set(ACTIVATIONS):
         p.error(f"unknown --activations {sorted(unknown)}; one or both of {ACTIVATIONS}")
@@ -341,16 +342,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.seconds > 0:
         p.error("--seconds must be > 0")
     return args
-
-
-def _int_list(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        p.error(f"{option}: comma-separated integers, not {text!r}")
-    if not values or min(values) < 1:
-        p.error(f"{option}: one or more integers >= 1, not {text!r}")
-    return list(dict.fromkeys(values))
 
 
 # -- memory ---------------------------------------------------------------------------------------

@@ -98,7 +98,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from _common import ROOT, TextPrompts, cpu_count, default_model, open_model, print_table, write_json
+from _common import (
+    ROOT,
+    TextPrompts,
+    cpu_count,
+    default_model,
+    int_list,
+    open_model,
+    print_table,
+    write_json,
+)
 from _procstat import children, machine_busy_s, process_cpu_s
 from serve import PromptMaker, Server, free_port, prompt_maker
 
@@ -211,17 +220,6 @@ def baseline_commit(p: argparse.ArgumentParser, args: argparse.Namespace) -> str
     if not found:
         p.error(f"--baseline: {args.baseline!r} names no commit of {ROOT}")
     return found
-
-
-def int_list(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
-    """A comma-separated list of positive integers, in order, without repeats."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        p.error(f"{option}: comma-separated integers, not {text!r}")
-    if not values or min(values) < 1:
-        p.error(f"{option}: one or more integers >= 1, not {text!r}")
-    return list(dict.fromkeys(values))
 
 
 # -- llama.cpp: build and float weights -----------------------------------------------------------

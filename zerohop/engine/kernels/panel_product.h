@@ -31,10 +31,29 @@ constexpr int64_t kPanel = 16;  // weight rows a panel holds
 constexpr int64_t kBlock = 32;
 constexpr int64_t kPanelBlockBytes = kPanel * kBlock / 2;  // 256
 
-// A q4_1 weight from the row-major nibbles: column k of row `row`.
-inline uint8_t nibble(const uint8_t* row_major, int64_t half_cols, int64_t row, int64_t k) {
-  const uint8_t byte = row_major[row * half_cols + (k / kBlock) * 16 + (k % kBlock) % 16];
-  return (k % kBlock) < 16 ? (byte & 0x0F) : (byte >> 4);
+// A [N, C] matrix with zero rows added up to whole panels, as [P, 16, C].
+inline torch::Tensor by_panel(const torch::Tensor& matrix, int64_t panels) {
+  const int64_t missing = panels * kPanel - matrix.size(0);
+  return torch::constant_pad_nd(matrix, {0, 0, 0, missing}).view({panels, kPanel, -1});
+}
+
+// Scales (or mins) [N, blocks] as the panels hold them: [P, blocks, 16].
+inline torch::Tensor panel_scales(const torch::Tensor& scales, int64_t panels) {
+  return by_panel(scales, panels).transpose(1, 2).contiguous();
+}
+
+// Weights [N, K], one integer each, as [P, blocks, 16 pairs of columns j, 16 rows i, 2]:
+// element [.., j, i, t] is row i's column 2j + t of the block (a view, not a copy).
+inline torch::Tensor column_pairs(const torch::Tensor& weights, int64_t panels) {
+  const int64_t blocks = weights.size(1) / kBlock;
+  return by_panel(weights, panels).view({panels, kPanel, blocks, 16, 2}).permute({0, 2, 3, 1, 4});
+}
+
+inline void check_scales(const torch::Tensor& d, int64_t rows, int64_t blocks,
+                         const char* name) {
+  TORCH_CHECK(d.dim() == 2 && d.size(0) == rows && d.size(1) == blocks &&
+                  d.scalar_type() == torch::kFloat32,
+              name, " must be float32 [N, K / 32]");
 }
 
 // qs [N, K / 2] uint8 (q4_1 nibbles), d, m [N, K / 32] float32 into panels: qs [P, blocks,
@@ -46,38 +65,19 @@ inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> pack_q4_1(
     const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m) {
   TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kUInt8 && qs.is_contiguous(),
               "q4_1 weights must be a contiguous uint8 matrix");
-  const int64_t rows = qs.size(0), half = qs.size(1), cols = 2 * half, blocks = cols / kBlock;
-  TORCH_CHECK(cols % kBlock == 0, "the inner dimension must be a multiple of 32");
-  TORCH_CHECK(d.sizes() == m.sizes() && d.size(0) == rows && d.size(1) == blocks &&
-                  d.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kFloat32,
-              "scales and mins must be float32 [N, K / 32]");
+  const int64_t rows = qs.size(0), blocks = 2 * qs.size(1) / kBlock;
+  TORCH_CHECK(qs.size(1) % (kBlock / 2) == 0, "the inner dimension must be a multiple of 32");
+  check_scales(d, rows, blocks, "scales");
+  check_scales(m, rows, blocks, "mins");
   const int64_t panels = (rows + kPanel - 1) / kPanel;
-  auto packed = torch::zeros({panels, blocks, 8, 2 * kPanel}, qs.options());
-  auto dp = torch::zeros({panels, blocks, kPanel}, d.options());
-  auto mp = torch::zeros({panels, blocks, kPanel}, d.options());
-  const uint8_t* src = qs.data_ptr<uint8_t>();
-  const auto dc = d.contiguous(), mc = m.contiguous();
-  const float *ds = dc.data_ptr<float>(), *ms = mc.data_ptr<float>();
-  uint8_t* out = packed.data_ptr<uint8_t>();
-  float *dout = dp.data_ptr<float>(), *mout = mp.data_ptr<float>();
-  for (int64_t p = 0; p < panels; ++p) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      uint8_t* block = out + (p * blocks + b) * kPanelBlockBytes;
-      for (int64_t g = 0; g < 8; ++g) {
-        for (int64_t t = 0; t < 2 * kPanel; ++t) {
-          const int64_t row = p * kPanel + t / 2, k = b * kBlock + 4 * g + t % 2;
-          if (row >= rows) continue;
-          const uint8_t low = nibble(src, half, row, k), high = nibble(src, half, row, k + 2);
-          block[g * 2 * kPanel + t] = static_cast<uint8_t>(low | (high << 4));
-        }
-      }
-      for (int64_t i = 0; i < kPanel && p * kPanel + i < rows; ++i) {
-        dout[(p * blocks + b) * kPanel + i] = ds[(p * kPanel + i) * blocks + b];
-        mout[(p * blocks + b) * kPanel + i] = ms[(p * kPanel + i) * blocks + b];
-      }
-    }
-  }
-  return {packed, dp, mp};
+  // Nibbles to one value a column (element j low, j + 16 high in each block's 16 bytes).
+  const auto packed = qs.view({rows, blocks, 16});
+  const auto values = torch::cat({packed.bitwise_and(0x0F), packed.bitwise_right_shift(4)}, 2);
+  const auto pairs = column_pairs(values.view({rows, -1}), panels)
+                         .reshape({panels, blocks, 8, 2, kPanel, 2});
+  const auto bytes = pairs.select(3, 0).bitwise_or(pairs.select(3, 1).bitwise_left_shift(4));
+  return {bytes.contiguous().view({panels, blocks, 8, 2 * kPanel}), panel_scales(d, panels),
+          panel_scales(m, panels)};
 }
 
 // qs [N, K] int8 (q8_0), d [N, K / 32] float32 into panels: qs [P, blocks, 16, 32] int8 (for
@@ -86,33 +86,12 @@ inline std::tuple<torch::Tensor, torch::Tensor> pack_q8_0(const torch::Tensor& q
                                                           const torch::Tensor& d) {
   TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == torch::kInt8 && qs.is_contiguous(),
               "q8_0 weights must be a contiguous int8 matrix");
-  const int64_t rows = qs.size(0), cols = qs.size(1), blocks = cols / kBlock;
-  TORCH_CHECK(cols % kBlock == 0, "the inner dimension must be a multiple of 32");
-  TORCH_CHECK(d.dim() == 2 && d.size(0) == rows && d.size(1) == blocks &&
-                  d.scalar_type() == torch::kFloat32,
-              "scales must be float32 [N, K / 32]");
+  const int64_t rows = qs.size(0), blocks = qs.size(1) / kBlock;
+  TORCH_CHECK(qs.size(1) % kBlock == 0, "the inner dimension must be a multiple of 32");
+  check_scales(d, rows, blocks, "scales");
   const int64_t panels = (rows + kPanel - 1) / kPanel;
-  auto packed = torch::zeros({panels, blocks, kPanel, 2 * kPanel}, qs.options());
-  auto dp = torch::zeros({panels, blocks, kPanel}, d.options());
-  const int8_t* src = qs.data_ptr<int8_t>();
-  const auto dc = d.contiguous();
-  const float* ds = dc.data_ptr<float>();
-  int8_t* out = packed.data_ptr<int8_t>();
-  float* dout = dp.data_ptr<float>();
-  for (int64_t p = 0; p < panels; ++p) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      int8_t* block = out + (p * blocks + b) * kPanel * 2 * kPanel;
-      for (int64_t i = 0; i < kPanel && p * kPanel + i < rows; ++i) {
-        const int8_t* row = src + (p * kPanel + i) * cols + b * kBlock;
-        for (int64_t j = 0; j < 16; ++j) {
-          block[j * 2 * kPanel + 2 * i] = row[2 * j];
-          block[j * 2 * kPanel + 2 * i + 1] = row[2 * j + 1];
-        }
-        dout[(p * blocks + b) * kPanel + i] = ds[(p * kPanel + i) * blocks + b];
-      }
-    }
-  }
-  return {packed, dp};
+  const auto pairs = column_pairs(qs, panels).contiguous();
+  return {pairs.view({panels, blocks, kPanel, 2 * kPanel}), panel_scales(d, panels)};
 }
 
 #ifdef ZH_WIDE
