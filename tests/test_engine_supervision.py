@@ -247,6 +247,7 @@ class _GivenUp:
     def __init__(self) -> None:
         self.gave_up = self.dead = "the engine failed to start 3 times in a row"
         self.latest_stats = None
+        self.info: dict = {}
 
     async def stats(self) -> dict:
         from zerohop.engine.process.async_engine import EngineDeadError

@@ -24,7 +24,7 @@ from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_he
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
 from zerohop.api.service import ServingContext, api_error, new_request_id
-from zerohop.engine.process.async_engine import EngineDeadError
+from zerohop.engine.errors import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
 
 log = logging.getLogger(__name__)
@@ -265,9 +265,11 @@ def _ready(ctx: ServingContext) -> dict[str, Any]:
     says it serves the keys of its local snapshot, and how old they are (ready all the same:
     it can serve)."""
     local = ctx.gateway.auth.snapshot_served if ctx.gateway is not None else None
+    engine = ctx.engine.info.get("engine", "zerohop")
+    body = _READY if engine == "zerohop" else {**_READY, "engine": engine}
     if local is None:
-        return _READY
-    return {"status": "ok", "keys": "snapshot", "snapshot_age_seconds": round(local.age() or 0, 1)}
+        return body
+    return {**body, "keys": "snapshot", "snapshot_age_seconds": round(local.age() or 0, 1)}
 
 
 def _clamp_header(call: Call) -> list[tuple[bytes, bytes]]:

@@ -36,7 +36,9 @@ from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITIN
 from zerohop.api.model_names import ModelNames
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
 from zerohop.app import create_app
+from zerohop.engine.client import EngineStarter
 from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.process.async_engine import AsyncEngine
 from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
 from zerohop.gateway.gateway import Gateway, GatewayStartError
@@ -67,6 +69,7 @@ class ServeOptions:
     model_aliases: list[str] | None = None  # None: any name, unless served_model_name is set
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_seconds: float = 30.0
+    engine: str = "zerohop"  # or "vllm": vLLM's AsyncLLM (zerohop.engine.vllm)
     engine_options: dict[str, Any] | None = None
     gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
     guard: GuardLimits = field(default_factory=GuardLimits)
@@ -168,6 +171,15 @@ class DrainingServer(uvicorn.Server):
             hook(again)
 
 
+def engine_starter(engine: str) -> EngineStarter:
+    """How a life of the chosen engine starts (vLLM is imported only when it serves)."""
+    if engine == "vllm":
+        from zerohop.engine.vllm.engine import VllmEngine
+
+        return VllmEngine.start
+    return AsyncEngine.start
+
+
 async def serve(options: ServeOptions) -> int:
     check_open_mode(options)  # before loading anything: a refusal comes at once
     if (warning := raise_file_limit(options.guard)) is not None:
@@ -175,7 +187,12 @@ async def serve(options: ServeOptions) -> int:
     engine_options = options.engine_options or {}
     # The engine process loads the weights while this one builds the tokenizer.
     starting = asyncio.create_task(
-        EngineSupervisor.start(str(options.model_path), options.engine_restarts, **engine_options)
+        EngineSupervisor.start(
+            str(options.model_path),
+            options.engine_restarts,
+            engine_starter(options.engine),
+            **engine_options,
+        )
     )
     try:
         checkpoint = await asyncio.to_thread(open_checkpoint, options.model_path)

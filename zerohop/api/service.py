@@ -27,10 +27,9 @@ from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
 from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.client import EngineClient, Queued
+from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.async_engine import EngineDeadError, Queued
-from zerohop.engine.process.supervisor import EngineSupervisor
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.fair_share import BACKGROUND, BATCH, INTERACTIVE
 from zerohop.engine.sched.request_options import check_weight
@@ -100,7 +99,7 @@ def sampling_params(
 
 @dataclass(slots=True)
 class ServingContext:
-    engine: EngineSupervisor
+    engine: EngineClient
     tokenizer: Tokenizer
     model_name: str
     max_model_len: int

@@ -61,10 +61,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantization",
         default="auto",
-        choices=["auto", "q8_0", "none"],
-        help="weights kept block-quantized on CPU (auto: a GGUF file's Q8_0/Q4_0/Q4_1 as they"
-        " are, its other quantized types as q8_0, float weights as float; q8_0: float matrices"
-        " too; none: all float32, as transformers computes)",
+        help="zerohop's engine: auto, q8_0 or none, weights kept block-quantized on CPU (auto: a"
+        " GGUF file's Q8_0/Q4_0/Q4_1 as they are, its other quantized types as q8_0, float"
+        " weights as float; q8_0: float matrices too; none: all float32, as transformers"
+        " computes); vLLM's engine: its method (fp8, awq, gptq, ...; auto: the checkpoint's)",
     )
     g.add_argument(
         "--scheduling-policy",

@@ -22,7 +22,11 @@ from zerohop.cli.engine_flags import (
 def cmd_generate(args: argparse.Namespace) -> int:
     """`zerohop generate`: one prompt through the offline `LLM`, the text on stdout."""
     from zerohop import LLM, SamplingParams
+    from zerohop.cli.engine_choice import ZEROHOP_QUANTIZATION
 
+    if args.quantization not in ZEROHOP_QUANTIZATION:
+        allowed = ", ".join(ZEROHOP_QUANTIZATION)
+        raise SystemExit(f"zerohop generate: --quantization takes {allowed}")
     options = engine_options(args)
     options["num_threads"] = options["num_threads"] or default_engine_threads()
     llm = LLM(resolve_model(args.model), **options)

@@ -19,6 +19,12 @@ from zerohop.cli.arg_types import (
     integer,
     number,
 )
+from zerohop.cli.engine_choice import (
+    add_vllm_options,
+    check_engine_flags,
+    chosen_engine,
+    vllm_arguments,
+)
 from zerohop.cli.engine_flags import (
     MODEL_HELP,
     add_engine_options,
@@ -40,8 +46,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = chosen_engine(args.engine)
+    refusal = check_engine_flags(engine, args, _serve_defaults())
+    if refusal is not None:
+        raise SystemExit(f"zerohop serve: {refusal}")
     options = engine_options(args)
-    options["num_threads"] = options["num_threads"] or default_engine_threads()
+    if engine == "vllm":
+        options["vllm_args"] = vllm_arguments(args)
+        # Flags left at zerohop's defaults take vLLM's own (a vLLM user expects those: its
+        # CPU build, for one, needs blocks of a multiple of 32 tokens).
+        defaults = _serve_defaults()
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(args, name) == defaults[name]:
+                options.pop(name)
+    else:
+        options["num_threads"] = options["num_threads"] or default_engine_threads()
     serve_options = ServeOptions(
         model_path=resolve_model(args.model),
         host=args.host,
@@ -56,6 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_aliases=args.model_alias,
         max_body_bytes=args.max_body_bytes,
         drain_seconds=args.drain_seconds,
+        engine=engine,
         engine_options=options,
         guard=GuardLimits(
             max_connections=args.max_connections,
@@ -223,7 +243,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     add_protection_options(srv)
     add_gateway_options(srv)
     add_engine_options(srv)
+    add_vllm_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def _serve_defaults() -> dict[str, object]:
+    """Every flag's default, to tell which ones a command line set."""
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    return vars(parser.parse_args([]))
 
 
 def add_supervision_options(parser: argparse.ArgumentParser) -> None:

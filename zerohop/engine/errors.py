@@ -15,3 +15,7 @@ class InvalidRequestError(ZerohopError, ValueError):
 
 class RequestFailedError(ZerohopError):
     """Processing one request failed (sampler error, NaN, out of memory)."""
+
+
+class EngineDeadError(RequestFailedError):
+    """The engine (its process, or vLLM's EngineCore) has exited; no request can be served."""

@@ -30,7 +30,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.load.queue_model import Ahead, EngineView, queue_wait
 from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.load.wait_correction import WaitCorrection
-from zerohop.engine.process.async_engine import Queued
+from zerohop.engine.client import Queued
 
 DEFAULT_MAX_QUEUE_WAIT = 30.0  # seconds; the SDKs' own timeouts are 10 minutes
 DEFAULT_MAX_WAITING = 512

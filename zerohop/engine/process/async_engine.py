@@ -21,7 +21,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.engine.errors import InvalidRequestError, RequestFailedError
+from zerohop.engine.client import Queued
+from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.wire import HEADER, delta_from_wire, pack, params_to_wire, unpack
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -32,20 +33,6 @@ log = logging.getLogger(__name__)
 # 600 s too): a first start may build the CPU kernels (~30 s quiet, minutes on a busy
 # machine) and load a large file; past it the start has failed.
 DEFAULT_START_TIMEOUT = 600.0
-
-
-class EngineDeadError(RequestFailedError):
-    """The engine process has exited; no request can be served."""
-
-
-@dataclass(slots=True, frozen=True)
-class Queued:
-    """A request sent to the engine whose first delta has not come back."""
-
-    prompt_tokens: int
-    tenant: str
-    weight: float
-    priority: int
 
 
 @dataclass(slots=True)

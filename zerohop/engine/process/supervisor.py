@@ -27,8 +27,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from zerohop.engine.client import EngineLife, EngineStarter, Queued
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT, AsyncEngine, Queued
+from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT, AsyncEngine
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,16 @@ class RestartPolicy:
 class EngineSupervisor:
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineLife,
         model_path: str,
         engine_options: dict[str, Any],
         policy: RestartPolicy,
         start_seconds: float,
+        starter: EngineStarter = AsyncEngine.start,
     ) -> None:
-        self.engine = engine  # the engine process of the moment (a dead one while restarting)
+        self.engine = engine  # the engine of the moment (a dead one while restarting)
         self.model_path, self.engine_options, self.policy = model_path, engine_options, policy
+        self.starter = starter
         self.restarts = 0
         self.gave_up: str | None = None
         self.on_give_up: Callable[[str], None] | None = None
@@ -77,15 +80,21 @@ class EngineSupervisor:
 
     @classmethod
     async def start(
-        cls, model_path: str, policy: RestartPolicy | None = None, **engine_options: Any
+        cls,
+        model_path: str,
+        policy: RestartPolicy | None = None,
+        starter: EngineStarter = AsyncEngine.start,
+        **engine_options: Any,
     ) -> EngineSupervisor:
-        """Start the first engine process; its failure is raised (nothing to supervise)."""
+        """Start the first engine life with `starter` (zerohop's engine process by default,
+        `zerohop.engine.vllm.engine.VllmEngine.start` for vLLM's); its failure is raised
+        (nothing to supervise)."""
         policy = policy or RestartPolicy()
         started = time.monotonic()
-        engine = await AsyncEngine.start(model_path, policy.start_timeout, **engine_options)
+        engine = await starter(model_path, policy.start_timeout, **engine_options)
         elapsed = time.monotonic() - started
-        log.info("engine process started in %.1f s", elapsed)
-        return cls(engine, model_path, engine_options, policy, elapsed)
+        log.info("engine started in %.1f s", elapsed)
+        return cls(engine, model_path, engine_options, policy, elapsed, starter)
 
     # -- what the server reads ------------------------------------------------------------
 
@@ -120,9 +129,14 @@ class EngineSupervisor:
     # -- AsyncEngine's calls, on the engine of the moment -----------------------------------
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **options: Any
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        announce: bool = False,
+        **options: Any,
     ) -> AsyncGenerator[RequestDelta, None]:
-        return self.engine.generate(request_id, prompt_token_ids, params, **options)
+        return self.engine.generate(request_id, prompt_token_ids, params, announce, **options)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -165,7 +179,7 @@ class EngineSupervisor:
                 return
             self.engine, self._down_since = engine, None
 
-    async def _restart(self, reason: str) -> AsyncEngine | None:
+    async def _restart(self, reason: str) -> EngineLife | None:
         failures = 0
         while (why := self._crash_loop(failures)) is None:
             self._attempts.append(time.monotonic())
@@ -173,7 +187,7 @@ class EngineSupervisor:
             log.error("engine process gone (%s): starting a new one", reason.strip())
             started = time.monotonic()
             try:
-                engine = await AsyncEngine.start(
+                engine = await self.starter(
                     self.model_path, self.policy.start_timeout, **self._restart_options()
                 )
             except Exception as exc:

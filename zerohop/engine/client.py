@@ -1,0 +1,120 @@
+"""The seam between the surfaces and an engine: what the API process calls, whichever engine
+runs (zerohop's own in its engine process, or vLLM's `AsyncLLM`).
+
+`EngineLife` is one engine's life (a process that can die); `EngineSupervisor` restarts lives
+and is the `EngineClient` the surfaces, the gateway and admission hold. Deltas are typed
+(`RequestDelta`: token ids, text, cached prompt tokens, logprobs, a finish reason), the
+caller's scheduling view is typed (`RequestOptions`), and the engine's counters are
+`EngineStats` fields. Torch-free and vLLM-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.sample.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class Queued:
+    """A request sent to the engine whose first delta has not come back."""
+
+    prompt_tokens: int
+    tenant: str
+    weight: float
+    priority: int
+
+
+class EngineLife(Protocol):
+    """One engine's life: serves until it dies or is shut down."""
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """vocab_size, max_model_len, block_size, engine (its name when not zerohop's), ..."""
+
+    @property
+    def latest_stats(self) -> dict[str, Any] | None:
+        """EngineStats as a dict, after the latest step."""
+
+    @property
+    def dead(self) -> str | None:
+        """Why nothing can be served; None while serving."""
+
+    @property
+    def queued(self) -> dict[str, Queued]:
+        """Requests sent whose first delta has not come back."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        announce: bool = False,
+        **options: Any,
+    ) -> AsyncGenerator[RequestDelta, None]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def call(self, name: str) -> Any: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def wait_closed(self) -> str: ...
+
+    async def shutdown(self, timeout: float = 10.0) -> None: ...
+
+
+class EngineStarter(Protocol):
+    """Starts one engine life on a model within `start_timeout` seconds (else raises)."""
+
+    async def __call__(
+        self, model_path: str, start_timeout: float, **engine_options: Any
+    ) -> EngineLife: ...
+
+
+class EngineClient(Protocol):
+    """What the surfaces, gateway and admission hold: a supervised engine."""
+
+    restarts: int
+    gave_up: str | None
+    on_give_up: Callable[[str], None] | None
+
+    @property
+    def dead(self) -> str | None: ...
+
+    @property
+    def info(self) -> dict[str, Any]: ...
+
+    @property
+    def latest_stats(self) -> dict[str, Any] | None: ...
+
+    @property
+    def queued(self) -> dict[str, Queued]: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def retry_after(self) -> float: ...
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        announce: bool = False,
+        **options: Any,
+    ) -> AsyncGenerator[RequestDelta, None]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def call(self, name: str) -> Any: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def shutdown(self, timeout: float = 10.0) -> None: ...
