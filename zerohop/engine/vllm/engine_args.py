@@ -76,7 +76,9 @@ def engine_arguments(model_dir: str, options: dict[str, Any], thinking: bool) ->
         "num_gpu_blocks_override": options.get("num_kv_blocks"),
         "scheduler_cls": SCHEDULER_CLS,
         "structured_outputs_config": {"backend": "guidance"},
-        "disable_log_stats": False,  # its stats feed admission, /metrics and the console
+        # vLLM's own loggers off (its Prometheus names come from our /metrics, fed by the
+        # stat logger VllmEngine installs, which vLLM then runs alone)
+        "disable_log_stats": True,
     }
     memory = options.get("kv_cache_memory")
     if memory is None and current_platform.is_cpu():
