@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.engines import ENGINES, serve_on
-from tests.live_server import MODEL_NAME, LiveServer
+from tests.live_server import MODEL_NAME, LiveServer, with_chat_template
 from zerohop import LLM, SamplingParams
 from zerohop.models.tiny import tiny_model_dir
 
@@ -56,9 +56,21 @@ ANSWER_SCHEMA = {
 }
 
 
+# The built-in tiny model's template, with a thought a request opts into (`enable_thinking`:
+# Anthropic's `thinking`, OpenAI's `reasoning_effort`), so the surfaces' reasoning runs too.
+THINK_OPT_IN = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking %}{{ '<think>\\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return tiny_model_dir()
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-think") / "tiny"
+    return with_chat_template(tiny_model_dir(), folder, THINK_OPT_IN)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -222,3 +234,23 @@ def test_abort_on_disconnect_frees_the_kv_cache(server: LiveServer) -> None:
             return
         time.sleep(0.2)
     pytest.fail(f"the request still holds the engine: {stats}")
+
+
+def test_thinking(server: LiveServer) -> None:
+    """A thought without a budget on both engines; a budget needs `<think>` as a token on
+    vLLM's (this tokenizer spells it in pieces): refused there, naming the engine."""
+    kw = dict(model=MODEL_NAME, max_tokens=24, messages=CHAT, thinking={"type": "adaptive"})
+    message = ant(server).messages.create(**kw)
+    assert message.content[0].type == "thinking"
+    assert message.content[0].thinking and message.content[0].signature
+    with ant(server).messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].signature
+    budget = dict(kw, max_tokens=1040, thinking={"type": "enabled", "budget_tokens": 1024})
+    budget["stop_sequences"] = ["e"]
+    if "--engine" not in server.extra_args:
+        assert ant(server).messages.create(**budget).content[0].type == "thinking"
+        return
+    with pytest.raises(anthropic.BadRequestError) as info:
+        ant(server).messages.create(**budget)
+    assert "vLLM engine" in info.value.message
