@@ -36,7 +36,11 @@ def require_vllm() -> None:
 
 
 def serve_on(
-    engine: str, model_dir: Path, log: Path, extra_args: list[str] | None = None, **kw: object
+    engine: str,
+    model_dir: Path | None,
+    log: Path,
+    extra_args: list[str] | None = None,
+    **kw: object,
 ) -> LiveServer:
     if engine == "vllm":
         require_vllm()
