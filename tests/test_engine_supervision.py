@@ -22,6 +22,7 @@ import pytest
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.service import ServingContext
 from zerohop.app import create_app
+from zerohop.engine.client import RequestOptions
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.process.async_engine import AsyncEngine
 from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
@@ -292,7 +293,8 @@ def test_a_request_the_engine_process_refuses_leaves_its_neighbours_running(
             deltas = [await anext(stream)]
             for i, weight in enumerate((0, -1.0, float("nan"))):
                 with pytest.raises(InvalidRequestError, match="weight"):
-                    async for _ in engine.generate(f"bad-{i}", [5], params, weight=weight):
+                    bad = RequestOptions(weight=weight)
+                    async for _ in engine.generate(f"bad-{i}", [5], params, options=bad):
                         pass
             deltas += [d async for d in stream]
             return before, deltas

@@ -73,12 +73,16 @@ def vllm_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     live = serve_on("vllm", model_dir, log, [*SERVER_ARGS, *ANY_NAME])
     assert live.process is not None
     engine_processes = psutil.Process(live.process.pid).children(recursive=True)
+    ENGINE_PROCESSES[:] = engine_processes
     yield live
     live.stop()
-    # SIGKILLed by the fleet test, it left vLLM's EngineCore process(es) behind it.
-    for process in engine_processes:
+    for process in engine_processes:  # whatever a failed test left behind
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+
+
+# vLLM's EngineCore and worker under the module's vLLM server (its fixture records them).
+ENGINE_PROCESSES: list[psutil.Process] = []
 
 
 def summary(exchanges: list[Exchange]) -> str:
@@ -274,3 +278,13 @@ def test_fleet_with_a_vllm_replica_killed_mid_stream_loses_no_answer(
         assert completion_tokens == MAX_TOKENS, "usage counts each token once"
     assert stats[victim]["resumes"] >= 3, stats
     assert stats[victim]["breaker"] == "open" or stats[victim]["ready"] is False, stats
+
+
+def test_vllms_engine_core_ends_with_its_server(vllm_server: LiveServer) -> None:
+    """After the fleet test SIGKILLed the vLLM replica's zerohop process: its EngineCore and
+    worker (processes ZeroMQ would never tell) end by themselves (engine/vllm/orphan_guard.py),
+    not holding their memory on."""
+    assert vllm_server.process is not None and vllm_server.process.poll() is not None
+    assert ENGINE_PROCESSES
+    _, alive = psutil.wait_procs(ENGINE_PROCESSES, timeout=30)
+    assert not alive, [p.pid for p in alive]

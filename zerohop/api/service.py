@@ -27,7 +27,7 @@ from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
 from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
-from zerohop.engine.client import EngineClient, Queued
+from zerohop.engine.client import EngineClient, RequestOptions
 from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -69,12 +69,13 @@ def unavailable(surface: str, message: str, retry_after: float) -> ApiError:
     return ApiError(status, message, code="unavailable", headers=headers)
 
 
-def engine_options(call: Call) -> dict[str, Any]:
+def engine_options(call: Call, continues: list[int] | None = None) -> RequestOptions:
     """The scheduler's view of the caller: tenant, fair-share weight, priority class."""
     identity = call.identity
     batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
     priority = BACKGROUND if call.background else BATCH if batch else INTERACTIVE
-    return {"tenant": identity.tenant.name, "weight": identity.tenant.weight, "priority": priority}
+    tenant = identity.tenant
+    return RequestOptions(tenant.name, tenant.weight, priority, continues=tuple(continues or ()))
 
 
 def sampling_params(
@@ -243,13 +244,13 @@ class ServingContext:
             raise self.not_ready_error(call.surface)
         options = engine_options(call)
         try:  # the key store validates weights too; a bad one must never reach a division
-            check_weight(options["weight"])
+            check_weight(options.weight)
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), code="invalid_tenant_weight") from exc
         # Before the gateway: a refusal costs no quota. Batch lines skip it: the batch runner
         # bounds them itself, and an overload refusal would only put the line back.
         if self.admission is not None and not call.background:
-            request = Queued(len(prompt), options["tenant"], options["weight"], options["priority"])
+            request = options.queued(len(prompt))
             try:
                 load = self.admission.check(call.surface, request)
                 call.queue_timing = self.admission.timing(load)
@@ -287,15 +288,13 @@ class ServingContext:
         """
         request_id = call.request_id
         params = await self.admit(call, prompt, params)
-        options = engine_options(call)
-        if continues:
-            options["continues"] = continues
+        options = engine_options(call, continues)
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
-        deltas = self.engine.generate(request_id, prompt, params, announce=announce, **options)
+        deltas = self.engine.generate(request_id, prompt, params, announce, options)
         timing: QueueTiming | None = call.queue_timing
         if timing is not None:
             timing.sent()

@@ -19,6 +19,23 @@ from zerohop.engine.sample.sampling_params import SamplingParams
 
 
 @dataclass(slots=True, frozen=True)
+class RequestOptions:
+    """The scheduler's view of a request's caller, and what its prompt continues."""
+
+    tenant: str = "default"
+    weight: float = 1.0
+    priority: int = 0  # zerohop.engine.sched.fair_share: INTERACTIVE, BATCH, BACKGROUND
+    cache_salt: str | None = None  # prompts with other salts never share cached blocks
+    continues: tuple[int, ...] = ()  # the prompt ends with these tokens of an earlier answer
+
+    def queued(self, prompt_tokens: int) -> Queued:
+        return Queued(prompt_tokens, self.tenant, self.weight, self.priority)
+
+
+DEFAULT_OPTIONS = RequestOptions()
+
+
+@dataclass(slots=True, frozen=True)
 class Queued:
     """A request sent to the engine whose first delta has not come back."""
 
@@ -56,7 +73,7 @@ class EngineLife(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         announce: bool = False,
-        **options: Any,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[RequestDelta, None]: ...
 
     def abort(self, request_id: str) -> None: ...
@@ -108,7 +125,7 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         announce: bool = False,
-        **options: Any,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[RequestDelta, None]: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -21,10 +21,17 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.engine.client import Queued
+from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
 from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.wire import HEADER, delta_from_wire, pack, params_to_wire, unpack
+from zerohop.engine.process.wire import (
+    HEADER,
+    delta_from_wire,
+    options_to_wire,
+    pack,
+    params_to_wire,
+    unpack,
+)
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -124,7 +131,7 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         announce: bool = False,
-        **options: Any,  # tenant, weight, priority, cache_salt
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[RequestDelta, None]:
         """Yield each step's delta for this request; leaving early aborts it in the engine.
 
@@ -140,13 +147,15 @@ class AsyncEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
-        self._send(["add", request_id, prompt_token_ids, params_to_wire(params), options])
-        self.queued[request_id] = Queued(
-            len(prompt_token_ids),
-            options.get("tenant", "default"),
-            options.get("weight", 1.0),
-            options.get("priority", 0),
-        )
+        add = [
+            "add",
+            request_id,
+            prompt_token_ids,
+            params_to_wire(params),
+            options_to_wire(options),
+        ]
+        self._send(add)
+        self.queued[request_id] = options.queued(len(prompt_token_ids))
         unfinished = set(range(params.n))
         try:
             while True:

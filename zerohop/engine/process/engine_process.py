@@ -28,7 +28,12 @@ from zerohop.engine.engine import LLMEngine
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.lifecycle import REQUEST_FAILED
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.wire import FrameSocket, delta_to_wire, params_from_wire
+from zerohop.engine.process.wire import (
+    FrameSocket,
+    delta_to_wire,
+    options_from_wire,
+    params_from_wire,
+)
 from zerohop.engine.start_clock import process_age
 
 log = logging.getLogger(__name__)
@@ -99,9 +104,19 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
 def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:
     kind = message[0]
     if kind == "add":
-        _, request_id, prompt, params, options = message
+        _, request_id, prompt, params, wired = message
         try:
-            engine.add_request(request_id, prompt, params_from_wire(params), **options)
+            options = options_from_wire(wired)
+            engine.add_request(
+                request_id,
+                prompt,
+                params_from_wire(params),
+                tenant=options.tenant,
+                weight=options.weight,
+                priority=options.priority,
+                cache_salt=options.cache_salt,
+                continues=list(options.continues) or None,
+            )
             channel.send(["added", request_id, len(prompt), engine.prefix_hit(request_id)])
         except (InvalidRequestError, ValueError, TypeError) as exc:
             channel.send(["rejected", request_id, str(exc)])

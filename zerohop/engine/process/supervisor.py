@@ -27,7 +27,13 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.engine.client import EngineLife, EngineStarter, Queued
+from zerohop.engine.client import (
+    DEFAULT_OPTIONS,
+    EngineLife,
+    EngineStarter,
+    Queued,
+    RequestOptions,
+)
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT, AsyncEngine
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -134,9 +140,9 @@ class EngineSupervisor:
         prompt_token_ids: list[int],
         params: SamplingParams,
         announce: bool = False,
-        **options: Any,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[RequestDelta, None]:
-        return self.engine.generate(request_id, prompt_token_ids, params, announce, **options)
+        return self.engine.generate(request_id, prompt_token_ids, params, announce, options)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

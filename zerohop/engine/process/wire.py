@@ -8,17 +8,19 @@ from __future__ import annotations
 import select
 import socket
 import struct
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import msgpack
 
+from zerohop.engine.client import RequestOptions
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 HEADER = struct.Struct("<I")
 _DELTA_FIELDS = [f.name for f in fields(RequestDelta)]
 _PARAM_FIELDS = [f.name for f in fields(SamplingParams)]
+_OPTION_FIELDS = [f.name for f in fields(RequestOptions)]
 
 
 def pack(message: Any) -> bytes:
@@ -39,6 +41,15 @@ def delta_from_wire(values: list) -> RequestDelta:
     if delta.new_logprobs is not None:
         delta.new_logprobs = [{int(k): v for k, v in d.items()} for d in delta.new_logprobs]
     return delta
+
+
+def options_to_wire(options: RequestOptions) -> dict:
+    return {name: getattr(options, name) for name in _OPTION_FIELDS}
+
+
+def options_from_wire(values: dict) -> RequestOptions:
+    options = RequestOptions(**values)
+    return replace(options, continues=tuple(options.continues))
 
 
 def params_to_wire(params: SamplingParams) -> dict:

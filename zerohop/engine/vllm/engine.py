@@ -23,7 +23,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
-from zerohop.engine.client import Queued
+from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
 from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
@@ -56,16 +56,23 @@ class VllmEngine:
         folder once): at most `start_timeout` seconds."""
         setup = await asyncio.to_thread(VllmSetup.from_options, model_path, engine_options)
         stats = StepStats()
-        build = asyncio.to_thread(
-            AsyncLLM.from_engine_args, setup.engine_args, stat_loggers=[logger_factory(stats)]
+        build = asyncio.ensure_future(
+            asyncio.to_thread(
+                AsyncLLM.from_engine_args, setup.engine_args, stat_loggers=[logger_factory(stats)]
+            )
         )
         try:
-            llm = await asyncio.wait_for(build, start_timeout)
-        except TimeoutError:
-            raise RuntimeError(
-                f"engine failed to start: vLLM not ready within {start_timeout:g} s"
-                " (--engine-start-timeout)"
-            ) from None
+            llm = await asyncio.wait_for(asyncio.shield(build), start_timeout)
+        except BaseException as exc:
+            # Timed out, or the server stops while it starts: the thread still builds an
+            # AsyncLLM, whose EngineCore must not outlive this call.
+            build.add_done_callback(_shut_down_when_built)
+            if isinstance(exc, TimeoutError):
+                raise RuntimeError(
+                    f"engine failed to start: vLLM not ready within {start_timeout:g} s"
+                    " (--engine-start-timeout)"
+                ) from None
+            raise
         return cls(llm, setup, stats)
 
     @property
@@ -84,16 +91,14 @@ class VllmEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         announce: bool = False,
-        **options: Any,  # tenant, weight, priority, cache_salt, continues
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncGenerator[RequestDelta, None]:
         """Yield each step's delta for this request; leaving early aborts it in vLLM."""
         if self.dead:
             raise EngineDeadError(self.dead)
         tags, prompt = self._prepare(request_id, prompt_token_ids, params, options)
         sampling = vllm_params(params, tags, self._setup.thinking_supported)
-        self.queued[request_id] = Queued(
-            len(prompt_token_ids), tags.tenant, tags.weight, tags.priority
-        )
+        self.queued[request_id] = options.queued(len(prompt_token_ids))
         collector = None
         finished = False
         try:
@@ -133,14 +138,14 @@ class VllmEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        options: dict[str, Any],
+        options: RequestOptions,
     ) -> tuple[RequestTags, TokensPrompt]:
         if request_id in self._internal_ids or request_id in self.queued:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        tenant, weight = options.get("tenant", "default"), options.get("weight", 1.0)
-        priority, salt = options.get("priority", 0), options.get("cache_salt")
+        tenant, weight, priority = options.tenant, options.weight, options.priority
+        salt = options.cache_salt
         check_request_options(tenant, weight, priority, salt)
-        if options.get("continues") and params.grammar is not None:
+        if options.continues and params.grammar is not None:
             raise InvalidRequestError(
                 "the vLLM engine cannot continue a constrained answer (its grammar state does"
                 " not replay the tokens continued)"
@@ -221,6 +226,11 @@ def _delta(
         cached_tokens=cached,
         index=choice.index,
     )
+
+
+def _shut_down_when_built(build: asyncio.Future[AsyncLLM]) -> None:
+    if not build.cancelled() and build.exception() is None:
+        build.result().shutdown()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -94,6 +94,7 @@ from zerohop.engine.sched.background_share import DEFAULT_BACKGROUND_SHARE
 from zerohop.engine.sched.fair_share import BACKGROUND, VTCPolicy
 from zerohop.engine.sched.policy import FCFSPolicy, TokenUsage
 from zerohop.engine.sched.request_options import check_request_options
+from zerohop.engine.vllm.orphan_guard import guard_against_orphaning
 from zerohop.engine.vllm.request_tags import RequestTags
 
 if TYPE_CHECKING:
@@ -396,6 +397,7 @@ class FairShareScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        guard_against_orphaning()  # this runs inside vLLM's EngineCore process
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError(
                 "zerohop's FairShareScheduler orders requests itself: leave vLLM's scheduling"
