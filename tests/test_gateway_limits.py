@@ -56,6 +56,8 @@ FAST_KEYS: dict[str, tuple[str, list[str]]] = {
     "clamp": ("clamp", ["--budget", "300"]),
     "metrics": ("metrics", ["--rpm", "2"]),
     "refused": ("refused", ["--rpm", "1"]),
+    "salt1": ("salt1", []),
+    "salt2": ("salt2", []),
 }
 SLOW_KEYS: dict[str, tuple[str, list[str]]] = {"conc": ("conc", ["--max-concurrency", "2"])}
 AUDIT_KEYS: dict[str, tuple[str, list[str]]] = {"audit": ("audit", ["--rpm", "2"])}
@@ -407,6 +409,22 @@ def test_itpm_charges_only_the_uncached_part_of_a_repeated_prompt(gw: Served) ->
         refill = 50 * (times[i + 1] - times[max(i - 1, 0)]) + 1
         assert usage["input_tokens"] - refill <= drop <= usage["input_tokens"] + 1, (i, usage)
     assert remaining[1] - remaining[2] < 40  # the cached part was given back
+
+
+def test_a_tenants_prompt_cache_is_its_own(gw: Served) -> None:
+    """The same prompt: cached for its own tenant's next request, never for another tenant's
+    (the tenant salts the prefix cache)."""
+    prompt = [{"role": "user", "content": "Tell me about the quick brown fox. " * 12}]
+
+    def cached(name: str) -> int:
+        reply = gw.openai(name).chat.completions.create(
+            model=MODEL_NAME, messages=prompt, max_tokens=2
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("salt1") == 0
+    assert cached("salt1") > 0
+    assert cached("salt2") == 0
 
 
 def test_tenant_rpm_applies_across_its_keys(gw: Served) -> None:

@@ -43,6 +43,8 @@ KEYS = {
     "flood": ("flood", []),
     "light": ("light", []),
     "open": ("open", []),
+    "salt1": ("salt1", []),
+    "salt2": ("salt2", []),
 }
 
 
@@ -109,6 +111,25 @@ def test_output_tokens_are_charged_as_generated(served: Served) -> None:
         json={"model": MODEL_NAME, "messages": CHAT, "max_tokens": 4},
     )
     assert after.status_code == 429 and int(after.headers["retry-after"]) >= 1
+
+
+def test_a_tenants_prompt_cache_is_its_own(served: Served) -> None:
+    """vLLM's prefix cache, salted by the tenant: a repeated prompt hits for its own tenant
+    (usage's cached tokens), never for another's."""
+    prompt = "a prompt long enough to fill a block of one hundred and twenty-eight tokens " * 8
+
+    def cached(name: str) -> int:
+        reply = httpx.post(
+            served.server.url + "/v1/completions",
+            headers={"authorization": f"Bearer {served.keys[name]['key']}"},
+            json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2},
+        )
+        assert reply.status_code == 200, reply.text
+        return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("salt1") == 0
+    assert cached("salt1") >= 128  # vLLM's CPU build caches whole blocks of 128 tokens
+    assert cached("salt2") == 0
 
 
 def test_gie_gauges_come_from_vllms_steps(served: Served) -> None:

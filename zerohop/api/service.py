@@ -70,12 +70,17 @@ def unavailable(surface: str, message: str, retry_after: float) -> ApiError:
 
 
 def engine_options(call: Call, continues: list[int] | None = None) -> RequestOptions:
-    """The scheduler's view of the caller: tenant, fair-share weight, priority class."""
+    """The scheduler's view of the caller: tenant, fair-share weight, priority class, and the
+    tenant as the prefix cache's salt: as the Anthropic and OpenAI APIs keep prompt caches
+    per organization, a tenant's prompts reuse its own cached blocks, never another's (whose
+    timing would tell it what that tenant sent)."""
     identity = call.identity
     batch = identity.priority == "batch" or call.wants_batch  # a request can only lower it
     priority = BACKGROUND if call.background else BATCH if batch else INTERACTIVE
     tenant = identity.tenant
-    return RequestOptions(tenant.name, tenant.weight, priority, continues=tuple(continues or ()))
+    return RequestOptions(
+        tenant.name, tenant.weight, priority, tenant.name, continues=tuple(continues or ())
+    )
 
 
 def sampling_params(
