@@ -48,3 +48,35 @@ def test_a_vllm_argument_vllm_does_not_have_is_refused() -> None:
 
     with pytest.raises(ValueError, match="not an argument of vLLM's engine"):
         VllmSetup.from_options(str(tiny_model_dir()), {"vllm_args": {"no_such_field": 1}})
+
+
+def test_zerohops_engine_flags_map_onto_vllms_arguments() -> None:
+    require_vllm()
+    from zerohop.engine.vllm.engine_args import SCHEDULER_CLS, engine_arguments
+
+    options = {
+        "max_num_seqs": 8,
+        "dtype": "float32",
+        "enable_prefix_caching": False,
+        "num_kv_blocks": 64,
+        "kv_cache_memory": 0.5,
+        "quantization": "fp8",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+        "vllm_args": {"tensor_parallel_size": 2},
+    }
+    args = engine_arguments("/models/m", options, thinking=False)
+    assert args["scheduler_cls"] == SCHEDULER_CLS
+    assert args["structured_outputs_config"] == {"backend": "guidance"}
+    assert args["max_num_seqs"] == 8 and args["dtype"] == "float32"
+    assert args["enable_prefix_caching"] is False and args["num_gpu_blocks_override"] == 64
+    assert args["kv_cache_memory_bytes"] == 2**29 and args["quantization"] == "fp8"
+    assert args["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
+    assert args["tensor_parallel_size"] == 2
+    assert "reasoning_config" not in args and "block_size" not in args
