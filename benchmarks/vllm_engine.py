@@ -178,6 +178,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="LiteLLM's Redis response cache on (topology.py's default; off here: vLLM's "
         "client warms up with its first prompt, which the cache would then answer)",
     )  # fmt: skip
+    p.add_argument(
+        "--zerohop-arg", action="append", default=[], metavar="FLAG",
+        help="one more flag for zerohop serve (repeat; e.g. --zerohop-arg=--no-gateway), to"
+        " tell what a part costs",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "vllm_engine.json")
     args = p.parse_args(argv)
     args.concurrency = int_list(p, "--concurrency", args.concurrency)
@@ -333,7 +338,7 @@ def zerohop_cmd(
         cmd.append("--enforce-eager")
     if args.kv_cache_gib:
         cmd += ["--kv-cache-memory", f"{args.kv_cache_gib:g}"]
-    return cmd
+    return cmd + args.zerohop_arg
 
 
 def vllm_serve_cmd(folder: Path, args: argparse.Namespace, port: int) -> list[str]:

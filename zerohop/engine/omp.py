@@ -15,7 +15,20 @@ from __future__ import annotations
 import os
 import sys
 
+SET_BY_USER = "OMP_WAIT_POLICY" in os.environ
+# vLLM's processes (its EngineCore imports zerohop's scheduler class) keep OpenMP's defaults.
+UNDER_VLLM = "ZEROHOP_UNDER_VLLM"
 WORKERS_SLEEP = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" or (
-    "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ
+    "torch" not in sys.modules and not SET_BY_USER
 )
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if os.environ.get(UNDER_VLLM) != "1":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def vllm_environment() -> None:
+    """Before vLLM's processes start from this one: the wait policy as the user left it. vLLM's
+    CPU workers bind a thread to each core of their own and are built for OpenMP's default
+    waits, not the sleeping ones zerohop's engine wants."""
+    if not SET_BY_USER:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    os.environ[UNDER_VLLM] = "1"

@@ -193,6 +193,11 @@ class VllmEngine:
     async def shutdown(self, timeout: float = 10.0) -> None:
         self._mark_dead("the engine was shut down", expected=True)
         self._watcher.cancel()
+        # vLLM cancels its output handler after stopping the EngineCore, which the handler
+        # would first report as a death (a traceback in the log of every clean stop).
+        handler = self._llm.output_handler
+        if handler is not None:
+            handler.cancel()
         started = time.monotonic()
         await asyncio.to_thread(self._llm.shutdown, timeout)
         log.info("vLLM's engine shut down in %.1f s", time.monotonic() - started)

@@ -22,6 +22,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from zerohop.engine import omp
+
 SCHEDULER_CLS = "zerohop.engine.vllm.scheduler.FairShareScheduler"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CPU_KV_CACHE_GIB = 1.0  # --kv-cache-memory's default on CPU, as zerohop's engine's
@@ -45,6 +47,7 @@ class VllmSetup:
         if options.get("num_threads"):  # vLLM's CPU build binds its threads to these CPUs
             environment["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{options['num_threads'] - 1}"
         os.environ.update(environment)  # vLLM's EngineCore process inherits it
+        omp.vllm_environment()
         try:
             args = AsyncEngineArgs(**engine_arguments(str(model_dir), options, thinking))
         except TypeError as exc:  # a --vllm-arg NAME that is not one of vLLM's
