@@ -44,3 +44,41 @@ def test_the_readme_question_answers_paris(vllm_default_server: LiveServer) -> N
     )
     assert reply.choices[0].message.content == message.content[0].text
     assert reply.choices[0].logprobs.content[0].logprob <= 0
+
+
+def test_tools_structured_outputs_and_responses(vllm_default_server: LiveServer) -> None:
+    """The real model on vLLM's engine through the other core surfaces: a forced tool call
+    whose arguments match the tool's schema, a JSON schema answer, and a streamed Responses
+    answer."""
+    import json
+
+    import jsonschema
+
+    url = vllm_default_server.url
+    sdk = openai.OpenAI(base_url=url + "/v1", api_key="any", max_retries=0)
+    city = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    }
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": city}}
+    weather = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    called = sdk.chat.completions.create(
+        model=NAME, messages=weather, tools=[tool], tool_choice=forced, max_tokens=64
+    )
+    call = called.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), city)
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": city}}
+    answer = sdk.chat.completions.create(
+        model=NAME, messages=QUESTION, response_format=fmt, max_tokens=64, temperature=0
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content), city)
+    events = list(
+        sdk.responses.create(
+            model=NAME, input=QUESTION, max_output_tokens=32, temperature=0, stream=True
+        )
+    )
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert "Paris" in text and events[-1].type == "response.completed"
