@@ -116,6 +116,20 @@ def events_of(exchange: Exchange) -> list[dict[str, Any]]:
     return events
 
 
+def check_in_order(events: list[dict[str, Any]]) -> list[int]:
+    """A Responses stream's events in the API's order (created, in progress, numbered, each
+    output item added then done, an end with output tokens); the items' output indexes."""
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+    assert kinds[-1] in ENDS, kinds
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done == list(range(len(added))), kinds
+    assert events[-1]["response"]["usage"]["output_tokens"] > 0
+    return added
+
+
 def patch_parser(tool: dict[str, Any]) -> lark.Lark:
     """The `lark` parser of a custom tool's grammar. Lark's Earley parser refuses a
     terminal that can match nothing (`/(.*)/`), so those are written as the same language,
@@ -176,15 +190,8 @@ def test_the_resumed_session_sends_its_calls_and_their_outputs(sessions: Session
 def test_every_stream_has_the_apis_events_in_order(sessions: Sessions) -> None:
     for exchange in sessions.exchanges:
         events = events_of(exchange)
-        kinds = [e["type"] for e in events]
-        assert kinds[:2] == ["response.created", "response.in_progress"], kinds
-        assert kinds[-1] in ENDS, kinds
-        assert [e["sequence_number"] for e in events] == list(range(len(events)))
-        added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
-        done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
-        assert added == done == list(range(len(added))), kinds
-        final = events[-1]["response"]
-        assert len(final["output"]) == len(added) and final["usage"]["output_tokens"] > 0
+        added = check_in_order(events)
+        assert len(events[-1]["response"]["output"]) == len(added)
 
 
 def test_the_new_session_reads_the_shared_prefix_from_the_cache(sessions: Sessions) -> None:
