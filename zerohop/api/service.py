@@ -243,11 +243,12 @@ class ServingContext:
             raise ApiError(400, f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
         return min(max_tokens, limit - prompt_tokens)
 
-    async def admit(self, call: Call, prompt: list[int], params: SamplingParams) -> SamplingParams:
+    async def admit(
+        self, call: Call, prompt: list[int], params: SamplingParams, options: RequestOptions
+    ) -> SamplingParams:
         """Rate limits and budget: refuse, or admit with max_tokens clamped to the budget."""
         if not self.ready:
             raise self.not_ready_error(call.surface)
-        options = engine_options(call)
         try:  # the key store validates weights too; a bad one must never reach a division
             check_weight(options.weight)
         except InvalidRequestError as exc:
@@ -292,8 +293,8 @@ class ServingContext:
         `continues`: the end of `prompt` is a partial answer to resume (see `continued`).
         """
         request_id = call.request_id
-        params = await self.admit(call, prompt, params)
         options = engine_options(call, continues)
+        params = await self.admit(call, prompt, params, options)
         watcher = None
         if receive is not None:
             watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
