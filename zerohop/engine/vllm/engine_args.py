@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ class VllmSetup:
     engine_args: AsyncEngineArgs
     model_dir: Path
     thinking_supported: bool
-    environment: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, model_path: str, options: dict[str, Any]) -> VllmSetup:
@@ -52,7 +51,7 @@ class VllmSetup:
             args = AsyncEngineArgs(**engine_arguments(str(model_dir), options, thinking))
         except TypeError as exc:  # a --vllm-arg NAME that is not one of vLLM's
             raise ValueError(f"not an argument of vLLM's engine: {exc}") from None
-        return cls(args, model_dir, thinking, environment)
+        return cls(args, model_dir, thinking)
 
     def info(self, llm: AsyncLLM) -> dict[str, Any]:
         config = llm.vllm_config

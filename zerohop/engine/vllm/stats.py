@@ -34,7 +34,6 @@ class StepStats:
         self._base: EngineStats | None = None
         self._meter = ThroughputMeter()
         self._last_step: float | None = None
-        self._running = 0
 
     def configure(self, config: VllmConfig) -> None:
         blocks = int(config.cache_config.num_gpu_blocks or 0)
@@ -76,7 +75,6 @@ class StepStats:
         if spec is not None:
             base.spec_draft_tokens += spec.num_draft_tokens
             base.spec_accepted_tokens += spec.num_accepted_tokens
-        self._running = stats.num_running_reqs
 
     def _iteration(self, base: EngineStats, stats: IterationStats) -> None:
         now = stats.iteration_timestamp
