@@ -18,7 +18,7 @@ TinyModelFactory = Callable[[str], Path]
 # The `slow` tests, which `pytest -m "not slow"` skips (`make test` and CI run them all): the
 # real default model (every test served by the `default_server` fixture), the five-replica
 # fleet (every test on the `fleet` fixture) and the engine soak of 1000 random requests.
-SLOW_FIXTURES = frozenset({"default_server", "vllm_default_server", "fleet"})
+SLOW_FIXTURES = frozenset({"default_server", "default_engine_server", "fleet"})
 SLOW_TESTS = frozenset({"test_no_block_leaks_after_1000_random_requests"})
 
 

@@ -28,7 +28,7 @@ CHUNK = 32  # --max-num-batched-tokens: a prompt's prefill takes one step per CH
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("slow_prefill") / "server.log"
     args = ["--debug-step-delay", "0.1", "--max-num-batched-tokens", str(CHUNK)]
-    args += ["--stream-ping-interval", "0.05"]
+    args += ["--stream-ping-interval", "0.05", "--openai-ping-interval", "0.05"]
     srv = LiveServer(llama_dir, extra_args=args).start(log)
     yield srv
     srv.stop()
@@ -360,3 +360,17 @@ def test_a_request_resent_after_its_caller_left_gets_its_own_answer(server) -> N
     assert events[-1][0] == b"message_stop", events
     delta = next(data for name, data in events if name == b"message_delta")
     assert delta["usage"]["output_tokens"] == 8
+
+
+def test_openai_streams_wait_longer_before_a_ping_by_default() -> None:
+    """Chat and Completions ping after 30 s of silence, Messages and Responses after 5 s: the
+    OpenAI API never writes a comment there, and vLLM's `bench serve` reads a stream whose
+    comment arrived alone as one chunk at its end (keepalive.py)."""
+    from zerohop.api.service import ServingContext
+    from zerohop.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "tiny"])
+    assert (args.stream_ping_interval, args.openai_ping_interval) == (5.0, 30.0)
+    fields = ServingContext.__dataclass_fields__
+    assert fields["openai_ping_interval"].default == args.openai_ping_interval
+    assert fields["ping_interval"].default == args.stream_ping_interval

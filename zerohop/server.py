@@ -31,7 +31,7 @@ from zerohop.api.http.guard import (
     guarded_protocol,
     raise_file_limit,
 )
-from zerohop.api.http.keepalive import DEFAULT_PING_INTERVAL
+from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
 from zerohop.api.model_names import ModelNames
 from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
@@ -78,6 +78,7 @@ class ServeOptions:
     body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
     max_header_bytes: int = 32 * 1024
     ping_interval: float = DEFAULT_PING_INTERVAL  # seconds of silence before a stream's ping
+    openai_ping_interval: float = DEFAULT_OPENAI_PING_INTERVAL  # on Chat and Completions
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
     max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
     engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
@@ -225,6 +226,7 @@ async def serve(options: ServeOptions) -> int:
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
         ping_interval=options.ping_interval,
+        openai_ping_interval=options.openai_ping_interval,
         tool_call_parser=options.tool_call_parser,
         admission=AdmissionControl(
             engine,

@@ -21,7 +21,7 @@ from typing import Any
 from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
-from zerohop.api.http.keepalive import DEFAULT_PING_INTERVAL
+from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
@@ -116,6 +116,7 @@ class ServingContext:
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
     ping_interval: float = DEFAULT_PING_INTERVAL  # a stream's keep-alive (http/keepalive.py)
+    openai_ping_interval: float = DEFAULT_OPENAI_PING_INTERVAL  # Chat and Completions streams
     runs: SharedRuns = field(default_factory=SharedRuns)  # identical requests attach to one
     admission: AdmissionControl | None = None  # overload refusals and load headers
     tool_call_parser: str | None = None  # --tool-call-parser; None or auto: by template

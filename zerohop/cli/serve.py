@@ -93,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
         max_header_bytes=args.max_header_bytes,
         ping_interval=args.stream_ping_interval,
+        openai_ping_interval=args.openai_ping_interval,
         tool_call_parser=args.tool_call_parser,
         strict_thought_signatures=args.strict_thought_signatures,
         signing_key_rotation=args.signing_key_rotation,
@@ -390,6 +391,13 @@ def add_protection_options(parser: argparse.ArgumentParser) -> None:
         type=POSITIVE_NUMBER,
         default=5.0,  # zerohop.api.http.keepalive.DEFAULT_PING_INTERVAL
         help="seconds a stream may stay silent (a long prefill) before a keep-alive ping",
+    )
+    g.add_argument(
+        "--openai-ping-interval",
+        type=POSITIVE_NUMBER,
+        default=30.0,  # zerohop.api.http.keepalive.DEFAULT_OPENAI_PING_INTERVAL
+        help="the same on OpenAI Chat and Completions streams, whose SSE comment ping the OpenAI"
+        " API never sends and vLLM's bench serve misreads",
     )
     g.add_argument(
         "--max-header-bytes",

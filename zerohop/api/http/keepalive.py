@@ -12,6 +12,12 @@ that a stream "may include any number of ping events"; 5 s is well under the fir
 idle timeouts of agent harnesses (tens of seconds) and proxies (nginx and cloud load
 balancers: 60 s), and costs a few dozen bytes per silent interval.
 
+OpenAI Chat and Completions streams wait 30 s (`--openai-ping-interval`): the OpenAI API and
+vLLM never write a comment there, and a client that strips each read before splitting events
+(vLLM's own `bench serve`, 0.32) joins a comment that arrives alone to every event after it and
+reads the rest of the stream as one chunk at its end. 30 s still beats the 60 s idle timeouts;
+the chat stream's role chunk, sent at admission, meets first-byte timeouts.
+
 The wait never cancels the source's pending step: the next delta is awaited in a task that
 outlives each interval, so a ping never aborts the request (cancelling an engine generator's
 `anext` would).
@@ -25,6 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Generic, TypeVar
 
 DEFAULT_PING_INTERVAL = 5.0  # seconds
+DEFAULT_OPENAI_PING_INTERVAL = 30.0  # seconds: OpenAI Chat and Completions streams
 
 T = TypeVar("T")
 

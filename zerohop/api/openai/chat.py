@@ -5,8 +5,9 @@ content chunk is a per-request pre-encoded prefix + `orjson.dumps(text)` + suffi
 starts once the request is admitted (the gateway and the engine accepted it: refusals before
 that still get a real status), before the prefill: chat sends its first chunk then (role
 `assistant`, empty content, as the OpenAI API begins), and an SSE comment `: ping` whenever
-nothing was written for `--stream-ping-interval` seconds (http/keepalive.py; OpenAI clients
-skip comments), so a slow prefill never trips a client's first-byte or idle timeout.
+nothing was written for a while (http/keepalive.py; OpenAI clients
+skip comments; `--openai-ping-interval`, 30 s: see keepalive.py), so a slow prefill never trips
+a client's first-byte or idle timeout.
 A stream requested with `zerohop-send-times: 1` carries the server's send time as an SSE comment
 before each write's events (`: zerohop-sent <unix seconds>`; send_times.py).
 
@@ -288,7 +289,7 @@ class OpenAIApi:
         if first.finished:
             raise_failure(first)
         await start_stream(send, request_id_headers(request_id))
-        pings = Pings(deltas, self.ctx.ping_interval)
+        pings = Pings(deltas, self.ctx.openai_ping_interval)
         if opening := stream.opening():  # chat: the role chunk, at once
             await send_chunk(send, opening)
         try:

@@ -31,7 +31,7 @@ from zerohop.engine.sched.request_options import check_request_options
 from zerohop.engine.vllm.engine_args import VllmSetup
 from zerohop.engine.vllm.params import vllm_params
 from zerohop.engine.vllm.request_tags import RequestTags
-from zerohop.engine.vllm.stats import StepStats, logger_factory
+from zerohop.engine.vllm.stats import NoPrometheus, StepStats, logger_factory
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ class VllmEngine:
         stats = StepStats()
         build = asyncio.ensure_future(
             asyncio.to_thread(
-                AsyncLLM.from_engine_args, setup.engine_args, stat_loggers=[logger_factory(stats)]
+                AsyncLLM.from_engine_args,
+                setup.engine_args,
+                stat_loggers=[logger_factory(stats), NoPrometheus],
             )
         )
         try:

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from vllm.config import VllmConfig
-from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from zerohop.engine.outputs import EngineStats
@@ -26,10 +26,13 @@ _BUSY_GAP = 2.0
 
 
 class StepStats:
-    """The engine's counters after its latest step, shared with the engine life that made it."""
+    """The engine's counters after its latest step, shared with the engine life that made it.
+
+    `latest` is built when read (admission, /metrics, the console), not at every step: vLLM
+    calls `record` in the API process once per step, which at one stream is once per token."""
 
     def __init__(self) -> None:
-        self.latest: dict[str, Any] | None = None
+        self._latest: dict[str, Any] | None = None
         self.requests_added = 0
         self._base: EngineStats | None = None
         self._meter = ThroughputMeter()
@@ -50,7 +53,18 @@ class StepStats:
             max_num_seqs=int(config.scheduler_config.max_num_seqs or 0),
             block_size=int(config.cache_config.block_size or 0),
         )
-        self.latest = dataclasses.asdict(self._base)
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        base = self._base
+        if base is None:
+            return None
+        if self._latest is None or base.requests_added != self.requests_added:
+            base.requests_added = self.requests_added
+            base.tokens_per_second = self._meter.tokens_per_second()
+            base.step_times = self._meter.step_times.table()
+            self._latest = dataclasses.asdict(base)
+        return self._latest
 
     def record(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> None:
         base = self._base
@@ -60,10 +74,7 @@ class StepStats:
             self._scheduler(base, scheduler)
         if iteration is not None:
             self._iteration(base, iteration)
-        base.requests_added = self.requests_added
-        base.tokens_per_second = self._meter.tokens_per_second()
-        base.step_times = self._meter.step_times.table()
-        self.latest = dataclasses.asdict(base)
+        self._latest = None
 
     def _scheduler(self, base: EngineStats, stats: SchedulerStats) -> None:
         base.num_running, base.num_waiting = stats.num_running_reqs, stats.num_waiting_reqs
@@ -104,6 +115,32 @@ class StepStatsLogger(StatLoggerBase):
         self.sink.record(scheduler_stats, iteration_stats)
 
     def log_engine_initialized(self) -> None:
+        pass
+
+
+class NoPrometheus(PrometheusStatLogger):
+    """Stands in for vLLM's Prometheus stat logger, which vLLM adds unless one is given, and
+    records nothing. zerohop's /metrics is built from `EngineStats` in its own registry;
+    vLLM's logger would fill the process-wide default registry that nobody reads, and its
+    per-step counters and histograms were about half of the API process's work at one stream
+    (sampled on the tiny model, 2 cores)."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_indexes: list[int] | None = None) -> None:
+        pass
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
+
+    def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
         pass
 
 
