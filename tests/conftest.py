@@ -3,7 +3,10 @@ the check that no error body the suite's servers send leaks internals (tests/err
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +25,48 @@ SLOW_FIXTURES = frozenset({"default_server", "default_engine_server", "fleet"})
 SLOW_TESTS = frozenset({"test_no_block_leaks_after_1000_random_requests"})
 
 
+# The `server` tests, which `make test-fast` (`-m "not server and not slow"`) leaves out: a
+# test whose own code, any fixture it needs (transitively) or a helper of tests/ they call
+# starts `zerohop serve` through these. One that starts it another way fails under the fast loop
+# (ZEROHOP_TEST_FAST=1, see tests/live_server.py), naming itself, instead of slowing it.
+SERVER_STARTERS = re.compile(r"\b(LiveServer|serve_on|started_together|fleet_of)\(")
+CALLED_NAME = re.compile(r"\b([A-Za-z_]\w*)\(")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & SLOW_FIXTURES or getattr(item, "originalname", item.name) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        if starts_a_server(item):
+            item.add_marker(pytest.mark.server)
+
+
+def starts_a_server(item: pytest.Item) -> bool:
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixture closure
+    if info is not None:
+        for name in info.names_closure:
+            functions += [definition.func for definition in info.name2fixturedefs.get(name, ())]
+    return any(_calls_a_starter(f) for f in functions if f is not None)
+
+
+@functools.cache
+def _calls_a_starter(function: Callable[..., Any]) -> bool:
+    """Whether `function`, or a helper of the test modules it calls by name, starts a server."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    if SERVER_STARTERS.search(source):
+        return True
+    called = (getattr(function, "__globals__", {}).get(n) for n in set(CALLED_NAME.findall(source)))
+    return any(_is_test_helper(f) and f is not function and _calls_a_starter(f) for f in called)
+
+
+def _is_test_helper(value: object) -> bool:
+    return inspect.isfunction(value) and Path(inspect.getfile(value)).parent == TESTS_DIR
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 MODEL_NAME = "tiny-llama"
+FAST_LOOP_ENV = "ZEROHOP_TEST_FAST"  # set by `make test-fast`: no test here starts a server
 
 
 def free_port() -> int:
@@ -52,6 +54,12 @@ class LiveServer:
         return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, log_path: Path, timeout: float = 120.0) -> LiveServer:
+        if os.environ.get(FAST_LOOP_ENV) == "1":
+            pytest.fail(
+                "this test starts `zerohop serve`, but tests/conftest.py did not mark it `server`:"
+                " start it through LiveServer/serve_on/started_together/fleet_of in the test or a"
+                " fixture, or mark the module `pytestmark = pytest.mark.server`"
+            )
         self.log_path = log_path
         model = [] if self.model_dir is None else [str(self.model_dir)]
         name = (
