@@ -24,14 +24,24 @@ from typing import Any
 from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
 from zerohop.engine.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.wire import (
-    HEADER,
-    delta_from_wire,
-    options_to_wire,
-    pack,
-    params_to_wire,
-    unpack,
+from zerohop.engine.process.messages import (
+    Abort,
+    Add,
+    Added,
+    Call,
+    Deltas,
+    Fatal,
+    FromEngine,
+    Ready,
+    Rejected,
+    Reply,
+    Shutdown,
+    Start,
+    ToEngine,
+    from_wire,
+    to_wire,
 )
+from zerohop.engine.process.wire import HEADER, pack, unpack
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -84,8 +94,8 @@ class AsyncEngine:
         child.close()
         try:
             reader, self._writer = await asyncio.open_connection(sock=parent)
-            self._send(["start", str(model_path), engine_options])
-            first = await asyncio.wait_for(_read_frame(reader), start_timeout)
+            self._send(Start(str(model_path), engine_options))
+            first = await asyncio.wait_for(_read_message(reader), start_timeout)
         except TimeoutError:
             await self._kill()
             raise RuntimeError(
@@ -95,11 +105,17 @@ class AsyncEngine:
         except BaseException:  # cancelled (the server stops while it starts): no orphan
             await self._kill()
             raise
-        if first is None or first[0] != "ready":
+        if not isinstance(first, Ready):
             await self.shutdown()
-            reason = first[1] if first else "the engine process exited during start-up"
+            reason = (
+                first.message
+                if isinstance(first, Fatal)
+                else "the engine process exited during start-up"
+                if first is None
+                else f"it answered {type(first).__name__} before Ready"
+            )
             raise RuntimeError(f"engine failed to start: {reason}")
-        self.info = first[1]
+        self.info = first.info
         self._reader_task = asyncio.create_task(self._read_loop(reader))
         return self
 
@@ -147,14 +163,7 @@ class AsyncEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
-        add = [
-            "add",
-            request_id,
-            prompt_token_ids,
-            params_to_wire(params),
-            options_to_wire(options),
-        ]
-        self._send(add)
+        self._send(Add(request_id, prompt_token_ids, params, options))
         self.queued[request_id] = options.queued(len(prompt_token_ids))
         unfinished = set(range(params.n))
         try:
@@ -177,14 +186,14 @@ class AsyncEngine:
             self._dequeue(request_id)
             self._streams.pop(request_id, None)
             if not stream.finished and not self.dead:
-                self._send(["abort", request_id])
+                self._send(Abort(request_id))
 
     def _dequeue(self, request_id: str) -> None:
         self.queued.pop(request_id, None)
 
     def abort(self, request_id: str) -> None:
         if not self.dead:
-            self._send(["abort", request_id])
+            self._send(Abort(request_id))
 
     async def call(self, name: str) -> Any:
         """Ask the engine process for something (`stats`)."""
@@ -193,22 +202,22 @@ class AsyncEngine:
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
-        self._send(["call", call_id, name])
+        self._send(Call(call_id, name))
         return await future
 
     async def stats(self) -> dict[str, Any]:
         return await self.call("stats")
 
-    def _send(self, message: list) -> None:
+    def _send(self, message: ToEngine) -> None:
         assert self._writer is not None
-        self._writer.write(pack(message))
+        self._writer.write(pack(to_wire(message)))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         reason = "the engine process exited"
         try:
-            while (message := await _read_frame(reader)) is not None:
-                if message[0] == "fatal":
-                    reason = f"the engine process failed: {message[1]}"
+            while (message := await _read_message(reader)) is not None:
+                if isinstance(message, Fatal):
+                    reason = f"the engine process failed: {message.message}"
                     break
                 self._dispatch(message)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
@@ -218,32 +227,33 @@ class AsyncEngine:
             reason = f"lost the engine process: {type(exc).__name__}"
         self._mark_dead(reason)
 
-    def _dispatch(self, message: list) -> None:
-        kind = message[0]
-        if kind == "deltas":
-            if len(message) > 2:
-                self.latest_stats = message[2]
-            for values in message[1]:
-                delta = delta_from_wire(values)
-                stream = self._streams.get(delta.request_id)
-                if stream is not None:
-                    stream.queue.put_nowait(delta)
-        elif kind == "added":
-            stream = self._streams.get(message[1])
-            if stream is not None:
-                _, request_id, prompt_tokens, cached = message
+    def _dispatch(self, message: FromEngine) -> None:
+        match message:
+            case Deltas(deltas, stats):
+                if stats is not None:
+                    self.latest_stats = stats
+                for delta in deltas:
+                    self._deliver(delta.request_id, delta)
+            case Added(request_id, prompt_tokens, cached_tokens):
                 admitted = RequestDelta(request_id, num_prompt_tokens=prompt_tokens, admitted=True)
-                admitted.cached_tokens = cached
-                stream.queue.put_nowait(admitted)
-        elif kind == "rejected":
-            stream = self._streams.get(message[1])
-            if stream is not None:
-                stream.finished = True
-                stream.queue.put_nowait(InvalidRequestError(message[2]))
-        elif kind == "reply":
-            future = self._calls.pop(message[1], None)
-            if future is not None and not future.done():
-                future.set_result(message[2])
+                admitted.cached_tokens = cached_tokens
+                self._deliver(request_id, admitted)
+            case Rejected(request_id, text):
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.finished = True
+                self._deliver(request_id, InvalidRequestError(text))
+            case Reply(call_id, value):
+                future = self._calls.pop(call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(value)
+            case _:
+                log.warning("engine process: unexpected %s", type(message).__name__)
+
+    def _deliver(self, request_id: str, item: RequestDelta | Exception) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.queue.put_nowait(item)
 
     def _mark_dead(self, reason: str, expected: bool = False) -> None:
         if self.dead:
@@ -261,7 +271,7 @@ class AsyncEngine:
     async def shutdown(self, timeout: float = 10.0) -> None:
         if self._writer is not None and not self.dead:
             with contextlib.suppress(ConnectionError, RuntimeError):
-                self._send(["shutdown"])
+                self._send(Shutdown())
                 await self._writer.drain()
         self._mark_dead("the engine was shut down", expected=True)
         if self._process is not None:
@@ -281,10 +291,14 @@ def _engine_environment() -> dict[str, str]:
     return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Any | None:
+async def _read_message(reader: asyncio.StreamReader) -> FromEngine | None:
+    """The next message from the engine process; None when it has closed the socket."""
     try:
         header = await reader.readexactly(HEADER.size)
         (size,) = HEADER.unpack(header)
-        return unpack(await reader.readexactly(size))
+        message = from_wire(unpack(await reader.readexactly(size)))
     except asyncio.IncompleteReadError:
         return None
+    if isinstance(message, Start | Add | Abort | Call | Shutdown):
+        raise ValueError(f"the engine process sent {type(message).__name__}")
+    return message

@@ -1,16 +1,11 @@
-"""The engine process: owns the model and runs the step loop, driven over a socket.
+"""The engine process: owns the model and runs the step loop, driven over a socket with the
+typed messages of `zerohop.engine.process.messages` (`Start` first, then `Add`, `Abort`, `Call`,
+`Shutdown`; it answers `Ready`, then `Deltas` once per step, `Added`, `Rejected`, `Reply`, or
+`Fatal`).
 
-Messages in: ["add", request_id, prompt_ids, params, options], ["abort", request_id],
-["call", call_id, name], ["shutdown"]. Messages out: ["ready", info],
-["deltas", [delta, ...], stats] once per step (the engine's counters after it, so the API
-process answers /metrics without waiting for a step), ["added", request_id, prompt_tokens,
-cached_tokens] when a request was accepted (its prefix-cache hit as expected now: the API
-streams `message_start` with it), ["rejected", request_id, message],
-["reply", call_id, value], ["fatal", message].
-
-A request that cannot be added is answered alone: "rejected" when its values are invalid
+A request that cannot be added is answered alone: `Rejected` when its values are invalid
 (the API answers 400), or an error delta when adding it failed otherwise (500); the step
-loop goes on. Only a broken engine (see `engine.MAX_FAILED_STEPS`) ends it with "fatal".
+loop goes on. Only a broken engine (see `engine.MAX_FAILED_STEPS`) ends it with `Fatal`.
 """
 
 from __future__ import annotations
@@ -28,44 +23,62 @@ from zerohop.engine.engine import LLMEngine
 from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.lifecycle import REQUEST_FAILED
 from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.process.wire import (
-    FrameSocket,
-    delta_to_wire,
-    options_from_wire,
-    params_from_wire,
+from zerohop.engine.process.messages import (
+    Abort,
+    Add,
+    Added,
+    Call,
+    Deltas,
+    Fatal,
+    FromEngine,
+    Ready,
+    Rejected,
+    Reply,
+    Shutdown,
+    Start,
+    ToEngine,
+    from_wire,
+    to_wire,
 )
+from zerohop.engine.process.wire import FrameSocket
 from zerohop.engine.start_clock import process_age
 
 log = logging.getLogger(__name__)
 
 
 def run_engine_process(sock: socket.socket) -> None:
-    """Entry point of the child process: the first frame says what to load."""
+    """Entry point of the child process: the first message says what to load."""
     channel = FrameSocket(sock)
     if (age := process_age()) is not None:
         log.info("engine start: interpreter and imports in %.2f s", age)
-    model_path, options = _read_start_message(channel)
+    start = _read_start_message(channel)
     try:
-        engine = LLMEngine(model_path, EngineConfig(**options))
+        engine = LLMEngine(start.model_path, EngineConfig(**start.engine_options))
     except Exception as exc:
-        channel.send(["fatal", f"{type(exc).__name__}: {exc}"])
+        _send(channel, Fatal(f"{type(exc).__name__}: {exc}"))
         return
-    channel.send(["ready", engine_info(engine)])
+    _send(channel, Ready(engine_info(engine)))
     try:
         _serve(engine, channel)
     except Exception:
-        channel.send(["fatal", traceback.format_exc()])
+        _send(channel, Fatal(traceback.format_exc()))
 
 
-def _read_start_message(channel: FrameSocket) -> tuple[str, dict[str, Any]]:
+def _send(channel: FrameSocket, message: FromEngine) -> None:
+    channel.send(to_wire(message))
+
+
+def _read_start_message(channel: FrameSocket) -> Start:
     while True:
         channel.wait(None)
-        messages = channel.read_available()
-        if messages is None:
+        frames = channel.read_available()
+        if frames is None:
             raise SystemExit(0)
-        if messages:
-            assert messages[0][0] == "start", messages[0]
-            return messages[0][1], messages[0][2]
+        if frames:
+            start = from_wire(frames[0])
+            if not isinstance(start, Start):
+                raise SystemExit(f"engine process: expected Start first, got {start!r}")
+            return start
 
 
 def engine_info(engine: LLMEngine) -> dict[str, Any]:
@@ -85,53 +98,73 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
     while True:
         idle = not engine.has_unfinished()
         if channel.wait(None if idle else engine.background_hold()):
-            messages = channel.read_available()
-            if messages is None:
+            frames = channel.read_available()
+            if frames is None:
                 return  # the API process is gone
-            for message in messages:
-                if message[0] == "shutdown":
+            for frame in frames:
+                message = _decode(channel, frame)
+                if isinstance(message, Shutdown):
                     return
-                _handle(engine, channel, message)
+                if message is not None:
+                    _handle(engine, channel, message)
         if engine.has_unfinished() and engine.background_hold() == 0:
             deltas = engine.step()
             if deltas:
-                stats = dataclasses.asdict(engine.stats())
-                channel.send(["deltas", [delta_to_wire(d) for d in deltas], stats])
+                _send(channel, Deltas(deltas, dataclasses.asdict(engine.stats())))
             if engine.config.step_delay:
                 time.sleep(engine.config.step_delay)
 
 
-def _handle(engine: LLMEngine, channel: FrameSocket, message: list) -> None:
-    kind = message[0]
-    if kind == "add":
-        _, request_id, prompt, params, wired = message
-        try:
-            options = options_from_wire(wired)
-            engine.add_request(
-                request_id,
-                prompt,
-                params_from_wire(params),
-                tenant=options.tenant,
-                weight=options.weight,
-                priority=options.priority,
-                cache_salt=options.cache_salt,
-                continues=list(options.continues) or None,
-            )
-            channel.send(["added", request_id, len(prompt), engine.prefix_hit(request_id)])
-        except (InvalidRequestError, ValueError, TypeError) as exc:
-            channel.send(["rejected", request_id, str(exc)])
-        except Exception:
-            log.exception("engine process: adding request %s failed", request_id)
-            failed = RequestDelta(request_id, finished=True, finish_reason="error")
-            failed.error = REQUEST_FAILED
-            channel.send(["deltas", [delta_to_wire(failed)]])
-    elif kind == "abort":
-        engine.abort(message[1])
-    elif kind == "call":
-        _, call_id, name = message
-        channel.send(["reply", call_id, _call(engine, name)])
-    else:
-        log.warning("engine process: unknown message %r", kind)
+def _decode(channel: FrameSocket, frame: Any) -> ToEngine | None:
+    """The message a frame carries; None (after rejecting the request, if it was one) for a
+    frame that does not decode: a request with invalid values (SamplingParams checks them)."""
+    try:
+        message = from_wire(frame)
+    except ValueError as exc:
+        if isinstance(frame, list) and len(frame) > 1 and frame[0] == "add":
+            _send(channel, Rejected(str(frame[1]), str(exc)))
+        else:
+            log.warning("engine process: %s", exc)
+        return None
+    if isinstance(message, Start | Abort | Add | Call | Shutdown):
+        return message
+    log.warning("engine process: a message for the API process came in: %r", message)
+    return None
+
+
+def _handle(engine: LLMEngine, channel: FrameSocket, message: ToEngine) -> None:
+    match message:
+        case Add():
+            _add(engine, channel, message)
+        case Abort(request_id):
+            engine.abort(request_id)
+        case Call(call_id, name):
+            _send(channel, Reply(call_id, _call(engine, name)))
+        case _:
+            log.warning("engine process: unexpected %s", type(message).__name__)
+
+
+def _add(engine: LLMEngine, channel: FrameSocket, message: Add) -> None:
+    request_id, prompt, options = message.request_id, message.prompt_token_ids, message.options
+    try:
+        engine.add_request(
+            request_id,
+            prompt,
+            message.params,
+            tenant=options.tenant,
+            weight=options.weight,
+            priority=options.priority,
+            cache_salt=options.cache_salt,
+            continues=list(options.continues) or None,
+        )
+        _send(channel, Added(request_id, len(prompt), engine.prefix_hit(request_id)))
+    except (InvalidRequestError, ValueError, TypeError) as exc:
+        _send(channel, Rejected(request_id, str(exc)))
+    except Exception:
+        log.exception("engine process: adding request %s failed", request_id)
+        failed = RequestDelta(request_id, finished=True, finish_reason="error")
+        failed.error = REQUEST_FAILED
+        _send(channel, Deltas([failed]))
 
 
 def _call(engine: LLMEngine, name: str) -> Any:
