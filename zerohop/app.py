@@ -162,8 +162,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             if gateway is not None and authenticate:
                 gateway.authenticate(call, api_key(scope))
             await handler(scope, receive, tracking_send, call)
-        except ClientDisconnected:
-            status, error_type = status or 499, "client_disconnected"
+        except ClientDisconnected:  # 499 even where a stream had started: it was not finished
+            status, error_type = 499, "client_disconnected"
         except (ApiError, GatewayError) as exc:
             error = api_error(exc) if isinstance(exc, GatewayError) else exc
             error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"

@@ -39,6 +39,10 @@ OPENAI_TYPES = {
 }
 
 
+# An abort that was not the client's: the server drains, or sheds the request.
+SERVER_CANCELLED = "the server cancelled this request (shutting down or overloaded)"
+
+
 @dataclass(slots=True)
 class ApiError(Exception):
     status: int

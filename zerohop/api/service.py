@@ -20,7 +20,13 @@ from typing import Any
 
 from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
-from zerohop.api.http.asgi import DEFAULT_BODY_DEADLINE, BodyDeadline, Receive, on_disconnect
+from zerohop.api.http.asgi import (
+    DEFAULT_BODY_DEADLINE,
+    BodyDeadline,
+    ClientDisconnected,
+    Receive,
+    on_disconnect,
+)
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.load.queue_timing import QueueTiming
@@ -289,16 +295,24 @@ class ServingContext:
         prompt's size and expected cache hit) once the gateway and the engine accepted it:
         a stream can start then, errors before it still get their HTTP status.
 
-        With an ASGI `receive`, a client that goes away aborts the request in the engine.
+        With an ASGI `receive`, a client that goes away aborts the request in the engine, and
+        the request then ends here with ClientDisconnected (499 on every surface); an abort
+        that was not the client's (a drain) comes through as the final delta.
         Each step's tokens are charged to the caller's limits and budget as they come.
         `continues`: the end of `prompt` is a partial answer to resume (see `continued`).
         """
         request_id = call.request_id
         options = engine_options(call, continues)
         params = await self.admit(call, prompt, params, options)
-        watcher = None
+        watcher, gone = None, False
+
+        def client_gone() -> None:
+            nonlocal gone
+            gone = True
+            self.engine.abort(request_id)
+
         if receive is not None:
-            watcher = on_disconnect(receive, lambda: self.engine.abort(request_id))
+            watcher = on_disconnect(receive, client_gone)
         # aclosing: closing this generator closes the engine's at once, which aborts the
         # request, instead of whenever the garbage collector finalizes it.
         deltas = self.engine.generate(request_id, prompt, params, announce, options)
@@ -324,6 +338,8 @@ class ServingContext:
                         call.output_text.append(delta.new_text)
                     if delta.finished:
                         call.stop_reason = delta.finish_reason
+                        if gone and delta.finish_reason == "abort":
+                            raise ClientDisconnected
                     yield delta
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc)) from exc

@@ -64,8 +64,9 @@ from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.conversation.thought_signatures import ThoughtSigner
-from zerohop.api.errors import ApiError, anthropic_body
+from zerohop.api.errors import SERVER_CANCELLED, ApiError, anthropic_body
 from zerohop.api.http.asgi import (
+    ClientDisconnected,
     Receive,
     Scope,
     Send,
@@ -287,6 +288,9 @@ class _Run:
         try:
             async with contextlib.aclosing(pings.items()) as items:
                 stop_reason, stop_sequence = await self._follow(delta, items, pings, send)
+        except ClientDisconnected:
+            await end_stream(send)
+            raise
         except ApiError as exc:
             return await end_stream(send, _event("error", anthropic_body(exc, self.rid)))
         except Exception:
@@ -365,9 +369,8 @@ class _Run:
         reason = delta.finish_reason
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
-        if reason not in _STOP_REASONS:  # "abort"
-            # Not the client's doing (it would not be listening): drain or engine trouble.
-            raise ApiError(529, "the server cancelled this request (shutting down or overloaded)")
+        if reason not in _STOP_REASONS:  # "abort": the server's (the client's ends earlier)
+            raise ApiError(529, SERVER_CANCELLED)
         if self.blocks is not None and self.blocks.calls:
             return "tool_use", None
         if reason == "stop" and isinstance(delta.stop_reason, str):

@@ -29,7 +29,8 @@ SSE_HEADERS: Headers = [
 
 
 class ClientDisconnected(Exception):
-    """The client went away before the request body was read."""
+    """The client went away: before its body was read, or while its answer was generated
+    (`ServingContext.generate`). Recorded as 499 on every surface."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

@@ -299,6 +299,7 @@ class OpenAIApi:
             await end_stream(send, DONE)
         except ClientDisconnected:
             await end_stream(send)
+            raise
         except ApiError as exc:
             await end_stream(send, sse(openai_body(exc, request_id)) + DONE)
         except Exception:

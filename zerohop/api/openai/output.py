@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerohop.api.errors import ApiError
-from zerohop.api.http.asgi import ClientDisconnected
+from zerohop.api.errors import SERVER_CANCELLED, ApiError
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.engine.text.tokenizer import Tokenizer
@@ -79,9 +78,11 @@ class Choices:
 
 
 def raise_failure(delta: RequestDelta) -> None:
-    """Raise for a request that ended in the engine without a result to send."""
+    """Raise for a request that ended in the engine without a result to send. An abort that
+    reaches a surface was the server's (a drain): one the client caused ends earlier, with
+    ClientDisconnected (`ServingContext.generate`)."""
     if delta.finish_reason == "abort":
-        raise ClientDisconnected
+        raise ApiError(503, SERVER_CANCELLED)
     if delta.finish_reason == "error":
         raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
 

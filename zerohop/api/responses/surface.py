@@ -45,7 +45,7 @@ from typing import Any
 from zerohop.api.conversation.planner import Plan, plan, prompt_ids
 from zerohop.api.conversation.request import Conversation, Reasoning, Turn
 from zerohop.api.conversation.system_turns import takes_late_system
-from zerohop.api.errors import ApiError
+from zerohop.api.errors import SERVER_CANCELLED, ApiError
 from zerohop.api.http.asgi import (
     ClientDisconnected,
     Receive,
@@ -344,6 +344,7 @@ class _Run:
                 await end_stream(send, await self._follow(first, items, pings, send))
         except ClientDisconnected:
             await end_stream(send)
+            raise
         except ApiError as exc:
             await end_stream(send, self._failed(exc))
         except Exception:
@@ -388,7 +389,7 @@ class _Run:
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
         if reason not in ("stop", "length"):
-            raise ApiError(503, "the server cancelled this request (shutting down or overloaded)")
+            raise ApiError(503, SERVER_CANCELLED)
         cut = reason == "length"
         data = self.items.finish("incomplete" if cut else "completed")
         self.body.update(
