@@ -31,6 +31,7 @@ from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PIN
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
+from zerohop.api.output_length import Api, output_limit
 from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.client import EngineClient, RequestOptions
@@ -224,31 +225,10 @@ class ServingContext:
             raise ApiError(400, message, param="continue_token_ids")
         return prompt + continues
 
-    def check_lengths(self, prompt_tokens: int, max_tokens: int | None) -> None:
-        """400 with the numbers when the prompt, or prompt plus max_tokens, overflows."""
-        limit = self.max_model_len
-        if prompt_tokens >= limit:
-            raise ApiError(
-                400,
-                f"prompt is too long: {prompt_tokens} tokens, but this model's context is"
-                f" {limit} tokens (prompt plus at least one output token)",
-            )
-        if max_tokens is not None and prompt_tokens + max_tokens > limit:
-            raise ApiError(
-                400,
-                f"max_tokens is too large: {prompt_tokens} prompt tokens + {max_tokens}"
-                f" max_tokens = {prompt_tokens + max_tokens} > {limit}, this model's context",
-                param="max_tokens",
-            )
-
-    def output_room(self, prompt_tokens: int, max_tokens: int) -> int:
-        """`max_tokens` clamped to the room the context leaves after the prompt (the Anthropic
-        surface's rule; the others refuse what overflows: `check_lengths`); a prompt that
-        leaves no room for one output token is a 400 in the Anthropic API's words."""
-        limit = self.max_model_len
-        if prompt_tokens >= limit:
-            raise ApiError(400, f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
-        return min(max_tokens, limit - prompt_tokens)
+    def output_limit(self, api: Api, prompt_tokens: int, max_tokens: int | None) -> int | None:
+        """The output tokens a request may produce in this model's context (None: up to it);
+        one policy for every surface: `zerohop.api.output_length`."""
+        return output_limit(api, prompt_tokens, max_tokens, self.max_model_len)
 
     async def admit(
         self, call: Call, prompt: list[int], params: SamplingParams, options: RequestOptions

@@ -185,7 +185,7 @@ class AnthropicSurface:
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
         planned = plan(conv, self.ctx, _sampling_params(request), continues)
         prompt = planned.prompt
-        max_tokens = self.ctx.output_room(len(prompt), request.max_tokens)
+        max_tokens = self.ctx.output_limit("messages", len(prompt), request.max_tokens)
         params = dataclasses.replace(planned.params, max_tokens=max_tokens)
         state = _Run(call.request_id, prompt, request.model, bool(request.return_token_ids))
         state.context = None if edited is None else edited.response()

@@ -130,7 +130,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
             prompt, params, calls = planned.prompt, planned.params, _Calls.of(planned)
         else:
             prompt = ctx.continued(self._prompt(request), continues)
-        ctx.check_lengths(len(prompt), params.max_tokens)
+        ctx.output_limit("grpc", len(prompt), params.max_tokens)
         completion_tokens = 0
         generation = ctx.generate(call, prompt, params, continues=continues)
         # A cancelled or timed-out call raises CancelledError at one of these awaits;

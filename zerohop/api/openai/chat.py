@@ -161,7 +161,7 @@ class OpenAIApi:
         params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, None)
         planned = plan(conv, self.ctx, params, continues)
         prompt, params = planned.prompt, planned.params
-        self.ctx.check_lengths(len(prompt), max_tokens)
+        self.ctx.output_limit("chat", len(prompt), max_tokens)
         rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
         readers = _readers(planned)
@@ -233,7 +233,7 @@ class OpenAIApi:
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
         continues = request.continue_token_ids
         prompt = self.ctx.continued(prompt, continues)
-        self.ctx.check_lengths(len(prompt), request.max_tokens)
+        self.ctx.output_limit("completions", len(prompt), request.max_tokens)
         grammar = completion_grammar(request)
         params = sampling_params(
             request, request.max_tokens, request.logprobs, self.ctx.vocab_size, grammar

@@ -174,9 +174,8 @@ class ResponsesSurface:
             temperature=request.temperature, top_p=request.top_p, max_tokens=1, seed=request.seed
         )
         planned = plan(conv, self.ctx, params)
-        room = self.ctx.max_model_len - len(planned.prompt)
-        wanted = request.max_output_tokens or max(room, 1)
-        max_tokens = self.ctx.output_room(len(planned.prompt), wanted)
+        wanted = request.max_output_tokens
+        max_tokens = self.ctx.output_limit("responses", len(planned.prompt), wanted)
         planned.params = dataclasses.replace(planned.params, max_tokens=max_tokens)
         return Prepared(request, planned, items, tools, choice)
 
