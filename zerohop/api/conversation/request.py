@@ -103,8 +103,8 @@ class Reasoning:
 class Conversation:
     """The request: turns (system first), an assistant prefill the answer continues, tools and
     the choice among them, an output format (a grammar, compiled from the surface's own
-    format field), reasoning, extra chat-template variables, and the sampling fields of
-    `SamplingParams` (max_tokens, temperature, stop, ...)."""
+    format field), reasoning and extra chat-template variables. The sampling fields travel
+    beside it, as the surface's `SamplingParams` (planner.plan)."""
 
     turns: list[Turn]
     prefill: str | None = None
@@ -119,7 +119,6 @@ class Conversation:
     raw_call: RawCall | None = None  # set: the output is this tool's raw input, nothing else
     reasoning: Reasoning = field(default_factory=Reasoning)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    sampling: dict[str, Any] = field(default_factory=dict)
     # The thoughts of the current tool loop reach the chat template (planner.prompt_ids):
     # set by a surface whose turns hold only thoughts it verified (anthropic/turns.py).
     render_thoughts: bool = False
