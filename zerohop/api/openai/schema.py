@@ -61,6 +61,10 @@ class Message(NullMeansDefault):
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    # An assistant turn's thought, as vLLM takes it back (`reasoning`, its older name
+    # `reasoning_content`): rendered when the turn is of the current tool loop (planner.py).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class _Common(NullMeansDefault, forbid_unknown_fields=True, kw_only=True):

@@ -4,7 +4,10 @@ What the surface decides: the messages as turns (an assistant's `tool_calls`, th
 arguments JSON objects or, where not, their text as it came; a tool message's result, which
 must answer an earlier call's id, as the tool's turn), the tools and the tool choice
 (tools.py), the output format (output_format.py, named "response_format or
-structured_outputs" in errors), vLLM's `thinking_token_budget` and `chat_template_kwargs`.
+structured_outputs" in errors), vLLM's `thinking_token_budget` and `chat_template_kwargs`,
+and an assistant message's thought (`reasoning` or `reasoning_content`, as vLLM reads them:
+Chat has no signatures, so a thought is taken as sent), which reaches the chat template when
+the turn is of the current tool loop, as on every surface that carries thoughts.
 What the planner decides from them: the prompt, the grammar, whether a thought is split off,
 how calls are read.
 """
@@ -43,6 +46,7 @@ def conversation(request: ChatRequest, template_kwargs: dict[str, Any]) -> Conve
         output_is_answer=request.structured_outputs is None,
         reasoning=budget,
         template_kwargs=template_kwargs,
+        render_thoughts=True,
     )
 
 
@@ -56,12 +60,15 @@ def request_turns(request: ChatRequest) -> list[Turn]:
 def _turn(index: int, message: Message, names: dict[str, str]) -> Turn:
     if message.role == "tool":
         return _tool_result(index, message, names)
-    if message.role != "assistant" or not message.tool_calls:
+    if message.role != "assistant":
         return Turn(*message_text(index, message))
+    thought = message.reasoning or message.reasoning_content or None
+    if not message.tool_calls:
+        return Turn(*message_text(index, message), thought=thought)
     role, text = message_text(index, _without_calls(message))
     where = f"messages[{index}].tool_calls"
     calls = [_call(f"{where}[{j}]", c, names) for j, c in enumerate(message.tool_calls)]
-    return Turn(role, text, calls)
+    return Turn(role, text, calls, thought=thought)
 
 
 def _without_calls(message: Message) -> Message:

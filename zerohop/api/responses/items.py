@@ -14,9 +14,10 @@ What the surface decides:
 - `function_call_output` and `custom_tool_call_output` items answer an earlier call by its
   `call_id` (an unknown one is a 400, as on Chat Completions); an output given as parts is
   their text.
-- `reasoning` items are the thought of the assistant turn after them; thoughts of earlier
-  turns are not rendered (as Qwen3-style templates leave them out), so their
-  `encrypted_content` is accepted unread.
+- `reasoning` items are the thought of the assistant turn after them (their `content`, else
+  their `summary`), taken as sent: the thoughts of the current tool loop reach the chat
+  template, as on every surface that carries thoughts; earlier turns' are not rendered (as
+  Qwen3-style templates leave them out). `encrypted_content` is accepted unread.
 - Items of hosted tools (`web_search_call`, `local_shell_call`, `tool_search_call`, ...),
   `item_reference` and item types this server does not know are left out of the prompt.
 """

@@ -167,6 +167,7 @@ class ResponsesSurface:
             output_field="text.format",
             reasoning=_reasoning(request),
             raw_call=choice.raw_call,
+            render_thoughts=True,  # the current tool loop's reasoning items (items.py)
         )
         if request.truncation == "auto":
             conv.turns = self._truncated(conv)
