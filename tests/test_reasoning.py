@@ -10,6 +10,7 @@ import json
 import random
 
 import anthropic
+import grpc
 import openai
 import pytest
 
@@ -21,6 +22,8 @@ from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format
 from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 THINK_MODEL = "tiny-qwen3-think"
 THINK_TEMPLATE = (
@@ -309,3 +312,25 @@ def test_responses_reasoning_item(think_server: LiveServer) -> None:
     assert usage.output_tokens_details.reasoning_tokens == usage.output_tokens > 0
     quiet = oai.responses.create(**kw, reasoning={"effort": "none"})
     assert [i.type for i in quiet.output] == ["message"]
+
+
+def test_grpc_thought_field(think_server: LiveServer) -> None:
+    """gRPC reads the output as every surface does: the thought in `thought`, not in `text`,
+    the same thought Chat returns for the same greedy request."""
+    messages = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi")])
+    request = pb.GenerateRequest(
+        model=THINK_MODEL, messages=messages, max_tokens=16, temperature=0.0
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{think_server.grpc_port}") as channel:
+        replies = list(pb_grpc.ZerohopStub(channel).Generate(request, timeout=60))
+    thought = "".join(r.thought for r in replies)
+    assert thought and "<think>" not in thought
+    assert not "".join(r.text for r in replies)  # the random model never closes its thought
+    oai = openai.OpenAI(base_url=think_server.url + "/v1", api_key="any", max_retries=0)
+    chat = oai.chat.completions.create(
+        model=THINK_MODEL,
+        max_tokens=16,
+        temperature=0,
+        messages=[{"role": "user", "content": "Hi"}],
+    )
+    assert chat.choices[0].message.reasoning_content == thought

@@ -1,9 +1,9 @@
 """One conversation, with a thought in an earlier exchange and one in the current tool loop,
-through Messages, Chat and Responses (gRPC carries no thoughts): the chat template receives
-the same messages from each, the current loop's thought as `reasoning_content` and the earlier
+through Messages, Chat, Responses and gRPC: the chat template receives the same messages
+from each, the current loop's thought as `reasoning_content` and the earlier
 one left out, and Qwen3's template renders the same prompt. Messages' thoughts are signed
-(conversation/thought_signatures.py); Chat and Responses have no signatures and take them as
-sent, as vLLM does."""
+(conversation/thought_signatures.py); the others have no signatures and take them as sent,
+as vLLM does."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from zerohop.api.anthropic.turns import conversation as messages_conversation
 from zerohop.api.conversation.planner import prompt_ids, template_turns
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.thought_signatures import PURPOSE
+from zerohop.api.grpc.tools import conversation as grpc_conversation
 from zerohop.api.openai.schema import ChatRequest, decode
 from zerohop.api.openai.turns import conversation as chat_conversation
 from zerohop.api.responses.schema import decode_request
@@ -33,6 +34,7 @@ from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.server_keys import ServerKeys
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 
 MODEL = "tiny-qwen3"
 EARLIER = "the user greets me: greet back"
@@ -98,6 +100,24 @@ def through_chat(ctx: ServingContext) -> Conversation:
     return chat_conversation(decode(json.dumps(body).encode(), ChatRequest), {})
 
 
+def through_grpc() -> Conversation:
+    call = pb.ToolCall(id="call_01", name="weather", arguments_json="{}")
+    messages = [
+        pb.ChatMessage(role="user", content="Hello"),
+        pb.ChatMessage(role="assistant", content="Hi!", thought=EARLIER),
+        pb.ChatMessage(role="user", content=QUESTION),
+        pb.ChatMessage(role="assistant", tool_calls=[call], thought=THOUGHT),
+        pb.ChatMessage(role="tool", tool_call_id="call_01", content="sunny"),
+    ]
+    tool = pb.Tool(
+        name="weather", description="The weather now", parameters_json=json.dumps(SCHEMA)
+    )
+    request = pb.GenerateRequest(
+        model=MODEL, messages=pb.ChatMessages(messages=messages), tools=[tool]
+    )
+    return grpc_conversation(request)
+
+
 def responses_prompt(ctx: ServingContext) -> list[int]:
     def reasoning(thought: str) -> dict[str, Any]:
         text = [{"type": "reasoning_text", "text": thought}]
@@ -124,14 +144,16 @@ def test_the_template_receives_the_same_thoughts_from_every_surface(
     ctx: ServingContext, tmp_path: Path
 ) -> None:
     keys = ServerKeys(lambda: KeyStore(tmp_path / "keys.db"), PURPOSE)
-    by_messages, by_chat = through_messages(ctx, keys), through_chat(ctx)
+    by_messages, by_chat, by_grpc = through_messages(ctx, keys), through_chat(ctx), through_grpc()
     turns = template_turns(by_messages)
     assert template_turns(by_chat) == turns
+    assert template_turns(by_grpc) == turns
     thoughts = [t.get("reasoning_content") for t in turns if t["role"] == "assistant"]
     assert thoughts == [None, THOUGHT]  # the earlier exchange's is left out, as Qwen3 does
 
     prompt = prompt_ids(by_messages, ctx)
     assert prompt_ids(by_chat, ctx) == prompt
+    assert prompt_ids(by_grpc, ctx) == prompt
     assert responses_prompt(ctx) == prompt
     text = ctx.tokenizer.decode(prompt, skip_special_tokens=False)
     assert f"<|im_start|>assistant\n<think>\n{THOUGHT}\n</think>\n\n<tool_call>" in text

@@ -17,7 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from zerohop.api.conversation.events import CallArguments, CallEnd, CallStart, OutputReader, Text
+from zerohop.api.conversation.events import (
+    CallArguments,
+    CallEnd,
+    CallStart,
+    OutputReader,
+    Text,
+    Thought,
+)
 from zerohop.api.conversation.planner import Plan, plan
 from zerohop.api.errors import ApiError
 from zerohop.api.grpc.constraint import constraint_grammar
@@ -122,12 +129,12 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
         params = _sampling_params(request, ctx.vocab_size)
-        calls: _Calls | None = None
+        output: _Output | None = None
         if request.WhichOneof("input") == "messages":
             # The constraint becomes the conversation's output format; the plan's grammar
             # replaces it in params (a forced call refuses it, strict tools stand aside).
             planned = self._plan(request, params, params.grammar, continues)
-            prompt, params, calls = planned.prompt, planned.params, _Calls.of(planned)
+            prompt, params, output = planned.prompt, planned.params, _Output.of(planned)
         else:
             prompt = ctx.continued(self._prompt(request), continues)
         ctx.output_limit("grpc", len(prompt), params.max_tokens)
@@ -140,8 +147,8 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
                 completion_tokens += len(delta.new_token_ids)
                 if delta.new_token_ids or delta.new_text or delta.finished:
                     message = _response(delta, len(prompt), completion_tokens)
-                    if calls is not None:
-                        calls.fill(message, delta)
+                    if output is not None:
+                        output.fill(message, delta)
                     await context.write(message)
 
     def _plan(
@@ -273,25 +280,26 @@ def _response(
     return message
 
 
-class _Calls:
-    """A step's output read for calls: its text without them, a streamed call's deltas, the
-    calls it completed, and the finish reason."""
+class _Output:
+    """A step's output read as every surface reads it (the planner's reader): its thought, its
+    text without calls, a streamed call's deltas, the calls it completed, the finish reason."""
 
     def __init__(self, reader: OutputReader) -> None:
         self.reader = reader
         self.ids: dict[int, str] = {}  # a streamed call's id, by its index
 
     @classmethod
-    def of(cls, planned: Plan) -> _Calls | None:
-        """None when no call is parsed: the text goes out as decoded."""
-        if planned.parser is None:
+    def of(cls, planned: Plan) -> _Output | None:
+        """None when no thought is split off and no call is parsed: the text goes out as
+        decoded."""
+        if planned.parser is None and planned.in_thought is None:
             return None
-        # Not planned.reader(): the surface has no thought field, so a thought stays text.
-        return cls(OutputReader(None, planned.parser(planned.tools), planned.single))
+        return cls(planned.reader())
 
     def fill(self, message: pb.GenerateResponse, delta: RequestDelta) -> None:
         events = self.reader.feed(delta.new_text, delta.finished)
         message.text = "".join(e.text for e in events if isinstance(e, Text))
+        message.thought = "".join(e.text for e in events if isinstance(e, Thought))
         for event in events:
             if isinstance(event, CallStart):
                 self.ids[event.index] = call_id()

@@ -8,9 +8,11 @@ valid calls); required or a named tool forces exactly one call, streamed as it i
 call. An auto-mode call whose arguments the tool's schema refuses comes back as text.
 
 A client sends the conversation back as ChatMessages: an assistant turn with the
-`tool_calls` it was given, then a "tool" message per result naming the call's
-`tool_call_id`. They become neutral turns here, checked where they enter (the arguments a
-JSON object, each result answering an earlier call), as the OpenAI surface checks its own.
+`tool_calls` (and the `thought`) it was given, then a "tool" message per result naming the
+call's `tool_call_id`; the current tool loop's thoughts reach the chat template, taken as
+sent (gRPC has no signatures), as on every surface that carries thoughts. They become
+neutral turns here, checked where they enter (the arguments a JSON object, each result
+answering an earlier call), as the OpenAI surface checks its own.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def conversation(request: Request, output_grammar: str | None = None) -> Convers
         output_grammar=output_grammar,
         output_field="constraint",
         output_is_answer=False,
+        render_thoughts=True,  # the current tool loop's (ChatMessage.thought)
     )
 
 
@@ -116,7 +119,9 @@ def _turn(index: int, message: pb.ChatMessage, names: dict[str, str]) -> Turn:
         text = f"{where}.tool_calls: only assistant messages carry tool calls"
         raise ApiError(400, text, "messages")
     calls = [_call(f"{where}.tool_calls[{j}]", c, names) for j, c in enumerate(message.tool_calls)]
-    return Turn(cast(Role, message.role), message.content, calls)
+    if message.thought and message.role != "assistant":
+        raise ApiError(400, f"{where}.thought: only assistant messages carry a thought", "messages")
+    return Turn(cast(Role, message.role), message.content, calls, thought=message.thought or None)
 
 
 def _call(where: str, call: pb.ToolCall, names: dict[str, str]) -> CallTurn:
