@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from typing import Any
 
 import anthropic
 import grpc
@@ -22,6 +23,7 @@ from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format
 from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
+from zerohop.client import ReplicaPool, http_client
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -334,3 +336,22 @@ def test_grpc_thought_field(think_server: LiveServer) -> None:
         messages=[{"role": "user", "content": "Hi"}],
     )
     assert chat.choices[0].message.reasoning_content == thought
+
+
+def test_chat_through_a_grpc_replica_keeps_the_thought(think_server: LiveServer) -> None:
+    """zerohop.client's gRPC bridge gives Chat the thought as `reasoning_content`, whole and
+    streamed, as the replica's own Chat surface does."""
+    direct = openai.OpenAI(base_url=think_server.url + "/v1", api_key="k", max_retries=0)
+    kw: dict[str, Any] = dict(model=THINK_MODEL, max_tokens=16, temperature=0, messages=USER)
+    expected = direct.chat.completions.create(**kw).choices[0].message.reasoning_content
+    pool = ReplicaPool([f"grpc://127.0.0.1:{think_server.grpc_port}"])
+    try:
+        http = http_client(pool=pool)
+        bridged = openai.OpenAI(base_url="http://zerohop/v1", api_key="k", http_client=http)
+        message = bridged.chat.completions.create(**kw).choices[0].message
+        assert expected and message.reasoning_content == expected and not message.content
+        chunks = bridged.chat.completions.create(**kw, stream=True)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == expected
+    finally:
+        pool.close()

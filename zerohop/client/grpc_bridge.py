@@ -170,8 +170,8 @@ class _Render:
         yield self.opening()
         reply = first
         while True:
-            if reply.token_ids or reply.text:
-                yield self.piece(list(reply.token_ids), reply.text)
+            if reply.token_ids or reply.text or reply.thought:
+                yield self.piece(list(reply.token_ids), reply.text, reply.thought)
             if reply.finish_reason:
                 yield self.closing(reply)
                 return
@@ -202,11 +202,16 @@ class _Render:
             return b""
         return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-    def piece(self, ids: list[int], text: str) -> bytes:
+    def piece(self, ids: list[int], text: str, thought: str = "") -> bytes:
+        """A step's text; its thought (a reasoning model's) only on Chat, as `reasoning_content`:
+        an Anthropic thinking block needs the replica's signature, which gRPC does not carry."""
         if self.anthropic:
             delta = {"index": 0, "delta": {"type": "text_delta", "text": text}, "token_ids": ids}
             return sse_event("content_block_delta", delta)
-        body = {"text": text} if self.completions else {"delta": {"content": text}}
+        if self.completions:
+            body: dict[str, Any] = {"text": text}
+        else:
+            body = {"delta": {"content": text, **_reasoning(thought)}}
         return self._chunk({**body, "finish_reason": None, "token_ids": ids})
 
     def closing(self, last: pb.GenerateResponse) -> bytes:
@@ -228,6 +233,7 @@ class _Render:
 
     def whole(self, replies: list[pb.GenerateResponse]) -> dict[str, Any]:
         text = "".join(r.text for r in replies)
+        thought = "".join(r.thought for r in replies)
         last = replies[-1]
         reason = _FINISH.get(last.finish_reason, "stop")
         stop = last.stop_string if last.WhichOneof("stop_reason") == "stop_string" else None
@@ -247,7 +253,7 @@ class _Render:
         else:
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": {"role": "assistant", "content": text, **_reasoning(thought)},
                 "logprobs": None,
             }
         choice |= {"finish_reason": reason, "stop_reason": stop}
@@ -310,3 +316,8 @@ class _Render:
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         body = {**self._head(), "choices": [{"index": 0, "logprobs": None, **choice}]}
         return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _reasoning(thought: str) -> dict[str, str]:
+    """Chat's thought fields (vLLM's two names), when there is one."""
+    return {"reasoning_content": thought, "reasoning": thought} if thought else {}
