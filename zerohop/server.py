@@ -9,118 +9,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import uvicorn
 
-from zerohop.api.http.asgi import BodyDeadline
 from zerohop.api.http.error_record import recording_app
 from zerohop.api.http.guard import (
     ConnectionGuard,
-    GuardLimits,
     GuardMetrics,
     guarded_protocol,
     raise_file_limit,
 )
-from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
-from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING, AdmissionControl
+from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.model_names import ModelNames
-from zerohop.api.service import DEFAULT_MAX_BODY_BYTES, ServingContext
+from zerohop.api.service import ServingContext
 from zerohop.app import create_app
 from zerohop.engine.client import EngineStarter
 from zerohop.engine.loading.checkpoint import open_checkpoint
 from zerohop.engine.process.async_engine import AsyncEngine
-from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
-from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
-from zerohop.gateway.gateway import Gateway, GatewayStartError
-from zerohop.gateway.server_keys import DEFAULT_ROTATION
-from zerohop.gateway.store.key_snapshot import FILE_NAME, LocalCopy, read_or_load
-from zerohop.gateway.store.open_store import StoreSpec, open_store
-from zerohop.gateway.store.sqlite import default_db_path
+from zerohop.engine.process.supervisor import EngineSupervisor
+from zerohop.gateway.gateway import GatewayStartError
+from zerohop.serve_gateway import build_gateway, check_open_mode
+from zerohop.serve_options import BatchOptions, GatewayOptions, ServeOptions
+from zerohop.serve_stores import (
+    open_batches,
+    open_responses,
+    open_thought_signatures,
+    open_threads,
+)
+
+__all__ = ["BatchOptions", "GatewayOptions", "ServeOptions", "check_open_mode", "serve"]
 
 log = logging.getLogger("zerohop")
 # Seconds /health answers 503 after the supervisor gives up on the engine, before the server
 # exits 1: long enough for a probe or a load balancer to see the failure, not the exit alone.
 GIVE_UP_LINGER = 2.0
-
-
-@dataclass(slots=True)
-class ServeOptions:
-    model_path: Path  # a Hugging Face folder or a GGUF file
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0: any free port
-    grpc_port: int | None = 50051  # 0: any free port; None: no gRPC server
-    port_file: Path | None = None  # once listening: {"http": PORT, "grpc": PORT | null}
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    # Peers whose X-Forwarded-Proto/-For uvicorn trusts (IPs, CIDR networks, or "*").
-    forwarded_allow_ips: str = "127.0.0.1,::1"
-    secure_cookies: bool = False  # the console's cookie Secure even on a plain-HTTP request
-    served_model_name: list[str] | None = None  # concrete names or globs (model_names.py)
-    model_aliases: list[str] | None = None  # None: any name, unless served_model_name is set
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    drain_seconds: float = 30.0
-    engine: str = "zerohop"  # or "vllm": vLLM's AsyncLLM (zerohop.engine.vllm)
-    engine_options: dict[str, Any] | None = None
-    gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
-    guard: GuardLimits = field(default_factory=GuardLimits)
-    keep_alive_timeout: float = 5.0
-    grpc_max_concurrent_streams: int = 100
-    body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
-    max_header_bytes: int = 32 * 1024
-    ping_interval: float = DEFAULT_PING_INTERVAL  # seconds of silence before a stream's ping
-    openai_ping_interval: float = DEFAULT_OPENAI_PING_INTERVAL  # on Chat and Completions
-    max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit
-    max_waiting: int = DEFAULT_MAX_WAITING  # 0: no limit
-    engine_restarts: RestartPolicy = field(default_factory=RestartPolicy)
-    tool_call_parser: str = "auto"  # hermes, llama3_json, mistral; auto: by chat template
-    # Thinking blocks whose signature does not verify: refused (400), not left out.
-    strict_thought_signatures: bool = False
-    signing_key_rotation: float = DEFAULT_ROTATION  # seconds (gateway/server_keys.py)
-    batches: BatchOptions = field(default_factory=lambda: BatchOptions())
-
-
-@dataclass(slots=True)
-class BatchOptions:
-    enabled: bool = True
-    db: Path | None = None  # None: batches.db beside the keys database
-    max_share: float = 0.5  # of max_num_seqs that batch lines may hold at once
-    max_bytes: int | None = None  # a batch create body or upload; None: each API's limit
-
-
-@dataclass(slots=True)
-class GatewayOptions:
-    enabled: bool = True  # False: no keys, limits, budgets, audit or metrics (benchmarks)
-    keys_db: Path | None = None  # None: $XDG_DATA_HOME/zerohop/keys.db
-    # A PostgreSQL URL: the fleet's keys come from there, and keys_db is this replica's own
-    # file (audit chain heads, budget ledger, batches.db beside it).
-    store: str | None = None
-    jwt_public_key: Path | None = None
-    jwt_audience: str = "zerohop"
-    revoked: Path | None = None
-    allow_nonexpiring_signed_keys: bool = False  # accept signed keys without `exp`
-    allow_anonymous: bool = False
-    audit_dir: Path | None = None  # None: next to the keys database, in audit/
-    audit: bool = True
-    audit_content: bool = False
-    audit_max_bytes: int = 64 * 2**20
-    audit_failure: Literal["open", "closed"] = "open"  # while the audit log cannot be written
-    audit_max_pending: int = 10_000  # audit records kept for retry meanwhile
-    metrics: bool = True
-    metrics_key: str | None = None
-    durability: Literal["normal", "full"] = "full"  # the budget ledger (see sqlite_writer)
-    ledger_failure: str = "open"  # unbudgeted requests while the ledger fails: open/closed
-    leases: LeaseOptions = field(default_factory=LeaseOptions)  # with a PostgreSQL store
-    snapshot: SnapshotOptions = field(default_factory=SnapshotOptions)  # the same
 
 
 class DrainingServer(uvicorn.Server):
@@ -325,216 +255,6 @@ async def serve(options: ServeOptions) -> int:
         print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-
-def open_threads(gateway: Gateway | None) -> Any:
-    """The Anthropic surface's message threads, in the key store (opened on first use)."""
-    from zerohop.api.anthropic.threads import Threads
-
-    return Threads(_store_opener(gateway))
-
-
-def open_responses(gateway: Gateway | None) -> Any:
-    """The Responses API's stored responses, in the key store (opened on first use)."""
-    from zerohop.api.responses.stored import StoredResponses
-
-    return StoredResponses(_store_opener(gateway))
-
-
-def open_thought_signatures(options: ServeOptions, gateway: Gateway | None) -> Any:
-    """Thinking blocks' signing: the key store's keys (opened on first use), or the
-    operator's ZEROHOP_REASONING_SECRET when set."""
-    from zerohop.api.conversation.thought_signatures import (
-        PURPOSE,
-        SECRET_ENV,
-        ThoughtSignatures,
-    )
-    from zerohop.gateway.server_keys import ServerKeys
-
-    secret = os.environ.get(SECRET_ENV, "").encode() or None
-    keys = ServerKeys(
-        _store_opener(gateway),
-        PURPOSE,
-        rotation=options.signing_key_rotation,
-        operator_secret=secret,
-    )
-    return ThoughtSignatures(keys, strict=options.strict_thought_signatures)
-
-
-def _store_opener(gateway: Gateway | None) -> Callable[[], Any]:
-    """Opens the key store; a server without a gateway has none, and keeps what it would
-    store in memory for its lifetime."""
-    from zerohop.gateway.store.sqlite import KeyStore
-
-    if gateway is None:
-        return lambda: KeyStore(Path(":memory:"))
-    spec = gateway.auth.spec
-    return lambda: open_store(spec)
-
-
-def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):
-    """The batch store (recovering what a crash left running) and its runner, or None."""
-    b = options.batches
-    if not b.enabled:
-        return None
-    from zerohop.batches.runner import BatchRunner
-    from zerohop.gateway.keys.identity import ANONYMOUS
-
-    store = _batch_store(options, gateway)
-    if store.recovered:
-        log.info("batches: %d lines left running by the last process run again", store.recovered)
-    identity_for = _model_identity(gateway) if gateway is not None else lambda _, __: ANONYMOUS
-    from zerohop.engine.config import EngineConfig
-
-    engine_options = options.engine_options or {}
-    defaults = EngineConfig()
-    max_num_seqs = engine_options.get("max_num_seqs") or defaults.max_num_seqs
-    target = engine_options.get("inter_token_target", defaults.inter_token_target)
-    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
-
-
-def _batch_store(options: ServeOptions, gateway: Gateway | None):
-    """The fleet store's batch tables when the keys are the fleet's (every replica serves
-    every batch), else this server's own SQLite file."""
-    from zerohop.batches.store import BatchStore
-
-    if gateway is not None and gateway.auth.spec.kind == "postgresql":
-        from zerohop.batches.pg_store import PgBatchStore
-        from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
-
-        keeper = getattr(gateway.ledger, "keeper", None)
-        owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
-        url = gateway.auth.spec.url
-        return PgBatchStore(url, owner or new_replica_id(), options.gateway.leases.ttl)
-    keys_db = options.gateway.keys_db or default_db_path()
-    return BatchStore(options.batches.db or keys_db.parent / "batches.db")
-
-
-def _model_identity(gateway: Gateway):
-    """A batch line's key as the store has it now (a signed key: as its batch's snapshot
-    may serve now), None once it may not call the model."""
-    from zerohop.gateway.keys.identity_snapshot import signed_identity_now
-
-    def identity_for(key_id: str, snapshot: dict | None):
-        if snapshot is not None:
-            verifier = gateway.auth.verifier
-            if verifier is not None:
-                verifier.reload_revoked()
-            return signed_identity_now(snapshot, None if verifier is None else verifier.revoked)
-        identity = gateway.auth.identity_for(key_id)
-        return identity if identity is not None and identity.inference else None
-
-    return identity_for
-
-
-def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
-    from zerohop.gateway.audit.heads import HeadStore
-    from zerohop.gateway.audit.log import AuditLog
-    from zerohop.gateway.metrics import GatewayMetrics
-
-    g = options.gateway
-    keys_db = g.keys_db or default_db_path()
-    verifier = None
-    if g.jwt_public_key is not None:
-        from zerohop.gateway.keys.signed_tokens import SignedKeyVerifier
-
-        verifier = SignedKeyVerifier(
-            g.jwt_public_key,
-            audience=g.jwt_audience,
-            revoked_file=g.revoked,
-            allow_nonexpiring=g.allow_nonexpiring_signed_keys,
-        )
-    audit = None
-    if g.audit:
-        audit = AuditLog(
-            g.audit_dir or keys_db.parent / "audit",
-            max_bytes=g.audit_max_bytes,
-            include_content=g.audit_content,
-            heads=HeadStore(keys_db),  # the chain head, outside the log's directory
-            failure=g.audit_failure,
-            max_pending=g.audit_max_pending,
-        )
-    metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
-    gateway = Gateway.from_store(
-        store_spec(g),
-        verifier,
-        g.durability,
-        local_db=keys_db,
-        leases=g.leases,
-        local_copy=local_copy(g),
-        audit=audit,
-        metrics=metrics,
-        ledger_failure=g.ledger_failure,
-    )
-    gateway.start()
-    return gateway
-
-
-def check_open_mode(options: ServeOptions) -> None:
-    """Without keys the server is open: only on loopback, unless --allow-anonymous. A
-    PostgreSQL store is read here in any case: one that is not migrated, or cannot be
-    reached while no local snapshot of its keys can stand in for it, refuses the start at
-    once (StoreUnavailable), before the model loads."""
-    g, host = options.gateway, options.host
-    spec = store_spec(g)
-    has_keys = _fleet_has_keys(g) if g.enabled and spec.kind == "postgresql" else None
-    if g.allow_anonymous or is_loopback(host):
-        return
-    if not g.enabled:
-        raise GatewayStartError(
-            f"--no-gateway serves without keys, and {host} is not a loopback address:"
-            " pass --allow-anonymous to serve it anyway"
-        )
-    if g.jwt_public_key is not None or (has_keys if has_keys is not None else _has_keys(spec)):
-        return
-    raise GatewayStartError(
-        f"no API keys configured ({spec.describe()} has none and no --jwt-public-key) and"
-        f" {host} is not a loopback address: create one with `zerohop keys create --tenant"
-        " NAME`, or pass --allow-anonymous to serve without keys"
-    )
-
-
-def store_spec(g: GatewayOptions) -> StoreSpec:
-    """Where the keys are: --store, else the --keys-db file."""
-    return StoreSpec.parse(g.store) if g.store else StoreSpec.sqlite(g.keys_db or default_db_path())
-
-
-def local_copy(g: GatewayOptions) -> LocalCopy | None:
-    """The local snapshot of a fleet store's keys (--store-snapshot, else beside
-    --keys-db); None without a fleet store."""
-    spec = store_spec(g)
-    if spec.kind != "postgresql":
-        return None
-    path = g.snapshot.path or (g.keys_db or default_db_path()).parent / FILE_NAME
-    return LocalCopy(path, spec.describe(), g.snapshot.max_age)
-
-
-def _fleet_has_keys(g: GatewayOptions) -> bool:
-    """Whether the fleet store has keys; while it cannot be reached, whether the local
-    snapshot has (StoreUnavailable, in one line, when neither can be read)."""
-    from zerohop.gateway.store.pg_key_feed import read_now
-
-    url = store_spec(g).url
-    return read_or_load(lambda: read_now(url), local_copy(g), announce=False).has_keys
-
-
-def _has_keys(spec: StoreSpec) -> bool:
-    if spec.kind == "sqlite" and not spec.path.is_file():
-        return False  # not created here: `zerohop keys create` does
-    store = open_store(spec)
-    try:
-        return store.has_keys()
-    finally:
-        store.close()
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _uvicorn_config(options: ServeOptions, app: Any) -> uvicorn.Config:

@@ -1,0 +1,118 @@
+"""What `zerohop serve` keeps in the key store beside the keys: message threads, stored
+responses, thought-signing keys, and batches (their store and runner)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zerohop.engine.process.supervisor import EngineSupervisor
+from zerohop.gateway.gateway import Gateway
+from zerohop.gateway.store.open_store import open_store
+from zerohop.gateway.store.sqlite import default_db_path
+from zerohop.serve_options import ServeOptions
+
+log = logging.getLogger("zerohop")
+
+
+def open_threads(gateway: Gateway | None) -> Any:
+    """The Anthropic surface's message threads, in the key store (opened on first use)."""
+    from zerohop.api.anthropic.threads import Threads
+
+    return Threads(_store_opener(gateway))
+
+
+def open_responses(gateway: Gateway | None) -> Any:
+    """The Responses API's stored responses, in the key store (opened on first use)."""
+    from zerohop.api.responses.stored import StoredResponses
+
+    return StoredResponses(_store_opener(gateway))
+
+
+def open_thought_signatures(options: ServeOptions, gateway: Gateway | None) -> Any:
+    """Thinking blocks' signing: the key store's keys (opened on first use), or the
+    operator's ZEROHOP_REASONING_SECRET when set."""
+    from zerohop.api.conversation.thought_signatures import (
+        PURPOSE,
+        SECRET_ENV,
+        ThoughtSignatures,
+    )
+    from zerohop.gateway.server_keys import ServerKeys
+
+    secret = os.environ.get(SECRET_ENV, "").encode() or None
+    keys = ServerKeys(
+        _store_opener(gateway),
+        PURPOSE,
+        rotation=options.signing_key_rotation,
+        operator_secret=secret,
+    )
+    return ThoughtSignatures(keys, strict=options.strict_thought_signatures)
+
+
+def _store_opener(gateway: Gateway | None) -> Callable[[], Any]:
+    """Opens the key store; a server without a gateway has none, and keeps what it would
+    store in memory for its lifetime."""
+    from zerohop.gateway.store.sqlite import KeyStore
+
+    if gateway is None:
+        return lambda: KeyStore(Path(":memory:"))
+    spec = gateway.auth.spec
+    return lambda: open_store(spec)
+
+
+def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):
+    """The batch store (recovering what a crash left running) and its runner, or None."""
+    b = options.batches
+    if not b.enabled:
+        return None
+    from zerohop.batches.runner import BatchRunner
+    from zerohop.gateway.keys.identity import ANONYMOUS
+
+    store = _batch_store(options, gateway)
+    if store.recovered:
+        log.info("batches: %d lines left running by the last process run again", store.recovered)
+    identity_for = _model_identity(gateway) if gateway is not None else lambda _, __: ANONYMOUS
+    from zerohop.engine.config import EngineConfig
+
+    engine_options = options.engine_options or {}
+    defaults = EngineConfig()
+    max_num_seqs = engine_options.get("max_num_seqs") or defaults.max_num_seqs
+    target = engine_options.get("inter_token_target", defaults.inter_token_target)
+    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
+
+
+def _batch_store(options: ServeOptions, gateway: Gateway | None):
+    """The fleet store's batch tables when the keys are the fleet's (every replica serves
+    every batch), else this server's own SQLite file."""
+    from zerohop.batches.store import BatchStore
+
+    if gateway is not None and gateway.auth.spec.kind == "postgresql":
+        from zerohop.batches.pg_store import PgBatchStore
+        from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
+
+        keeper = getattr(gateway.ledger, "keeper", None)
+        owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
+        url = gateway.auth.spec.url
+        return PgBatchStore(url, owner or new_replica_id(), options.gateway.leases.ttl)
+    keys_db = options.gateway.keys_db or default_db_path()
+    return BatchStore(options.batches.db or keys_db.parent / "batches.db")
+
+
+def _model_identity(gateway: Gateway):
+    """A batch line's key as the store has it now (a signed key: as its batch's snapshot
+    may serve now), None once it may not call the model."""
+    from zerohop.gateway.keys.identity_snapshot import signed_identity_now
+
+    def identity_for(key_id: str, snapshot: dict | None):
+        if snapshot is not None:
+            verifier = gateway.auth.verifier
+            if verifier is not None:
+                verifier.reload_revoked()
+            return signed_identity_now(snapshot, None if verifier is None else verifier.revoked)
+        identity = gateway.auth.identity_for(key_id)
+        return identity if identity is not None and identity.inference else None
+
+    return identity_for
