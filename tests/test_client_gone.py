@@ -162,7 +162,7 @@ def test_a_cancelled_grpc_call_is_a_499(gone: Gone) -> None:
         assert next(call).token_ids
         call.cancel()
     record = gone.record("grpc")
-    assert (record["status"], record["error_type"]) == (499, "cancelled"), record
+    assert (record["status"], record["error_type"]) == (499, "client_disconnected"), record
     assert gone.requests_counted("grpc") == {"grpc:499": 1.0}
     assert gone.engine_idle(), "the request still runs in the engine"
 

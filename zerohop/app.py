@@ -10,7 +10,7 @@ from typing import Any
 from zerohop.admin import routes as admin_routes
 from zerohop.api import model_list
 from zerohop.api.anthropic import messages as anthropic
-from zerohop.api.errors import ApiError, anthropic_body, openai_body
+from zerohop.api.errors import ApiError, anthropic_body, error_kind, openai_body
 from zerohop.api.http.asgi import (
     ClientDisconnected,
     Receive,
@@ -166,7 +166,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             status, error_type = 499, "client_disconnected"
         except (ApiError, GatewayError) as exc:
             error = api_error(exc) if isinstance(exc, GatewayError) else exc
-            error_type = exc.reason if isinstance(exc, GatewayError) else "api_error"
+            error_type = exc.reason if isinstance(exc, GatewayError) else error_kind(exc)
             call.refusal = exc.message  # kept where the request was refused
             if not status:
                 await _send_error(tracking_send, error, shape, call.request_id)

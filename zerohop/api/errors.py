@@ -52,9 +52,24 @@ class ApiError(Exception):
     headers: list[tuple[bytes, bytes]] | None = None  # retry-after, x-should-retry
     # Anthropic's `error.details` (its `error_code` picks the SDK's exception class).
     details: dict[str, Any] | None = None
+    kind: str | None = None  # the audit record's error_type; None: by status (error_kind)
 
     def __str__(self) -> str:
         return self.message
+
+
+# An error's kind by status where the raiser named none: the audit record's `error_type` and
+# the console's, the same on every surface. (A gateway refusal names its reason instead:
+# rate_limit_requests, budget, ...; a client gone is client_disconnected.)
+KINDS_BY_STATUS = {408: "timeout", 429: "rate_limited", 503: "overloaded", 529: "overloaded"}
+
+
+def error_kind(error: ApiError) -> str:
+    if error.kind is not None:
+        return error.kind
+    if error.status in KINDS_BY_STATUS:
+        return KINDS_BY_STATUS[error.status]
+    return "invalid_request" if error.status < 500 else "internal"
 
 
 def anthropic_body(error: ApiError, request_id: str) -> dict:

@@ -64,7 +64,9 @@ def api_error(error: GatewayError) -> ApiError:
     return ApiError(error.status, error.message, code=code, headers=headers)
 
 
-def unavailable(surface: str, message: str, retry_after: float) -> ApiError:
+def unavailable(
+    surface: str, message: str, retry_after: float, kind: str = "unavailable"
+) -> ApiError:
     """Anthropic's 529 overloaded_error, OpenAI's 503 (gRPC: UNAVAILABLE), with retry-after:
     the official SDKs retry it, and zerohop.client tries another replica."""
     headers = [
@@ -73,7 +75,7 @@ def unavailable(surface: str, message: str, retry_after: float) -> ApiError:
         (b"x-should-retry", b"true"),
     ]
     status = 529 if surface == "anthropic" else 503
-    return ApiError(status, message, code="unavailable", headers=headers)
+    return ApiError(status, message, code="unavailable", headers=headers, kind=kind)
 
 
 def engine_options(call: Call, continues: list[int] | None = None) -> RequestOptions:
@@ -175,7 +177,7 @@ class ServingContext:
     def lost_error(self, surface: str) -> ApiError:
         """The error of a request that was in flight when the engine process died."""
         message = "the engine stopped while serving this request and is restarting; retry it"
-        return unavailable(surface, message, self.engine.retry_after())
+        return unavailable(surface, message, self.engine.retry_after(), kind="engine_dead")
 
     def load_headers(self, call: Call | None = None) -> list[tuple[bytes, bytes]]:
         """The replica's load; with `call`, its own predicted and actual queue wait."""

@@ -370,7 +370,7 @@ class _Run:
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
         if reason not in _STOP_REASONS:  # "abort": the server's (the client's ends earlier)
-            raise ApiError(529, SERVER_CANCELLED)
+            raise ApiError(529, SERVER_CANCELLED, kind="server_cancelled")
         if self.blocks is not None and self.blocks.calls:
             return "tool_use", None
         if reason == "stop" and isinstance(delta.stop_reason, str):

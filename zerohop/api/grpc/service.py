@@ -26,7 +26,7 @@ from zerohop.api.conversation.events import (
     Thought,
 )
 from zerohop.api.conversation.planner import Plan, plan
-from zerohop.api.errors import ApiError
+from zerohop.api.errors import ApiError, error_kind
 from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
@@ -104,14 +104,14 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         except (ApiError, InvalidRequestError) as exc:
             # InvalidRequestError: e.g. a tool's schema the call grammar cannot compile
             refused = exc if isinstance(exc, ApiError) else ApiError(400, str(exc))
-            status, error_type = refused.status, "api_error"
+            status, error_type = refused.status, error_kind(refused)
             call.refusal = refused.message  # kept where the request was refused (overload)
             context.set_trailing_metadata(_trailers(refused, None, call, self.ctx))
             await context.abort(self._code(refused), refused.message)
         except grpc.aio.AbortError:
             raise
         except asyncio.CancelledError:
-            status, error_type = 499, "cancelled"
+            status, error_type = 499, "client_disconnected"  # as on HTTP
             raise
         except Exception:
             status, error_type = 500, "internal"

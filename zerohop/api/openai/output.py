@@ -82,7 +82,7 @@ def raise_failure(delta: RequestDelta) -> None:
     reaches a surface was the server's (a drain): one the client caused ends earlier, with
     ClientDisconnected (`ServingContext.generate`)."""
     if delta.finish_reason == "abort":
-        raise ApiError(503, SERVER_CANCELLED)
+        raise ApiError(503, SERVER_CANCELLED, kind="server_cancelled")
     if delta.finish_reason == "error":
         raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
 

@@ -389,7 +389,7 @@ class _Run:
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
         if reason not in ("stop", "length"):
-            raise ApiError(503, SERVER_CANCELLED)
+            raise ApiError(503, SERVER_CANCELLED, kind="server_cancelled")
         cut = reason == "length"
         data = self.items.finish("incomplete" if cut else "completed")
         self.body.update(
