@@ -21,7 +21,9 @@ from zerohop.engine.process.messages import (
     Reply,
     Shutdown,
     Start,
+    from_engine,
     from_wire,
+    to_engine,
     to_wire,
 )
 from zerohop.engine.process.wire import HEADER, pack, unpack
@@ -91,3 +93,12 @@ def test_an_add_with_invalid_values_raises_the_requests_own_error() -> None:
 def test_only_messages_are_encoded() -> None:
     with pytest.raises(TypeError, match="not an engine message"):
         to_wire(("abort", "r1"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_each_end_reads_only_the_messages_sent_to_it(message: Message) -> None:
+    to_api = isinstance(message, Ready | Deltas | Added | Rejected | Reply | Fatal)
+    right, wrong = (from_engine, to_engine) if to_api else (to_engine, from_engine)
+    assert right(to_wire(message)) == message
+    with pytest.raises(ValueError, match=r"is a message (to|from) the engine process"):
+        wrong(to_wire(message))

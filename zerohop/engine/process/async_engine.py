@@ -38,7 +38,7 @@ from zerohop.engine.process.messages import (
     Shutdown,
     Start,
     ToEngine,
-    from_wire,
+    from_engine,
     to_wire,
 )
 from zerohop.engine.process.wire import HEADER, pack, unpack
@@ -296,9 +296,6 @@ async def _read_message(reader: asyncio.StreamReader) -> FromEngine | None:
     try:
         header = await reader.readexactly(HEADER.size)
         (size,) = HEADER.unpack(header)
-        message = from_wire(unpack(await reader.readexactly(size)))
+        return from_engine(unpack(await reader.readexactly(size)))
     except asyncio.IncompleteReadError:
         return None
-    if isinstance(message, Start | Add | Abort | Call | Shutdown):
-        raise ValueError(f"the engine process sent {type(message).__name__}")
-    return message

@@ -37,7 +37,7 @@ from zerohop.engine.process.messages import (
     Shutdown,
     Start,
     ToEngine,
-    from_wire,
+    to_engine,
     to_wire,
 )
 from zerohop.engine.process.wire import FrameSocket
@@ -75,7 +75,10 @@ def _read_start_message(channel: FrameSocket) -> Start:
         if frames is None:
             raise SystemExit(0)
         if frames:
-            start = from_wire(frames[0])
+            try:
+                start = to_engine(frames[0])
+            except ValueError as exc:
+                raise SystemExit(f"engine process: expected Start first: {exc}") from None
             if not isinstance(start, Start):
                 raise SystemExit(f"engine process: expected Start first, got {start!r}")
             return start
@@ -119,17 +122,13 @@ def _decode(channel: FrameSocket, frame: Any) -> ToEngine | None:
     """The message a frame carries; None (after rejecting the request, if it was one) for a
     frame that does not decode: a request with invalid values (SamplingParams checks them)."""
     try:
-        message = from_wire(frame)
+        return to_engine(frame)
     except ValueError as exc:
         if isinstance(frame, list) and len(frame) > 1 and frame[0] == "add":
             _send(channel, Rejected(str(frame[1]), str(exc)))
         else:
             log.warning("engine process: %s", exc)
         return None
-    if isinstance(message, Start | Abort | Add | Call | Shutdown):
-        return message
-    log.warning("engine process: a message for the API process came in: %r", message)
-    return None
 
 
 def _handle(engine: LLMEngine, channel: FrameSocket, message: ToEngine) -> None:

@@ -5,13 +5,14 @@ To the engine: `Start` (first, once), `Add`, `Abort`, `Call`, `Shutdown`. From i
 along, so the API process answers /metrics without waiting for a step), `Added` when a request
 was accepted (its prefix-cache hit as expected now), `Rejected` when its values are invalid,
 `Reply` to a `Call`, and `Fatal` when the engine is broken. On the wire each is a list whose
-first item names its kind (msgpack has no classes); `to_wire` and `from_wire` convert, and a
-message of no known kind raises `ValueError`.
+first item names its kind (msgpack has no classes); `to_wire` converts, `to_engine` and
+`from_engine` read a frame at its receiving end, and a message of no known kind, or one sent
+the wrong way, raises `ValueError`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from zerohop.engine.client import RequestOptions
@@ -84,7 +85,7 @@ class Rejected:
 @dataclass(slots=True, frozen=True)
 class Reply:
     call_id: int
-    value: Any = field(default=None)
+    value: Any = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,6 +137,22 @@ def from_wire(values: Any) -> Message:
         return decode(*rest)
     except TypeError as exc:
         raise ValueError(f"malformed engine message {kind!r}: {exc}") from None
+
+
+def to_engine(values: Any) -> ToEngine:
+    """A frame the engine process received; ValueError for any other."""
+    message = from_wire(values)
+    if not isinstance(message, ToEngine):
+        raise ValueError(f"{type(message).__name__} is a message from the engine process")
+    return message
+
+
+def from_engine(values: Any) -> FromEngine:
+    """A frame the API process received; ValueError for any other."""
+    message = from_wire(values)
+    if not isinstance(message, FromEngine):
+        raise ValueError(f"{type(message).__name__} is a message to the engine process")
+    return message
 
 
 def _add(request_id: str, prompt: list[int], params: dict, options: dict) -> Add:
