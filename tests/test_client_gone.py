@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from tests.test_gateway_limits import create_keys, records_of, scrape, wait_until
+from tests.test_gateway_limits import create_keys, records_of, requests_counted, wait_until
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -77,16 +77,8 @@ class Gone:
     def requests_counted(self, name: str) -> dict[str, float]:
         """zerohop_requests_total for the key's tenant, by surface and status, once counted
         (/metrics renders these counters at most once a second)."""
-        return wait_until(lambda: self._counted(name), timeout=5)
-
-    def _counted(self, name: str) -> dict[str, float]:
         tenant = self.keys[name]["tenant"]
-        counted = {}
-        for (sample, labels), value in scrape(self.server).items():
-            found = dict(labels)
-            if sample == "zerohop_requests_total" and found.get("tenant") == tenant:
-                counted[f"{found['surface']}:{found['status']}"] = value
-        return counted
+        return wait_until(lambda: requests_counted(self.server, tenant), timeout=5)
 
     def engine_idle(self) -> dict[str, Any]:
         def idle() -> dict[str, Any] | None:

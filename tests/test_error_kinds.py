@@ -6,7 +6,7 @@ metric say the same on every surface. (A client that hangs up: tests/test_client
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from tests.test_gateway_limits import create_keys, records_of, scrape, wait_until
+from tests.test_gateway_limits import create_keys, records_of, requests_counted, wait_until
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -72,18 +72,6 @@ def served(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server.stop()
 
 
-def counted(server: LiveServer, tenant: str) -> Callable[[], dict[str, float]]:
-    def read() -> dict[str, float]:
-        samples = scrape(server).items()
-        return {
-            f"{dict(labels)['surface']}:{dict(labels)['status']}": value
-            for (name, labels), value in samples
-            if name == "zerohop_requests_total" and dict(labels).get("tenant") == tenant
-        }
-
-    return read
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_each_kind_of_refusal_on_each_surface(served: Any, surface: str, kind: str) -> None:
@@ -102,4 +90,5 @@ def test_each_kind_of_refusal_on_each_surface(served: Any, surface: str, kind: s
     by_status: dict[str, float] = {}
     for status, _ in expected:
         by_status[f"{label}:{status}"] = by_status.get(f"{label}:{status}", 0.0) + 1
-    assert wait_until(lambda: counted(server, keys[name]["tenant"])() == by_status, 3)
+    tenant = keys[name]["tenant"]
+    assert wait_until(lambda: requests_counted(server, tenant) == by_status, 3)

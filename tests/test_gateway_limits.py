@@ -143,6 +143,15 @@ def scrape(server: LiveServer) -> dict[tuple[str, frozenset], float]:
     return samples
 
 
+def requests_counted(server: LiveServer, tenant: str) -> dict[str, float]:
+    """zerohop_requests_total for `tenant`, as {"surface:status": count}."""
+    return {
+        f"{dict(labels)['surface']}:{dict(labels)['status']}": value
+        for (name, labels), value in scrape(server).items()
+        if name == "zerohop_requests_total" and dict(labels).get("tenant") == tenant
+    }
+
+
 def rfc3339(value: str) -> datetime:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", value), value
     return datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -39,10 +39,6 @@ OPENAI_TYPES = {
 }
 
 
-# An abort that was not the client's: the server drains, or sheds the request.
-SERVER_CANCELLED = "the server cancelled this request (shutting down or overloaded)"
-
-
 @dataclass(slots=True)
 class ApiError(Exception):
     status: int
@@ -62,6 +58,13 @@ class ApiError(Exception):
 # the console's, the same on every surface. (A gateway refusal names its reason instead:
 # rate_limit_requests, budget, ...; a client gone is client_disconnected.)
 KINDS_BY_STATUS = {408: "timeout", 429: "rate_limited", 503: "overloaded", 529: "overloaded"}
+
+
+def server_cancelled(status: int) -> ApiError:
+    """An abort that was not the client's (the server drains, or sheds the request), with the
+    API's overload status: Anthropic 529, OpenAI 503 (gRPC: UNAVAILABLE)."""
+    message = "the server cancelled this request (shutting down or overloaded)"
+    return ApiError(status, message, kind="server_cancelled")
 
 
 def error_kind(error: ApiError) -> str:

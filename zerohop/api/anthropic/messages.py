@@ -64,7 +64,7 @@ from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.conversation.thought_signatures import ThoughtSigner
-from zerohop.api.errors import SERVER_CANCELLED, ApiError, anthropic_body
+from zerohop.api.errors import ApiError, anthropic_body, server_cancelled
 from zerohop.api.http.asgi import (
     ClientDisconnected,
     Receive,
@@ -370,7 +370,7 @@ class _Run:
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
         if reason not in _STOP_REASONS:  # "abort": the server's (the client's ends earlier)
-            raise ApiError(529, SERVER_CANCELLED, kind="server_cancelled")
+            raise server_cancelled(529)
         if self.blocks is not None and self.blocks.calls:
             return "tool_use", None
         if reason == "stop" and isinstance(delta.stop_reason, str):

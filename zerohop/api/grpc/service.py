@@ -26,7 +26,7 @@ from zerohop.api.conversation.events import (
     Thought,
 )
 from zerohop.api.conversation.planner import Plan, plan
-from zerohop.api.errors import ApiError, error_kind
+from zerohop.api.errors import ApiError, error_kind, server_cancelled
 from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
@@ -268,7 +268,7 @@ def _response(
     if delta.finish_reason == "error":
         raise ApiError(500, f"the request failed in the engine: {delta.error}")
     if delta.finish_reason not in _FINISH_REASONS:  # "abort": only the server aborts on its own
-        raise ApiError(503, "the request was aborted by the server")
+        raise server_cancelled(503)
     message.finish_reason = _FINISH_REASONS[delta.finish_reason]
     if isinstance(delta.stop_reason, str):
         message.stop_string = delta.stop_reason

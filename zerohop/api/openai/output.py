@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerohop.api.errors import SERVER_CANCELLED, ApiError
+from zerohop.api.errors import ApiError, server_cancelled
 from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.engine.text.tokenizer import Tokenizer
@@ -82,7 +82,7 @@ def raise_failure(delta: RequestDelta) -> None:
     reaches a surface was the server's (a drain): one the client caused ends earlier, with
     ClientDisconnected (`ServingContext.generate`)."""
     if delta.finish_reason == "abort":
-        raise ApiError(503, SERVER_CANCELLED, kind="server_cancelled")
+        raise server_cancelled(503)
     if delta.finish_reason == "error":
         raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
 

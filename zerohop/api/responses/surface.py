@@ -45,7 +45,7 @@ from typing import Any
 from zerohop.api.conversation.planner import Plan, plan, prompt_ids
 from zerohop.api.conversation.request import Conversation, Reasoning, Turn
 from zerohop.api.conversation.system_turns import takes_late_system
-from zerohop.api.errors import SERVER_CANCELLED, ApiError
+from zerohop.api.errors import ApiError, server_cancelled
 from zerohop.api.http.asgi import (
     ClientDisconnected,
     Receive,
@@ -389,7 +389,7 @@ class _Run:
         if reason == "error":
             raise ApiError(500, f"generation failed: {delta.error}")
         if reason not in ("stop", "length"):
-            raise ApiError(503, SERVER_CANCELLED, kind="server_cancelled")
+            raise server_cancelled(503)
         cut = reason == "length"
         data = self.items.finish("incomplete" if cut else "completed")
         self.body.update(
