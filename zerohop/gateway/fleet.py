@@ -4,7 +4,7 @@ all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`)."
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from zerohop import __version__
 from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, open_leased_ledger
@@ -12,10 +12,13 @@ from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.postgres import connect
 
+if TYPE_CHECKING:
+    from zerohop.gateway.gateway import Gateway
+
 APPLICATION_NAME = "zerohop-leases"  # in pg_stat_activity
 
 
-def join_fleet(gateway: Any, url: str, options: LeaseOptions) -> None:
+def join_fleet(gateway: Gateway, url: str, options: LeaseOptions) -> None:
     """Give `gateway` (a Gateway, not started yet) the fleet's ledger and rate shares."""
     ledger = open_leased_ledger(
         functools.partial(connect, url, autocommit=True, application_name=APPLICATION_NAME),

@@ -12,8 +12,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from zerohop.gateway.audit.record import AuditRecord
 from zerohop.gateway.auth import (
     AuthenticationError,
     Authenticator,
@@ -38,6 +39,11 @@ from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.key_snapshot import LocalCopy
 from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.usage import UsageRecorder
+
+if TYPE_CHECKING:  # the parts a Gateway is given: their modules load with their makers
+    from zerohop.gateway.audit.log import AuditLog
+    from zerohop.gateway.keys.signed_tokens import SignedKeyVerifier
+    from zerohop.gateway.metrics import GatewayMetrics
 
 # What requests without a token budget do while the ledger cannot be written: "open" serves
 # them (the ledger records nothing for them), "closed" refuses them too.
@@ -128,8 +134,8 @@ class Gateway:
         self,
         authenticator: Authenticator,
         ledger: Ledger | None,
-        audit: Any | None = None,
-        metrics: Any | None = None,
+        audit: AuditLog | None = None,
+        metrics: GatewayMetrics | None = None,
         ledger_failure: str = "open",
     ) -> None:
         assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
@@ -147,12 +153,14 @@ class Gateway:
     def from_store(
         cls,
         store: StoreSpec | Path,
-        verifier: Any | None = None,
+        verifier: SignedKeyVerifier | None = None,
         durability: Durability = "full",
         local_db: Path | None = None,
         leases: LeaseOptions | None = None,
         local_copy: LocalCopy | None = None,
-        **parts: Any,
+        audit: AuditLog | None = None,
+        metrics: GatewayMetrics | None = None,
+        ledger_failure: str = "open",
     ) -> Gateway:
         """Keys from `store`. Budgets: with a SQLite store, a ledger in its file (or
         `local_db`); with PostgreSQL, leases of the fleet's budgets (`fleet.py`), and the
@@ -161,10 +169,12 @@ class Gateway:
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         if spec.kind != "postgresql":
             ledger = BudgetLedger(local_db or spec.path, durability)
-            return cls(Authenticator(spec, verifier), ledger, **parts)
+            return cls(Authenticator(spec, verifier), ledger, audit, metrics, ledger_failure)
         from zerohop.gateway.fleet import join_fleet
 
-        gateway = cls(Authenticator(spec, verifier, local_copy), None, **parts)
+        gateway = cls(
+            Authenticator(spec, verifier, local_copy), None, audit, metrics, ledger_failure
+        )
         join_fleet(gateway, spec.url, leases or LeaseOptions())
         return gateway
 
@@ -381,10 +391,10 @@ def _queue_time(call: Call) -> float | None:
     return call.first_delta_at - call.admitted_at
 
 
-def audit_entry(call: Call, now: float, include_content: bool) -> dict[str, Any]:
+def audit_entry(call: Call, now: float, include_content: bool) -> AuditRecord:
     """The request's audit record; one refused for a known key (revoked, expired) names it."""
     key = call.presented or call.identity.ref()
-    entry: dict[str, Any] = {
+    entry: AuditRecord = {
         "time": call.started_wall,
         "request_id": call.request_id,
         "key_id": key.key_id,

@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Literal
 
+from zerohop.gateway.audit.record import AuditRecord
+
 log = logging.getLogger("zerohop.gateway.audit.log")
 
 FailureMode = Literal["open", "closed"]
@@ -48,7 +50,7 @@ class AuditFailures:
         self.lost = 0  # records that will never be written
         self.pending = 0  # records kept for retry
         self._unmarked = 0  # lost records no marker record written has told yet
-        self._marker: dict | None = None  # the marker record now being written, if any
+        self._marker: AuditRecord | None = None  # the marker record now being written, if any
         self._logged_at = float("-inf")
 
     @property
@@ -56,7 +58,7 @@ class AuditFailures:
         """Closed mode, and the last write failed: new requests are refused."""
         return self.mode == "closed" and self.failing
 
-    def failed(self, exc: BaseException, pending: list[dict]) -> list[dict]:
+    def failed(self, exc: BaseException, pending: list[AuditRecord]) -> list[AuditRecord]:
         """A write failed: return the records to retry (the oldest max_pending)."""
         self.write_errors += 1
         pending = self._unmark(pending)
@@ -87,7 +89,7 @@ class AuditFailures:
             self._lose(pending)
             log.error("audit: %d records could not be written", pending)
 
-    def take_marker(self) -> dict | None:
+    def take_marker(self) -> AuditRecord | None:
         """A record telling of the records lost since the last marker, or None."""
         if not self._unmarked:
             return None
@@ -96,7 +98,7 @@ class AuditFailures:
         self._marker = {"time": time.time(), "audit_error": message, "audit_lost": lost}
         return self._marker
 
-    def _unmark(self, pending: list[dict]) -> list[dict]:
+    def _unmark(self, pending: list[AuditRecord]) -> list[AuditRecord]:
         """A marker that was not written is no record to keep: its count waits for the next."""
         marker, self._marker = self._marker, None
         if marker is None or not any(entry is marker for entry in pending):

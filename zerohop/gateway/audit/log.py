@@ -52,6 +52,7 @@ import orjson
 
 from zerohop.gateway.audit.failure import DEFAULT_MAX_PENDING, AuditFailures, FailureMode
 from zerohop.gateway.audit.heads import ChainHead, HeadStore, check_head, read_head
+from zerohop.gateway.audit.record import AuditRecord
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,12 @@ class AuditLog:
         self._saved_seq = 0  # self._seq when the head was last recorded
         self._saved_at = float("-inf")  # time.monotonic() then
         # The only state record() touches: deque.append is atomic and takes no lock.
-        self._queue: deque[dict] = deque()
+        self._queue: deque[AuditRecord] = deque()
         self._closed = False
         self.written = 0
         self.dropped = 0  # records offered after close()
         # Writer state: the writer thread's alone (and close()'s, after joining it).
-        self._retry: list[dict] = []
+        self._retry: list[AuditRecord] = []
         self._fd: int | None = None
         self._lock_fd: int | None = None
         self._size = 0
@@ -145,7 +146,7 @@ class AuditLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def record(self, entry: dict) -> None:
+    def record(self, entry: AuditRecord) -> None:
         """Queue one record (the log owns `entry` from now on); never blocks, never does I/O."""
         if self._closed:
             self.dropped += 1
@@ -291,7 +292,7 @@ class AuditLog:
         else:
             self.failures.succeeded()
 
-    def _write_file_chunk(self, entries: list[dict]) -> int:
+    def _write_file_chunk(self, entries: list[AuditRecord]) -> int:
         """Append as many records as fit in the current file; return how many were written."""
         seq, prev, size, lines = self._seq, self._prev, self._size, []
         for entry in entries:
@@ -326,7 +327,7 @@ class AuditLog:
         os.fsync(fd)
 
 
-def _serialize(entry: dict, seq: int, prev: str) -> bytes:
+def _serialize(entry: AuditRecord, seq: int, prev: str) -> bytes:
     stamp = entry.get("time")
     if isinstance(stamp, int | float):
         iso = datetime.fromtimestamp(stamp, UTC).isoformat(timespec="microseconds")

@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 
 from zerohop.gateway.audit.log import CONTENT_FIELDS, CURRENT, log_files
+from zerohop.gateway.audit.record import AuditRecord
 
 MAX_LIMIT = 1000
 KINDS = ("request", "admin")
@@ -76,7 +77,7 @@ class AuditQuery:
         if self.before is not None and not (isinstance(self.before, int) and self.before >= 0):
             raise QueryError("before", "must be a record's seq (a non-negative integer)")
 
-    def matches(self, rec: dict) -> bool:
+    def matches(self, rec: AuditRecord) -> bool:
         kind = rec.get("kind", "request")
         if self.kind is not None and kind != self.kind:
             return False
@@ -98,7 +99,7 @@ class AuditQuery:
 
 @dataclass(slots=True)
 class AuditPage:
-    records: list[dict]  # newest first
+    records: list[AuditRecord]  # newest first
     has_more: bool
     next_before: int | None  # the seq of the last record returned, when has_more
 
@@ -129,7 +130,7 @@ def parse_query(params: Mapping[str, str]) -> AuditQuery:
 
 def search(directory: Path, query: AuditQuery, include_content: bool) -> AuditPage:
     """The newest `query.limit` matching records (with seq < query.before), newest first."""
-    found: list[dict] = []
+    found: list[AuditRecord] = []
     for rec in _records(Path(directory), query.before):
         if query.matches(rec):
             found.append(rec)
@@ -144,7 +145,7 @@ def search(directory: Path, query: AuditQuery, include_content: bool) -> AuditPa
     return AuditPage(records, has_more, records[-1]["seq"] if has_more else None)
 
 
-def _records(directory: Path, before: int | None) -> Iterator[dict]:
+def _records(directory: Path, before: int | None) -> Iterator[AuditRecord]:
     """Every record with seq < before, newest first; seq falls strictly."""
     ceiling = math.inf if before is None else before
     current = _read(directory / CURRENT)  # before listing: a rotation then only repeats it
@@ -170,7 +171,7 @@ def _read(path: Path, ceiling: float = math.inf) -> bytes:
         return b""
 
 
-def _parse(line: bytes) -> dict | None:
+def _parse(line: bytes) -> AuditRecord | None:
     try:
         rec = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -180,7 +181,7 @@ def _parse(line: bytes) -> dict | None:
     return rec
 
 
-def _key_matches(key_id: str, kind: object, rec: dict) -> bool:
+def _key_matches(key_id: str, kind: object, rec: AuditRecord) -> bool:
     return rec.get("key_id") == key_id or (kind == "admin" and rec.get("actor") == key_id)
 
 

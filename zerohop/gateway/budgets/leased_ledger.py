@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class LeaseUnavailable(Exception):
 class Waiter:
     need: int  # prompt + max_tokens
     minimum: int  # prompt + 1: the least it can be admitted with (clamped)
-    future: asyncio.Future
+    future: asyncio.Future[None]
     loop: asyncio.AbstractEventLoop
 
 
@@ -105,7 +106,7 @@ class LocalLease:
             self.peak, self.peak_at = tokens, now
 
     def _rate(self, now: float) -> float:
-        return self.rate * 0.5 ** ((now - self.rate_at) / RATE_HALF_LIFE)
+        return self.rate * math.pow(0.5, (now - self.rate_at) / RATE_HALF_LIFE)
 
 
 class LeasedLedger:

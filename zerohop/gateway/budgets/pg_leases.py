@@ -21,6 +21,7 @@ slice is lost to its period, which is why slices are sized from recent spend.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -108,7 +109,7 @@ def _write_lease(
             " VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) RETURNING lease_id",
             (replica_id, c.subject, c.period, granted, ttl),
         )
-        return lease_id
+        return int(lease_id)
     state = "returned" if c.close else "active"
     conn.execute(
         "UPDATE leases SET granted = %s, settled = %s, state = %s,"
@@ -199,10 +200,10 @@ def _charge(conn: psycopg.Connection, lease_id: int, subject: str, period: str) 
             " WHERE subject = %s AND period = %s",
             (tokens, tokens, subject, period),
         )
-        return tokens
+        return int(tokens)
 
 
-def _one(conn: psycopg.Connection, sql: str, params: tuple = ()) -> tuple:
+def _one(conn: psycopg.Connection, sql: str, params: tuple[object, ...] = ()) -> tuple[Any, ...]:
     row = conn.execute(sql, params).fetchone()
     assert row is not None, sql
     return row

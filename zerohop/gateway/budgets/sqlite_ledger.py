@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerohop.gateway.budgets.sqlite_writer import (
     Charge,
@@ -34,6 +35,9 @@ from zerohop.gateway.budgets.sqlite_writer import (
     SettleOp,
 )
 from zerohop.gateway.keys.identity import Budget, Identity
+
+if TYPE_CHECKING:
+    from zerohop.gateway.budgets.leased_ledger import LocalLease
 
 __all__ = ["BudgetExhausted", "BudgetLedger", "Charge", "LedgerUnavailable", "Reservation"]
 
@@ -57,10 +61,10 @@ class Reservation:
     charges: list[Charge]  # what was reserved, per (subject, period)
     max_tokens: int  # granted (clamped) max_tokens
     clamped: bool
-    durable: asyncio.Future | None = None
+    durable: asyncio.Future[None] | None = None
     used: int = 0  # tokens spent so far (uncached input + output), settled per step
     settled: bool = False  # given back (or taken back): nothing more to do
-    holds: list = field(default_factory=list)  # the fleet's leases it is inside (lease_ledger)
+    holds: list[LocalLease] = field(default_factory=list)  # the fleet's leases it is inside
 
     @property
     def reserved(self) -> int:

@@ -53,7 +53,7 @@ class LedgerUnavailable(Exception):
 class ReserveOp:
     request_id: str
     charges: list[Charge]
-    done: asyncio.Future
+    done: asyncio.Future[None]
     loop: asyncio.AbstractEventLoop
 
 
@@ -222,7 +222,7 @@ def _resolve_soon(op: ReserveOp, error: Exception | None) -> None:
         op.loop.call_soon_threadsafe(_resolve, op.done, error)
 
 
-def _resolve(future: asyncio.Future, error: Exception | None) -> None:
+def _resolve(future: asyncio.Future[None], error: Exception | None) -> None:
     if future.done():  # cancelled: its request went away while it was written
         return
     if error is None:

@@ -24,6 +24,7 @@ A request refused for its key (revoked, expired, claims refused) stays anonymous
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from zerohop.gateway.keys import validation
 from zerohop.gateway.keys.validation import BUDGET_PERIODS as BUDGET_PERIODS  # re-exported
@@ -117,7 +118,7 @@ class Identity:
     source: str = "store"  # "store", "jwt" or "anonymous"
     admin: bool = False  # may use the admin API and the console
     inference: bool = True  # may call the model (an admin key only when made so)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)  # jwt: jti, iat
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # jwt: jti, iat
 
     def __post_init__(self) -> None:
         validation.priority(self.priority, "priority")

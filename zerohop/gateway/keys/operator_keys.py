@@ -153,7 +153,7 @@ def generate_keypair(kind: str = "ed25519") -> tuple[bytes, bytes]:
     return private_pem, public_pem
 
 
-def public_jwk(public_pem: bytes, kid: str | None = None) -> dict:
+def public_jwk(public_pem: bytes, kid: str | None = None) -> dict[str, Any]:
     """The JWK (with alg and use) of one PEM public key, for a JWKS file."""
     (key,) = _load_pem_keys(public_pem, "public key")
     if key.alg == "EdDSA":
@@ -181,7 +181,7 @@ def _load_private_key(private_key_pem: bytes) -> tuple[Any, str]:
 
 def sign(
     private_key_pem: bytes,
-    claims: dict,
+    claims: dict[str, Any],
     *,
     expires_in: float | None,
     audience: str = DEFAULT_AUDIENCE,

@@ -24,7 +24,7 @@ class RevokedFile:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         check_interval: float = REVOKED_CHECK_INTERVAL,
         clock: Callable[[], float],
@@ -33,7 +33,7 @@ class RevokedFile:
         self.check_interval = check_interval
         self._clock = clock
         self.ids: frozenset[str] = frozenset()
-        self._sig: tuple | None = None
+        self._sig: tuple[int, int, int] | None = None
         self._missing_logged = False
         try:
             st = os.stat(self.path)

@@ -37,6 +37,10 @@ from typing import Any
 from zerohop.gateway.keys import validation
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, Limits, Tenant
 
+# A token's claims: the JSON object PyJWT decodes (its values are any JSON; each reader below
+# checks the type of the claim it reads).
+Claims = dict[str, Any]
+
 
 def _limits_from(obj: Any, where: str) -> Limits:
     if obj is None:
@@ -65,7 +69,7 @@ def _budget_from(obj: Any, where: str) -> Budget | None:
     return Budget(tokens, period)
 
 
-def numeric_date(claims: dict, name: str) -> float | None:
+def numeric_date(claims: Claims, name: str) -> float | None:
     """The time claim `name` (exp, nbf, iat) in unix seconds, or None; ValueError if bad."""
     return validation.unix_time(claims.get(name), f"claim {name!r}")
 
@@ -78,7 +82,7 @@ def iso_time(t: float) -> str:
         return repr(t)
 
 
-def identity_from_claims(claims: dict) -> Identity:
+def identity_from_claims(claims: Claims) -> Identity:
     """The `Identity` a (verified) claims set stands for; ValueError names a bad claim."""
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub:
@@ -123,21 +127,21 @@ def identity_from_claims(claims: dict) -> Identity:
     )
 
 
-def _flag(claims: dict, name: str, default: bool) -> bool:
+def _flag(claims: Claims, name: str, default: bool) -> bool:
     value = claims.get(name, default)
     if not isinstance(value, bool):
         raise ValueError(f"claim {name!r} must be true or false, not {value!r}")
     return value
 
 
-def _limits_claim(limits: Limits) -> dict:
+def _limits_claim(limits: Limits) -> dict[str, int]:
     return {k: v for k, v in zip(LIMIT_NAMES, limits.values(), strict=True) if v is not None}
 
 
-def claims_from_identity(identity: Identity) -> dict:
+def claims_from_identity(identity: Identity) -> Claims:
     """The claims (all but aud, iat and jti, which `sign` adds) that `identity_from_claims`
     maps back to `identity`."""
-    claims: dict[str, Any] = {"sub": identity.key_id, "tenant": identity.tenant.name}
+    claims: Claims = {"sub": identity.key_id, "tenant": identity.tenant.name}
     if identity.name:
         claims["name"] = identity.name
     if identity.models:

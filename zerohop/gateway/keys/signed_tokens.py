@@ -140,10 +140,10 @@ class SignedKeyVerifier:
 
     def __init__(
         self,
-        public_key_file: str | os.PathLike,
+        public_key_file: str | os.PathLike[str],
         *,
         audience: str = DEFAULT_AUDIENCE,
-        revoked_file: str | os.PathLike | None = None,
+        revoked_file: str | os.PathLike[str] | None = None,
         leeway: float = DEFAULT_LEEWAY,
         cache_size: int = DEFAULT_CACHE_SIZE,
         revoked_check_interval: float = REVOKED_CHECK_INTERVAL,
@@ -255,7 +255,7 @@ class SignedKeyVerifier:
                 break
         return entry
 
-    def _candidates(self, header: dict) -> list[PublicKey]:
+    def _candidates(self, header: dict[str, Any]) -> list[PublicKey]:
         alg = header.get("alg")
         if alg not in ALGORITHMS:
             raise _Permanent(

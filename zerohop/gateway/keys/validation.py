@@ -64,7 +64,7 @@ def budget_tokens(value: Any, where: str) -> int:
 def budget_period(value: Any, where: str) -> str:
     if value not in BUDGET_PERIODS:
         raise ValueError(f"{where} must be one of {', '.join(BUDGET_PERIODS)}, not {value!r}")
-    return value
+    return str(value)
 
 
 def weight(value: Any, where: str) -> float:
@@ -78,7 +78,7 @@ def weight(value: Any, where: str) -> float:
 def priority(value: Any, where: str) -> str:
     if value not in PRIORITY_CLASSES:
         raise ValueError(f"{where} must be one of {', '.join(PRIORITY_CLASSES)}, not {value!r}")
-    return value
+    return str(value)
 
 
 def unix_time(value: Any, where: str) -> float | None:
