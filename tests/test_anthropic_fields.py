@@ -17,7 +17,7 @@ from zerohop.api.anthropic.context import PLACEHOLDER
 from zerohop.api.anthropic.schema import decode_messages
 from zerohop.api.anthropic.turns import conversation
 from zerohop.api.conversation.system_turns import takes_late_system
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.text.tokenizer import Tokenizer
 
 CONTEXT = 2048  # the live server's max_model_len

@@ -25,8 +25,8 @@ from zerohop.api.openai import schema as openai_schema
 from zerohop.api.openai.chat import OpenAIApi
 from zerohop.api.openai.stream import ChatStream
 from zerohop.api.service import ServingContext
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.llm import RequestOutput
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.text.tokenizer import Tokenizer
 
 CHAT = [{"role": "user", "content": "Tell me about the quick brown fox."}]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.process.async_engine import AsyncEngine, EngineDeadError
 
 OPTIONS = {"num_kv_blocks": 64, "num_threads": 1, "max_num_batched_tokens": 64}

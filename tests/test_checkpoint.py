@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.loading.checkpoint import (
     HFCheckpoint,
     model_name_from_file,

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tests.fixtures import drive_engine
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, hf_greedy, load_hf_model
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError, ModelLoadError
+from zerohop.engine.base.errors import InvalidRequestError, ModelLoadError
 from zerohop.engine.sched.fair_share import VTCPolicy
 from zerohop.engine.sched.policy import FCFSPolicy
 

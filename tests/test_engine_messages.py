@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from zerohop.engine.base.errors import InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import RequestOptions
-from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.messages import (
     Abort,
     Add,

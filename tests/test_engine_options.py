@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

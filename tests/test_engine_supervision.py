@@ -22,8 +22,8 @@ import pytest
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.service import ServingContext
 from zerohop.app import create_app
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.client import RequestOptions
-from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.process.async_engine import AsyncEngine
 from zerohop.engine.process.supervisor import EngineSupervisor, RestartPolicy
 from zerohop.engine.sample.sampling_params import SamplingParams

@@ -43,7 +43,7 @@ from tests.fixtures.tiny_models import (
     load_hf_model,
 )
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 from zerohop.models.toy_tokenizer import corpus
 
 QT = gguf.GGMLQuantizationType

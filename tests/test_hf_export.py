@@ -33,9 +33,9 @@ from tests.fixtures.tiny_gguf import (
     write_contents,
 )
 from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
-from zerohop.engine.config import ModelConfig
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.models import hf_export
 from zerohop.models.hf_export import ExportError, export_folder, hf_folder_for

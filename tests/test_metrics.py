@@ -8,7 +8,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from zerohop.engine.outputs import EngineStats
+from zerohop.engine.base.outputs import EngineStats
 from zerohop.gateway.metrics import ITL_BUCKETS, GatewayMetrics
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -15,8 +15,8 @@ import pytest
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.engine import LLMEngine
-from zerohop.engine.errors import InvalidRequestError
 
 BLOCK = 16
 

@@ -31,7 +31,7 @@ from zerohop.api.tools.forced_stream import ForcedCallParser
 from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.mistral import MistralParser
 from zerohop.api.tools.spec import Tool, ToolSet
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.structured import grammar as g
 
 TOOLS = [

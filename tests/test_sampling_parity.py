@@ -28,7 +28,7 @@ from transformers import (
 from tests.fixtures.tiny_models import BOS_ID, EOS_IDS, VOCAB_SIZE, load_hf_model
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.logits_processors import LogitsProcessors, apply_min_p, check_token_ids
 from zerohop.engine.sample.sampler import NO_TOKEN_LEFT, NON_FINITE, Sampler
 from zerohop.engine.sched.sequence import Sequence

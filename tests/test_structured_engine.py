@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured import grammar as g
 
 SCHEMAS = {

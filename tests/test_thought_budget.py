@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from zerohop import LLM, SamplingParams
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.thought_budget import ThoughtBudget, ThoughtTags
 
 TAGS = ThoughtTags(open_ids=(7, 8), close_ids=(9, 10, 11))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from zerohop.engine.errors import InvalidRequestError, ModelLoadError
+from zerohop.engine.base.errors import InvalidRequestError, ModelLoadError
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.models.toy_tokenizer import save_tokenizer
 

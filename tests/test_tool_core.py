@@ -14,7 +14,7 @@ from zerohop.api.tools.hermes import HermesParser
 from zerohop.api.tools.jsonscan import INCOMPLETE, ValueScanner, value_end
 from zerohop.api.tools.prompt import render_messages
 from zerohop.api.tools.spec import Tool, checked_tools
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured.grammar import check_grammar
 
 NAMES = {"get_weather", "add"}

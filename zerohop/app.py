@@ -24,7 +24,7 @@ from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_he
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
 from zerohop.api.service import ServingContext, api_error, new_request_id
-from zerohop.engine.errors import EngineDeadError
+from zerohop.engine.base.errors import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
 
 log = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ from zerohop.api.model_names import ModelNames
 from zerohop.api.output_length import Api, output_limit
 from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
+from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import EngineClient, RequestOptions
-from zerohop.engine.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.fair_share import BACKGROUND, BATCH, INTERACTIVE
 from zerohop.engine.sched.request_options import check_weight

@@ -37,7 +37,7 @@ def failure_line(exc: BaseException, keys_db: Path | None = None) -> str | None:
 
 def _refusals() -> tuple[type[BaseException], ...]:
     """Failures whose message is meant for the user: start-up refusals, bad input files."""
-    from zerohop.engine.errors import ZerohopError
+    from zerohop.engine.base.errors import ZerohopError
     from zerohop.gateway.gateway import GatewayStartError
 
     return (ZerohopError, GatewayStartError, RuntimeError, ValueError)

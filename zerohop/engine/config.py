@@ -1,163 +1,19 @@
-"""Model configuration (parsed from config.json) and engine options."""
+"""The engine's options (EngineConfig): batch sizes, the KV cache, scheduling, speculation."""
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.model.config import DTYPES
 from zerohop.engine.sched.background_share import DEFAULT_BACKGROUND_SHARE
 from zerohop.engine.sched.prefill_budget import DEFAULT_INTER_TOKEN_TARGET
 
 if TYPE_CHECKING:
     from zerohop.engine.sched.speculative import SpeculativeConfig
-
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class RopeConfig:
-    theta: float = 10000.0
-    type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs`: divisors per frequency
-
-
-@dataclass(slots=True)
-class ModelConfig:
-    architecture: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    rms_norm_eps: float
-    rope: RopeConfig
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
-    qk_norm: bool  # RMSNorm on each head of q and k before RoPE (Qwen3)
-    eos_token_ids: list[int] = field(default_factory=list)
-    torch_dtype: str | None = None
-
-    @classmethod
-    def from_dir(cls, model_dir: Path) -> ModelConfig:
-        path = model_dir / "config.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{path}: file not found (a Hugging Face model folder needs one)")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
-        return cls.from_dict(raw, source=str(path))
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        fields = _ConfigReader(raw, source)
-        arch = _architecture(raw, source)
-        hidden = fields.int("hidden_size")
-        heads = fields.int("num_attention_heads")
-        _reject_unsupported(raw, source)
-        eos = raw.get("eos_token_id")
-        return cls(
-            architecture=arch,
-            hidden_size=hidden,
-            num_layers=fields.int("num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=fields.int("num_key_value_heads", heads),
-            head_dim=fields.int("head_dim", hidden // heads),
-            intermediate_size=fields.int("intermediate_size"),
-            vocab_size=fields.int("vocab_size"),
-            max_position_embeddings=fields.int("max_position_embeddings", 2048),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope=_rope_config(raw, source),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-        )
-
-
-class _ConfigReader:
-    def __init__(self, raw: dict[str, Any], source: str) -> None:
-        self.raw, self.source = raw, source
-
-    def int(self, name: str, default: int | None = None) -> int:
-        value = self.raw.get(name, default)
-        if value is None:
-            raise ModelLoadError(f"{self.source}: required field '{name}' is missing")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ModelLoadError(f"{self.source}: field '{name}' must be a positive integer")
-        return value
-
-
-def _architecture(raw: dict[str, Any], source: str) -> str:
-    archs = raw.get("architectures") or []
-    for arch in archs:
-        if arch in SUPPORTED_ARCHITECTURES:
-            return arch
-    raise ModelLoadError(
-        f"{source}: field 'architectures' is {archs!r};"
-        f" supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
-
-
-def _reject_unsupported(raw: dict[str, Any], source: str) -> None:
-    if raw.get("mlp_bias"):
-        raise ModelLoadError(f"{source}: field 'mlp_bias' = true is not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(
-            f"{source}: field 'hidden_act' = {raw['hidden_act']!r} is not supported"
-        )
-    window = raw.get("sliding_window")
-    if window is not None and (raw.get("use_sliding_window", True) is not False):
-        max_pos = raw.get("max_position_embeddings", 2048)
-        if window < max_pos:
-            raise ModelLoadError(
-                f"{source}: field 'sliding_window' = {window} (below max_position_embeddings"
-                f" {max_pos}) is not supported"
-            )
-    if raw.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ModelLoadError(f"{source}: field 'partial_rotary_factor' is not supported")
-
-
-def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
-    # transformers 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        field_name = "rope_parameters" if "rope_parameters" in raw else "rope_scaling"
-        raise ModelLoadError(
-            f"{source}: field '{field_name}' has rope type {rope_type!r}; "
-            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    rope = RopeConfig(theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))))
-    rope.type = rope_type
-    if rope_type != "default":
-        rope.factor = float(params["factor"])
-    if rope_type == "llama3":
-        rope.low_freq_factor = float(params["low_freq_factor"])
-        rope.high_freq_factor = float(params["high_freq_factor"])
-        rope.original_max_position_embeddings = int(params["original_max_position_embeddings"])
-    return rope
 
 
 QUANTIZATION_MODES = ("auto", "q8_0", "none")

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from zerohop.engine import kernels, omp
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.loading.checkpoint import open_checkpoint
 from zerohop.engine.model.decoder import CausalLM
 from zerohop.engine.model.quant import needs_kernels
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.sampler import Sampler
 from zerohop.engine.sched.background_share import BackgroundShare

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from zerohop.engine.base.errors import InvalidRequestError
+from zerohop.engine.base.outputs import EngineStats, RequestDelta
 from zerohop.engine.config import EngineConfig
-from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.model.decoder import CausalLM
-from zerohop.engine.outputs import EngineStats, RequestDelta
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.logits_processors import check_token_ids
 from zerohop.engine.sample.sampler import Sampler

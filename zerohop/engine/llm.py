@@ -6,9 +6,9 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.engine import LLMEngine
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.policy import SchedulingPolicy
 from zerohop.engine.text.tokenizer import Tokenizer

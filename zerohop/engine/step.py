@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.lifecycle import REQUEST_FAILED, RequestBook
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.sampler import SampleResult
 from zerohop.engine.sched.policy import TokenUsage

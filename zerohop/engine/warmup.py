@@ -13,9 +13,9 @@ from zerohop.engine.sched.step_times import StepTimes
 from zerohop.engine.throughput import ThroughputMeter
 
 if TYPE_CHECKING:
+    from zerohop.engine.base.outputs import RequestDelta
     from zerohop.engine.config import EngineConfig
     from zerohop.engine.model.decoder import CausalLM
-    from zerohop.engine.outputs import RequestDelta
     from zerohop.engine.sched.block_pool import BlockPool
 
 DEFAULT_CPU_KV_GIB = 1.0

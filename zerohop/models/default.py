@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zerohop.engine.errors import ZerohopError
+from zerohop.engine.base.errors import ZerohopError
 from zerohop.models.cache import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -72,7 +72,7 @@ from zerohop.api.conversation.system_turns import append_turn, leading_system
 from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.spec import Tool, checked_tools
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured.grammar import json_schema_grammar
 
 MIN_BUDGET = 1024

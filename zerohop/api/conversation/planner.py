@@ -52,7 +52,7 @@ from zerohop.api.tools.parsers import ParserFactory
 from zerohop.api.tools.prompt import render_messages
 from zerohop.api.tools.raw_input import raw_input_parser
 from zerohop.api.tools.spec import Tool, ToolSet
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 

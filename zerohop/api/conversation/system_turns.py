@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from zerohop.api.conversation.request import Turn
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 _LATE_SYSTEM_PROBE = "zerohop-late-system-probe"
 _LATE_SYSTEM: dict[str, bool] = {}  # chat template -> takes_late_system

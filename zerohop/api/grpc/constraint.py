@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zerohop.api.errors import ApiError
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured import grammar as g
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 

@@ -32,8 +32,8 @@ from zerohop.api.grpc.error_record import grpc_interceptors
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
-from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.errors import InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb

@@ -26,7 +26,7 @@ from typing import Any, cast
 from zerohop.api.conversation.request import CallTurn, Conversation, Role, ToolChoice, Turn
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.spec import Tool, ToolCall, checked_tools
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 
 _ALNUM = string.ascii_letters + string.digits

@@ -17,7 +17,7 @@ from typing import Any
 
 from zerohop.api.errors import ApiError
 from zerohop.api.openai.schema import ChatRequest, CompletionRequest, StructuredOutputs
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured import grammar as g
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name

@@ -17,7 +17,7 @@ from zerohop.api.conversation.request import ToolChoice
 from zerohop.api.errors import ApiError
 from zerohop.api.openai.schema import ChatRequest
 from zerohop.api.tools.spec import Tool, checked_tools
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 
 def tool_choice(request: ChatRequest) -> ToolChoice:

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from zerohop.api.errors import ApiError
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured import grammar as g
 
 FIELD = "text.format"

@@ -30,7 +30,7 @@ from zerohop.api.conversation.request import ChoiceMode, RawCall, ToolChoice
 from zerohop.api.errors import ApiError
 from zerohop.api.tools.raw_input import input_parameters
 from zerohop.api.tools.spec import Tool, checked_tools
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured import grammar as g
 
 _OFFERED = ("function", "custom", "namespace")

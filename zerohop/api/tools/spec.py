@@ -22,7 +22,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from zerohop.api.tools.input_grammar import input_matches
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # both APIs' rule for tool names
 

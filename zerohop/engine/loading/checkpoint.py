@@ -12,8 +12,8 @@ from typing import Protocol
 
 import torch
 
-from zerohop.engine.config import ModelConfig
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
+from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.quant import QuantizedWeight
 from zerohop.engine.text.tokenizer import Tokenizer
 

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from zerohop.engine.config import ModelConfig, RopeConfig
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
+from zerohop.engine.model.config import ModelConfig, RopeConfig
 from zerohop.engine.model.quant import GGUF_KINDS, QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
 ARCHITECTURES = {

@@ -16,7 +16,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.loading.gguf_file import GGUFFile
 from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.engine.text.tokenizer import Tokenizer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 
 _DTYPES = {
     "F64": torch.float64,

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from zerohop.engine.config import ModelConfig
-from zerohop.engine.errors import ModelLoadError
+from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.kernels import cpu_kernel
 from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_attention
+from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.fused import FusedOps
 from zerohop.engine.model.linear import (
     Linear,

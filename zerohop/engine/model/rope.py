@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from zerohop.engine.config import RopeConfig
+from zerohop.engine.model.config import RopeConfig
 
 
 def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:

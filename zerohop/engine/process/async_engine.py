@@ -21,9 +21,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
+from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
-from zerohop.engine.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.messages import (
     Abort,
     Add,

@@ -18,11 +18,11 @@ import time
 import traceback
 from typing import Any
 
+from zerohop.engine.base.errors import InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.engine import LLMEngine
-from zerohop.engine.errors import InvalidRequestError
 from zerohop.engine.lifecycle import REQUEST_FAILED
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.messages import (
     Abort,
     Add,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import RequestOptions
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.wire import (
     delta_from_wire,
     delta_to_wire,

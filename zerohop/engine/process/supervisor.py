@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import (
     DEFAULT_OPTIONS,
     EngineLife,
@@ -34,7 +35,6 @@ from zerohop.engine.client import (
     Queued,
     RequestOptions,
 )
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.process.async_engine import DEFAULT_START_TIMEOUT, AsyncEngine
 from zerohop.engine.sample.sampling_params import SamplingParams
 

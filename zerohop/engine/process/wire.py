@@ -13,8 +13,8 @@ from typing import Any
 
 import msgpack
 
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import RequestOptions
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 HEADER = struct.Struct("<I")

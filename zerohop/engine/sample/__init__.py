@@ -1,3 +1,3 @@
 """Choosing tokens: sampling parameters, the sampler, vLLM's logits processors, prompt-lookup
-speculation and thinking budgets. Imports engine.structured's grammars.
+speculation and thinking budgets. Imports engine.base only.
 """

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sample.thought_budget import ThoughtBudget
 

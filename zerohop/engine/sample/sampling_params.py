@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
 MAX_N = 128  # choices per request (OpenAI's limit)

@@ -21,12 +21,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
-from zerohop.engine.errors import InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
-from zerohop.engine.runner import ModelRunner
+from zerohop.engine.base.errors import InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sched.block_pool import BlockPool
 from zerohop.engine.sched.scheduler import POLICY_FAILED, ScheduledChunk, Scheduler
 from zerohop.engine.sched.sequence import Sequence, Status
@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 
 SEPARATOR = "\x1f"  # between the request id and the choice index of a child's internal id
 SEED_MASK = 2**64 - 1  # torch seeds are 64-bit
+
+
+class BlockCopier(Protocol):
+    """What forking needs of the model runner (engine/runner.py): its device, and copying
+    cache blocks (a child's own copy of the parent's partial last block)."""
+
+    device: torch.device
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None: ...
 
 
 def child_id(request_id: str, index: int) -> str:
@@ -56,7 +65,7 @@ class Forks:
     def __init__(
         self,
         pool: BlockPool,
-        runner: ModelRunner,
+        runner: BlockCopier,
         scheduler: Scheduler,
         requests: dict[str, Sequence],
     ) -> None:

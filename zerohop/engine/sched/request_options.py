@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 
 def check_request_options(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import llguidance
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from zerohop.engine.text.tokenizer import Tokenizer

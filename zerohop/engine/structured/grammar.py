@@ -21,7 +21,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 # Between JSON tokens: nothing, one space, or a newline and up to 16 spaces of indent. A
 # small model cannot loop on whitespace, and pretty-printed JSON still fits.

@@ -1,3 +1,3 @@
 """Text in and out: tokenizers (tokenizer.json or GGUF metadata), the chat template, and the
-incremental detokenizer with stop strings. Imports nothing else of the engine.
+incremental detokenizer with stop strings. Imports engine.base only.
 """

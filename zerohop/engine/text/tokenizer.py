@@ -17,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as BackendTokenizer
 
-from zerohop.engine.errors import InvalidRequestError, ModelLoadError
+from zerohop.engine.base.errors import InvalidRequestError, ModelLoadError
 
 # The named special tokens transformers passes to chat templates, in its order.
 SPECIAL_TOKEN_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")

@@ -23,9 +23,9 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
+from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
-from zerohop.engine.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.request_options import check_request_options
 from zerohop.engine.vllm.engine_args import VllmSetup

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 
 _REFERENCE = re.compile(r"@([A-Za-z_][A-Za-z0-9_]*)")
 _CACHE_SIZE = 512

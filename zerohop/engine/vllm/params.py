@@ -9,7 +9,7 @@ from typing import Any
 import vllm
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.vllm.grammar import as_lark
 from zerohop.engine.vllm.request_tags import RequestTags

@@ -87,7 +87,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from zerohop.engine.errors import InvalidRequestError
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sched.fair_share import BACKGROUND, VTCPolicy
 from zerohop.engine.sched.policy import FCFSPolicy, TokenUsage
 from zerohop.engine.vllm.fair_queue import (

@@ -17,7 +17,7 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
-from zerohop.engine.outputs import EngineStats
+from zerohop.engine.base.outputs import EngineStats
 from zerohop.engine.throughput import ThroughputMeter
 
 # Two steps further apart than this were not back to back (the engine idled between them):
