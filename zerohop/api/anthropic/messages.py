@@ -81,7 +81,7 @@ from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call
 

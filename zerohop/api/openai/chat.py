@@ -58,7 +58,7 @@ from zerohop.api.openai.stream import DONE, PING, ChatStream, CompletionStream, 
 from zerohop.api.openai.turns import conversation
 from zerohop.api.service import ServingContext
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
 

@@ -10,7 +10,7 @@ from typing import Any
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.openai.events_stream import answer_message
 from zerohop.api.openai.output import Choices, LogprobFormatter, Totals, legacy_columns
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 
 
 class ChatAnswer:

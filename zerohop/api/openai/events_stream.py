@@ -32,7 +32,7 @@ from zerohop.api.conversation.events import (
 from zerohop.api.openai.output import LogprobFormatter
 from zerohop.api.openai.stream import ChatStream, _index
 from zerohop.api.tools.spec import ToolCall
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 
 _ALNUM = string.ascii_letters + string.digits
 

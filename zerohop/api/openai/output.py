@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.errors import ApiError, server_cancelled
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.engine.text.tokenizer import Tokenizer
 

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.openai.output import Choices, LogprobFormatter, legacy_columns
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"  # an SSE comment: keeps a silent stream alive, clients skip it

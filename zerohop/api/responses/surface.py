@@ -70,7 +70,7 @@ from zerohop.api.responses.stored import Found, StoredResponses, not_found
 from zerohop.api.responses.tools import Choice, RequestTools, request_tools, tool_choice
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.outputs import RequestDelta
+from zerohop.engine.base.outputs import RequestDelta
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
