@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark programs: the models, text prompts, FLOP/s, RSS, tables.
+"""Helpers shared by the benchmark programs: the models, text prompts, FLOP/s, RSS (tables and
+JSON are `harness.report`'s, re-exported here).
 
 Run as a program (`python benchmarks/_common.py build FOLDER`) it builds the standard model;
 the benchmarks do that in a child process so the build's memory never counts in their RSS.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import random
 import resource
@@ -23,6 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
+
+from harness.report import print_table as print_table  # noqa: E402
+from harness.report import write_json as write_json  # noqa: E402
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "zerohop" / "bench-models" / "llama-768"
 
@@ -248,33 +251,6 @@ def peak_rss_mib() -> float:
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for i, row in enumerate(cells):
-        print(
-            "  ".join(
-                c.rjust(w) if j else c.ljust(w)
-                for j, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 if __name__ == "__main__":

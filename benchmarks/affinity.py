@@ -47,6 +47,7 @@ import contextlib
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import tempfile
@@ -59,7 +60,7 @@ from typing import Any
 import anthropic
 from _common import ROOT, cpu_count, model_path, print_table, write_json
 from _procstat import machine_busy_s
-from vs_llamacpp import CommandServer, zerohop_cmd
+from harness.zerohop_server import ZerohopServer
 
 import zerohop.client as zc
 from zerohop.bench.metrics import distribution_ms
@@ -308,16 +309,17 @@ def replicas(args: argparse.Namespace, model: Path, mode: str, n: int) -> Iterat
         for i in range(n):
             data = stack.enter_context(tempfile.TemporaryDirectory(prefix="zerohop-affinity-"))
             # Its own XDG_DATA_HOME: the audit log and key store lock their folder.
-            cmd = ["env", f"XDG_DATA_HOME={data}", *zerohop_cmd(model, args, serve_args(args))]
             log = args.out.parent / f"{args.out.stem}-{mode}-{i}.log"
-            urls.append(stack.enter_context(CommandServer(cmd, "/ready", log)).url)
+            server = ZerohopServer(
+                model, serve_args(args), log, served_name=SERVED_MODEL_NAME, XDG_DATA_HOME=data
+            )
+            urls.append(stack.enter_context(server).url)
         yield urls
 
 
 def serve_args(args: argparse.Namespace) -> list[str]:
-    return [
-        "--served-model-name", SERVED_MODEL_NAME, "--max-queue-wait", str(args.max_queue_wait),
-    ]  # fmt: skip
+    flags = ["--no-gateway", "--num-threads", str(args.threads)]
+    return [*flags, "--max-queue-wait", str(args.max_queue_wait), *shlex.split(args.zerohop_args)]
 
 
 def policy_for(mode: str) -> Policy:

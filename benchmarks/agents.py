@@ -92,7 +92,6 @@ import platform
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -112,9 +111,9 @@ from _agent_prompt import (
     user_turn,
 )
 from _common import ROOT, cpu_count, model_path, open_model, write_json
+from harness.zerohop_server import ZerohopServer
 from rich.console import Console
 from rich.table import Table
-from vs_llamacpp import CommandServer
 
 from zerohop.bench.probe_sse import SseEvent, SseReader
 
@@ -1036,20 +1035,18 @@ class Sessions:
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # surface: cmd, log
 
 
-def server_for(args: argparse.Namespace, model: Path, surface: str, state: Path) -> CommandServer:
+def server_for(args: argparse.Namespace, model: Path, surface: str, state: Path) -> ZerohopServer:
     """A fresh server for one surface's session (so that its turn 1 starts cold); the
     Responses sessions' with a fresh key store (their stored responses) in `state`."""
-    cmd = [
-        sys.executable, "-m", "zerohop", "serve", str(model), "--grpc-port", "0",
-        "--served-model-name", SERVED_MODEL_NAME, "--num-threads", str(args.threads),
-        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-        *shlex.split(args.zerohop_args),
+    flags = [
+        "--num-threads", str(args.threads), "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens), *shlex.split(args.zerohop_args),
     ]  # fmt: skip
     name = "agents-server.log"
     if surface != "anthropic":
-        cmd += ["--keys-db", str(state / f"{surface}-keys.db")]
+        flags += ["--keys-db", str(state / f"{surface}-keys.db")]
         name = f"agents-server-{surface}.log"
-    return CommandServer(cmd, "/ready", args.out.parent / name)
+    return ZerohopServer(model, flags, args.out.parent / name, served_name=SERVED_MODEL_NAME)
 
 
 def anthropic_client(url: str, transport: SendTimesTransport) -> anthropic.Anthropic:

@@ -38,8 +38,6 @@ import random
 import signal
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -53,7 +51,7 @@ import anthropic
 import psutil
 from _common import PASSAGE, ROOT, model_path, print_table, write_json
 from _procstat import tree
-from serve import SERVED_MODEL_NAME, Server, free_port
+from harness.zerohop_server import SERVED_MODEL_NAME, ZerohopServer
 
 WORDS = PASSAGE.split()
 INTERACTIVE_WORDS, BATCH_WORDS = 64, 24  # ~92 and ~47 tokens (the chat template adds ~25)
@@ -87,29 +85,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # -- the server -----------------------------------------------------------------------------
 
 
-class BatchServer(Server):
+class BatchServer(ZerohopServer):
     """`zerohop serve` with serve.py's engine options and its stores under `state`, in a
     process group of its own, so that a kill -9 takes the engine process with it."""
 
     def __init__(self, args: argparse.Namespace, model: Path, state: Path, log: Path) -> None:
-        self.port, self.log, self.state = free_port(), log, state
-        cmd = [
-            sys.executable, "-m", "zerohop", "serve", str(model),
-            "--port", str(self.port), "--grpc-port", "0",
-            "--served-model-name", SERVED_MODEL_NAME, "--num-threads", str(args.threads),
-            "--max-num-seqs", "64", "--kv-cache-memory", "2.0", "--max-num-batched-tokens", "2048",
-            "--keys-db", str(state / "keys.db"), "--audit-dir", str(state / "audit"),
-            "--batches-db", str(self.batches_db),
+        self.state = state
+        flags = [
+            "--num-threads", str(args.threads), "--max-num-seqs", "64", "--kv-cache-memory",
+            "2.0", "--max-num-batched-tokens", "2048", "--keys-db", str(state / "keys.db"),
+            "--audit-dir", str(state / "audit"), "--batches-db", str(self.batches_db),
         ]  # fmt: skip
         if args.batch_max_share is not None:
-            cmd += ["--batch-max-share", str(args.batch_max_share)]
-        self.cmd = cmd + args.server_arg
+            flags += ["--batch-max-share", str(args.batch_max_share)]
         state.mkdir(parents=True, exist_ok=True)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(
-                self.cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
-            )
+        super().__init__(model, flags + args.server_arg, log)
 
     @property
     def batches_db(self) -> Path:
@@ -144,13 +134,7 @@ class BatchServer(Server):
 
 def start(args: argparse.Namespace, model: Path, state: Path, name: str) -> BatchServer:
     server = BatchServer(args, model, state, args.out.parent / f"batches-server-{name}.log")
-    began = time.perf_counter()
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    print(f"  server {name} ready in {time.perf_counter() - began:.1f}s (pid {server.process.pid})")
+    server.start()
     return server
 
 

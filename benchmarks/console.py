@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, cpu_count, model_path, print_table, write_json
-from gateway import GatewayServer, warm_up
+from harness.zerohop_server import ZerohopServer
 from serve import CpuMeter, load_config, prompt_maker
 
 from zerohop.api.load.live_load import LiveLoad
@@ -44,6 +44,7 @@ from zerohop.bench.load import run_benchmark
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity, Tenant
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 from zerohop.gateway.usage import UsageRecorder
 
 MODES = ("closed", "open")
@@ -130,10 +131,11 @@ def served(args: argparse.Namespace, model: Path, work: Path) -> list[dict]:
     # No prefix cache: each run's prompts then cost the same, whichever seed made them.
     flags = ["--keys-db", str(work / "keys.db"), "--audit-dir", str(work / "audit"),
              "--no-prefix-caching"]  # fmt: skip
-    server = GatewayServer(args, model, flags, args.out.parent / "console-server.log")
+    flags += ["--num-threads", str(args.threads), "--max-num-seqs", "64"]
+    flags += ["--kv-cache-memory", str(args.kv_cache_memory)]
+    flags += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     rounds = []
-    try:
-        server.wait_ready()
+    with ZerohopServer(model, flags, args.out.parent / "console-server.log") as server:
         warm_up(args, server, data_key)
         for rep in range(args.repeats):
             runs = {}
@@ -156,17 +158,24 @@ def served(args: argparse.Namespace, model: Path, work: Path) -> list[dict]:
                       f" API CPU {r['api_cpu_ms_per_request']:.2f} ms/request,"
                       f" {r['failed']} failed, tabs {r['tabs']}", flush=True)  # fmt: skip
             rounds.append(runs)
-    finally:
-        server.stop()
     return rounds
 
 
-def measure(server: GatewayServer, cfg: Any) -> dict:
+def warm_up(args: argparse.Namespace, server: ZerohopServer, key: str) -> None:
+    cfg = load_config(
+        args, server.url, api_key=key, concurrency=args.concurrency, requests=args.concurrency,
+        output_tokens=8, seed=999,
+    )  # fmt: skip
+    if run_benchmark(cfg)["summary"]["failed"]:
+        raise RuntimeError(f"warm-up requests failed; log: {server.log}")
+
+
+def measure(server: ZerohopServer, cfg: Any) -> dict:
     """One load run: what its client saw, and the API process's CPU per request."""
-    cpu = CpuMeter(server.process.pid)
+    cpu = CpuMeter(server)
     s = run_benchmark(cfg)["summary"]
-    used = cpu.stop()
     requests = s["completed"] + s["failed"] + cfg.warmup_requests
+    used = cpu.stop(requests)
     return {
         "output_throughput": s["output_throughput"], "failed": s["failed"],
         "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p99_ms": s["ttft_ms"]["p99"],
@@ -204,7 +213,7 @@ def finished(i: int, output: int) -> Call:
 
 def in_process(args: argparse.Namespace, work: Path) -> dict[str, float]:
     calls = [finished(i, args.output_tokens) for i in range(args.requests)]
-    recorder = UsageRecorder(lambda: KeyStore(work / "inproc.db"))
+    recorder = UsageRecorder(Store(lambda: KeyStore(work / "inproc.db")).usage)
     live = LiveLoad()
     n = len(calls)
 
@@ -244,7 +253,7 @@ def in_process(args: argparse.Namespace, work: Path) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     model = model_path(args.model_dir)
-    args.prompt_source, _ = prompt_maker(model)
+    args.prompt_source = prompt_maker(model)
     work = Path(tempfile.mkdtemp(prefix="zerohop-console-bench-"))
     report: dict[str, Any] = {"model": str(model), "cpus": cpu_count()}
     print("== in process: the operator parts per request", flush=True)

@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -58,8 +57,7 @@ from pathlib import Path
 import httpx
 from _common import ROOT, TextPrompts, model_path, open_model, print_table, write_json
 from _procstat import process_cpu_s
-from serve import server_pids
-from vs_llamacpp import CommandServer
+from harness.zerohop_server import ZerohopServer
 
 from zerohop import sse
 
@@ -162,7 +160,7 @@ class Load:
         self.url, self.keys, self.prompts, self.args = url, keys, prompts, args
         self.rng = random.Random(0)
         self.client: httpx.AsyncClient
-        self.server: Server | None = None
+        self.server: ZerohopServer | None = None
         self.gaps: list[float] = []  # the background streams' gaps during the last `under`
         self.all_gaps: list[float] = []  # ... over the whole of it
 
@@ -332,29 +330,15 @@ def server_flags(args: argparse.Namespace, policy: str, extra: Sequence[str] = (
     return [*flags, *extra]
 
 
-class Server(CommandServer):
-    """A fairness server: `CommandServer`, ready within --start-timeout (vLLM's engine takes
-    longer to start than zerohop's, more so on a busy machine)."""
-
-    def __init__(self, cmd: list[str], log: Path, timeout: float, env: dict[str, str]) -> None:
-        super().__init__(cmd, "/ready", log, env=env)
-        self.timeout = timeout
-
-    def wait_ready(self, timeout: float = 0.0) -> None:
-        super().wait_ready(timeout or self.timeout)
-
-
 def serve(
     label: str, policy: str, args, db: Path, log_dir: Path, extra: Sequence[str] = ()
-) -> Server:
-    model = [] if args.model == "default" else [str(args.model_path)]
-    cmd = [
-        sys.executable, "-m", "zerohop", "serve", *model, "--keys-db", str(db),
-        "--served-model-name", MODEL, "--grpc-port", "0", *server_flags(args, policy, extra),
-    ]  # fmt: skip
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+) -> ZerohopServer:
+    """A fairness server, ready within --start-timeout (vLLM's engine takes longer to start
+    than zerohop's, more so on a busy machine)."""
+    model = None if args.model == "default" else args.model_path
+    flags = ["--keys-db", str(db), *server_flags(args, policy, extra)]
     log = log_dir / f"fairness-{args.engine}-{label}-server.log"
-    return Server(cmd, log, args.start_timeout, env)
+    return ZerohopServer(model, flags, log, timeout=args.start_timeout, served_name=MODEL)
 
 
 async def refusal_cost(url: str, keys: dict[str, str], api_pid: int, args) -> dict:
@@ -477,7 +461,7 @@ def run(args: argparse.Namespace) -> dict:
             extra = ["--max-waiting", "1", "--max-num-seqs", "1"]
             with server("refusals", "vtc", extra) as load:
                 assert load.server is not None
-                api_pid = server_pids(load.server.process.pid)["api"]
+                api_pid = load.server.api_pid()
                 start = time.monotonic()
                 report["refusals"] = asyncio.run(refusal_cost(load.url, keys, api_pid, args))
                 seconds["refusals"] = time.monotonic() - start

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 
 import openai
 from _common import ROOT, print_table, write_json
-from serve import free_port
+from harness.zerohop_server import ZerohopServer
 
 PASSAGE = (
     "The lighthouse at Cape Wrath was built in 1828 by Robert Stevenson. Its light can be "
@@ -67,45 +65,20 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-class Server:
-    def __init__(self, args: argparse.Namespace, speculative: bool, log: Path) -> None:
-        self.port = free_port()
-        cmd = [sys.executable, "-m", "zerohop", "serve"] + ([args.model] if args.model else [])
-        cmd += ["--port", str(self.port), "--grpc-port", "0", "--num-threads", str(args.threads)]
-        cmd += ["--served-model-name", "bench"]
-        if speculative:
-            config = f'{{"method": "ngram", "num_speculative_tokens": {args.tokens}}}'
-            cmd += ["--speculative-config", config]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.log = log.open("wb")
-        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.url = f"http://127.0.0.1:{self.port}"
+def start_server(args: argparse.Namespace, speculative: bool, log: Path) -> ZerohopServer:
+    flags = ["--num-threads", str(args.threads)]
+    if speculative:
+        config = f'{{"method": "ngram", "num_speculative_tokens": {args.tokens}}}'
+        flags += ["--speculative-config", config]
+    return ZerohopServer(args.model, flags, log)
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early; log: {self.log.name}")
-            try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=1.0) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("server not ready")
 
-    def counters(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5.0) as r:
-            lines = r.read().decode().splitlines()
-        return {
-            k: float(v)
-            for k, v in (line.split() for line in lines if line.startswith("zerohop_spec_"))
-        }
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(60)
-        self.log.close()
+def counters(server: ZerohopServer) -> dict[str, float]:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5.0) as r:
+        lines = r.read().decode().splitlines()
+    return {
+        k: float(v) for k, v in (line.split() for line in lines if line.startswith("zerohop_spec_"))
+    }
 
 
 def one_request(client: openai.OpenAI, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -130,16 +103,15 @@ def one_request(client: openai.OpenAI, prompt: str, max_tokens: int) -> dict[str
 
 def run_server(args: argparse.Namespace, speculative: bool, round_: int) -> dict[str, Any]:
     name = "speculative" if speculative else "plain"
-    server = Server(args, speculative, args.out.parent / f"speculative-{name}-{round_}.log")
-    try:
-        server.wait_ready()
+    log = args.out.parent / f"speculative-{name}-{round_}.log"
+    with start_server(args, speculative, log) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         one_request(client, "Hello", 8)  # warm-up
         out: dict[str, Any] = {}
         for workload, prompt in WORKLOADS.items():
-            before = server.counters()
+            before = counters(server)
             runs = [one_request(client, prompt, args.max_tokens) for _ in range(args.reps)]
-            after = server.counters()
+            after = counters(server)
             drafted, accepted = (
                 after.get(k, 0.0) - before.get(k, 0.0)
                 for k in (
@@ -156,8 +128,6 @@ def run_server(args: argparse.Namespace, speculative: bool, round_: int) -> dict
             }
             print(f"  {name} {workload}: {out[workload]['tpot_s']}", flush=True)
         return out
-    finally:
-        server.stop()
 
 
 def best(rounds: list[dict[str, Any]], workload: str) -> dict[str, Any]:
