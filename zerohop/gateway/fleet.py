@@ -4,21 +4,35 @@ all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`)."
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from zerohop import __version__
 from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, open_leased_ledger
+from zerohop.gateway.budgets.ledger import Ledger
 from zerohop.gateway.fleet_options import LeaseOptions
+from zerohop.gateway.limits.buckets import RateLimiter
 from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.postgres import connect
 
 if TYPE_CHECKING:
-    from zerohop.gateway.gateway import Gateway
+    from zerohop.gateway.auth import Authenticator
+    from zerohop.gateway.metrics import GatewayMetrics
 
 APPLICATION_NAME = "zerohop-leases"  # in pg_stat_activity
 
 
-def join_fleet(gateway: Gateway, url: str, options: LeaseOptions) -> None:
+class FleetMember(Protocol):
+    """What joining a fleet changes of a Gateway (zerohop.gateway.gateway, which calls this
+    module: a Protocol, so that this module need not import it)."""
+
+    auth: Authenticator
+    limiter: RateLimiter
+    ledger: Ledger | None
+    rates: FleetRates | None
+    metrics: GatewayMetrics | None
+
+
+def join_fleet(gateway: FleetMember, url: str, options: LeaseOptions) -> None:
     """Give `gateway` (a Gateway, not started yet) the fleet's ledger and rate shares."""
     ledger = open_leased_ledger(
         functools.partial(connect, url, autocommit=True, application_name=APPLICATION_NAME),

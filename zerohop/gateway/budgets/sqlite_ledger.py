@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from zerohop.gateway.budgets.sqlite_writer import (
     Charge,
@@ -36,10 +37,14 @@ from zerohop.gateway.budgets.sqlite_writer import (
 )
 from zerohop.gateway.keys.identity import Budget, Identity
 
-if TYPE_CHECKING:
-    from zerohop.gateway.budgets.leased_ledger import LocalLease
-
 __all__ = ["BudgetExhausted", "BudgetLedger", "Charge", "LedgerUnavailable", "Reservation"]
+
+
+class LeaseHold(Protocol):
+    """A slice of a fleet budget a reservation is inside: what settling it changes."""
+
+    spent: int  # final use of settled reservations
+    open: int  # reserved by requests in flight
 
 
 class BudgetExhausted(Exception):
@@ -64,7 +69,8 @@ class Reservation:
     durable: asyncio.Future[None] | None = None
     used: int = 0  # tokens spent so far (uncached input + output), settled per step
     settled: bool = False  # given back (or taken back): nothing more to do
-    holds: list[LocalLease] = field(default_factory=list)  # the fleet's leases it is inside
+    # The fleet's leases it is inside (leased_ledger's LocalLease; none with a local ledger).
+    holds: Sequence[LeaseHold] = field(default_factory=list)
 
     @property
     def reserved(self) -> int:
