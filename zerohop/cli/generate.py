@@ -21,8 +21,9 @@ from zerohop.cli.engine_flags import (
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """`zerohop generate`: one prompt through the offline `LLM`, the text on stdout."""
-    from zerohop import LLM, SamplingParams
     from zerohop.cli.engine_choice import ZEROHOP_QUANTIZATION
+    from zerohop.engine.llm import LLM
+    from zerohop.engine.sample.sampling_params import SamplingParams
 
     if args.quantization not in ZEROHOP_QUANTIZATION:
         allowed = ", ".join(ZEROHOP_QUANTIZATION)

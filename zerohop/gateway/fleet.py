@@ -4,9 +4,9 @@ all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`)."
 from __future__ import annotations
 
 import functools
+from importlib import metadata
 from typing import TYPE_CHECKING, Protocol
 
-from zerohop import __version__
 from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, open_leased_ledger
 from zerohop.gateway.budgets.ledger import Ledger
 from zerohop.gateway.fleet_options import LeaseOptions
@@ -40,7 +40,7 @@ def join_fleet(gateway: FleetMember, url: str, options: LeaseOptions) -> None:
         horizon=options.horizon,
         ttl=options.ttl,
         heartbeat=options.heartbeat,
-        version=__version__,
+        version=metadata.version("zerohop"),
     )
     keeper = ledger.keeper
     assert isinstance(keeper, LeaseKeeper)  # open_leased_ledger made it

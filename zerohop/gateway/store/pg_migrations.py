@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import psycopg
 
-from zerohop import __version__
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, MIN_READER, PG_MIGRATIONS, SCHEMA_VERSION
 from zerohop.gateway.store.postgres import connect
 from zerohop.gateway.store.spec import StoreUnavailable
@@ -66,7 +66,7 @@ def _apply(conn: psycopg.Connection, version: int, sql: str) -> bool:
         conn.execute(sql)
         conn.execute(
             "INSERT INTO zerohop_schema (version, min_reader, zerohop) VALUES (%s, %s, %s)",
-            (version, MIN_READER[version], __version__),
+            (version, MIN_READER[version], metadata.version("zerohop")),
         )
         bumped = _scalar(
             conn,

@@ -16,7 +16,7 @@ Fields other than `event` and `data` (`id`, `retry`) are kept only in `raw`. Byt
 the last blank line are not an event (a stream cut short). `events` and `aevents` parse
 a whole (sync or async) stream of chunks.
 
-This module imports nothing of zerohop and nothing outside the standard library, so
+A leaf package: it imports nothing of zerohop and nothing outside the standard library, so
 clients, benchmarks and tests can use it without loading the server. The hot path (one
 `data:` line per event, as zerohop frames tokens) is one split per chunk and one slice
 per event.
