@@ -6,7 +6,6 @@ import asyncio
 import math
 import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import h2.config
@@ -19,12 +18,13 @@ import orjson
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
+from tests.scripted_engine import scripted_generation
 from zerohop import LLM, SamplingParams, sse
 from zerohop.api.errors import ApiError
+from zerohop.api.generation.sse import send_stream
 from zerohop.api.openai import schema as openai_schema
-from zerohop.api.openai.chat import OpenAIApi
+from zerohop.api.openai.output import LogprobFormatter
 from zerohop.api.openai.stream import ChatStream
-from zerohop.api.service import ServingContext
 from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.llm import RequestOutput
 from zerohop.engine.text.tokenizer import Tokenizer
@@ -588,21 +588,17 @@ def test_http2_stream_reset_aborts_the_request(live_server: LiveServer) -> None:
 
 
 def _stream_bytes(llama_dir: Path, deltas: list[RequestDelta | Exception]) -> list[bytes]:
-    ctx = ServingContext(None, Tokenizer.from_dir(llama_dir), MODEL_NAME, 2048)
-    api = OpenAIApi(ctx)
+    tokenizer = Tokenizer.from_dir(llama_dir)
     sent: list[dict] = []
-
-    async def source() -> AsyncIterator[RequestDelta]:
-        for item in deltas:
-            if isinstance(item, Exception):
-                raise item
-            yield item
 
     async def send(message: dict) -> None:
         sent.append(message)
 
-    stream = ChatStream("chatcmpl-x", MODEL_NAME, False, 3, None)
-    asyncio.run(api._stream(stream, source(), send, "req_x"))
+    generation = scripted_generation(tokenizer, deltas)
+    stream = ChatStream(
+        "req_x", "chatcmpl-x", MODEL_NAME, False, LogprobFormatter(tokenizer), top=None
+    )
+    asyncio.run(send_stream(generation, stream, send, []))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     assert sent[-1]["more_body"] is False
     return b"".join(m.get("body", b"") for m in sent[1:]).split(b"\n\n")

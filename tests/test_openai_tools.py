@@ -5,6 +5,7 @@ calls and their results is accepted, "none" gives no calls, bad definitions are 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from openai.types.chat import ChatCompletionChunk
 from tests.fixtures.tool_schemas import ADD, WEATHER
 from tests.grammar_check import decodes
 from tests.live_server import MODEL_NAME, LiveServer
+from tests.scripted_engine import scripted_generation
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import grammar as planned_grammar
 from zerohop.api.conversation.reasoning import ReasoningParser
-from zerohop.api.openai.events_stream import EventChatStream, answer_message
+from zerohop.api.openai.choices import ChatAnswer
+from zerohop.api.openai.events_stream import EventChatStream
 from zerohop.api.openai.output import LogprobFormatter
 from zerohop.api.openai.schema import ChatRequest
 from zerohop.api.openai.turns import conversation
@@ -206,8 +209,21 @@ def chat_request(messages: list, **fields: Any) -> ChatRequest:
 
 def message_fields(text: str, names: Any, finish_reason: str) -> tuple[dict[str, Any], str]:
     """A whole answer's message read as the surface reads it, calls in Hermes."""
-    message, called = answer_message(OutputReader(None, HermesParser(names)), text)
-    return message, "tool_calls" if called else finish_reason
+    script = [RequestDelta("r", [1], text, finished=True, finish_reason=finish_reason)]
+
+    def reader() -> OutputReader:
+        return OutputReader(None, HermesParser(names))
+
+    generation = scripted_generation(None, script, readers=reader, stream=False)
+    answer = ChatAnswer(1, None, LogprobFormatter.__new__(LogprobFormatter))
+
+    async def read() -> None:
+        async for step in generation.steps():
+            answer.add(step)
+
+    asyncio.run(read())
+    (choice,) = answer.body()
+    return choice["message"], choice["finish_reason"]
 
 
 def test_auto_parses_a_call() -> None:
@@ -287,13 +303,22 @@ def stream_chunks(
         thoughts = None if in_thought is None else ReasoningParser(in_thought)
         return OutputReader(thoughts, parser({"add"}))
 
-    stream = EventChatStream("chatcmpl-x", MODEL_NAME, False, 3, None, n, readers=reader)
-    data = stream.opening()
-    for index in range(n):
-        for j, piece in enumerate(pieces):
-            last = j == len(pieces) - 1
-            delta = RequestDelta("r", [1], piece, finished=last, finish_reason="stop", index=index)
-            data += stream.step(LogprobFormatter.__new__(LogprobFormatter), delta)
+    script = [
+        RequestDelta("r", [1], piece, finished=j == len(pieces) - 1, finish_reason="stop", index=i)
+        for i in range(n)
+        for j, piece in enumerate(pieces)
+    ]
+    generation = scripted_generation(None, script, n=n, readers=reader, stream=False)
+    formatter = LogprobFormatter.__new__(LogprobFormatter)
+    stream = EventChatStream("req_x", "chatcmpl-x", MODEL_NAME, False, formatter, n, top=None)
+
+    async def encode() -> bytes:
+        data = b""
+        async for step in generation.steps():
+            data += stream.step(step)
+        return data
+
+    data = stream.opening(None) + asyncio.run(encode())  # type: ignore[arg-type]
     events = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e]
     return [json.loads(e) for e in events]
 

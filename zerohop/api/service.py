@@ -10,11 +10,8 @@ expected restart time; a request in flight when the engine died ends with the sa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,19 +20,14 @@ from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import (
     DEFAULT_BODY_DEADLINE,
     BodyDeadline,
-    ClientDisconnected,
-    Receive,
-    on_disconnect,
 )
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import AdmissionControl
-from zerohop.api.load.queue_timing import QueueTiming
 from zerohop.api.model_names import ModelNames
 from zerohop.api.output_length import Api, output_limit
 from zerohop.api.shared_runs import SharedRuns
 from zerohop.api.tools.parsers import ParserFactory, parser_for
-from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.client import EngineClient, RequestOptions
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.fair_share import BACKGROUND, BATCH, INTERACTIVE
@@ -186,11 +178,6 @@ class ServingContext:
         timing = None if call is None else call.queue_timing
         return self.admission.load().headers() + ([] if timing is None else timing.headers())
 
-    def _step_seconds(self) -> float:
-        """The time of the engine's latest step (the one whose deltas are coming in)."""
-        stats = self.engine.latest_stats or {}
-        return float(stats.get("step_seconds", 0.0))
-
     def check_model(self, name: str, call: Call | None = None) -> None:
         """404 model_not_found unless `name` is one the server answers to (model_names.py);
         then the caller's key must allow it, or allow the primary name (the same model)."""
@@ -261,74 +248,3 @@ class ServingContext:
         if granted < wanted * n:
             return dataclasses.replace(params, max_tokens=max(1, granted // n))
         return params
-
-    async def generate(
-        self,
-        call: Call,
-        prompt: list[int],
-        params: SamplingParams,
-        receive: Receive | None = None,
-        continues: list[int] | None = None,
-        announce: bool = False,
-    ) -> AsyncGenerator[RequestDelta, None]:
-        """The engine's deltas for one request; engine-side rejections become ApiErrors.
-
-        With `announce`, the first delta is the admission (`delta.admitted`: no tokens, the
-        prompt's size and expected cache hit) once the gateway and the engine accepted it:
-        a stream can start then, errors before it still get their HTTP status.
-
-        With an ASGI `receive`, a client that goes away aborts the request in the engine, and
-        the request then ends here with ClientDisconnected (499 on every surface); an abort
-        that was not the client's (a drain) comes through as the final delta.
-        Each step's tokens are charged to the caller's limits and budget as they come.
-        `continues`: the end of `prompt` is a partial answer to resume (see `continued`).
-        """
-        request_id = call.request_id
-        options = engine_options(call, continues)
-        params = await self.admit(call, prompt, params, options)
-        watcher, gone = None, False
-
-        def client_gone() -> None:
-            nonlocal gone
-            gone = True
-            self.engine.abort(request_id)
-
-        if receive is not None:
-            watcher = on_disconnect(receive, client_gone)
-        # aclosing: closing this generator closes the engine's at once, which aborts the
-        # request, instead of whenever the garbage collector finalizes it.
-        deltas = self.engine.generate(request_id, prompt, params, announce, options)
-        timing: QueueTiming | None = call.queue_timing
-        if timing is not None:
-            timing.sent()
-        gateway = self.gateway
-        keep_text = gateway is not None and gateway.audits_content
-        if keep_text:  # --audit-content: the prompt as the model saw it, and the answer
-            call.prompt_text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-        try:
-            async with contextlib.aclosing(deltas):
-                async for delta in deltas:
-                    if delta.admitted:  # not a step: no queue time, nothing to charge
-                        yield delta
-                        continue
-                    if timing is not None and timing.actual is None:
-                        timing.first_delta(self._step_seconds())
-                    if gateway is not None:
-                        now = time.monotonic()
-                        gateway.on_delta(call, len(delta.new_token_ids), delta.cached_tokens, now)
-                    if keep_text:
-                        call.output_text.append(delta.new_text)
-                    if delta.finished:
-                        call.stop_reason = delta.finish_reason
-                        if gone and delta.finish_reason == "abort":
-                            raise ClientDisconnected
-                    yield delta
-        except InvalidRequestError as exc:
-            raise ApiError(400, str(exc)) from exc
-        except EngineDeadError as exc:
-            raise self.lost_error(call.surface) from exc
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            if gateway is not None:
-                gateway.release(call)

@@ -40,16 +40,13 @@ Decisions where the API leaves room (see also schema.py):
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from zerohop.api.anthropic.blocks import ContentBlocks
 from zerohop.api.anthropic.context import Edited, edit_context
+from zerohop.api.anthropic.message_encoder import MessageEncoder
 from zerohop.api.anthropic.schema import (
     CountTokensRequest,
     MessagesRequest,
@@ -58,51 +55,29 @@ from zerohop.api.anthropic.schema import (
 )
 from zerohop.api.anthropic.threads import ThreadTurn, thread_error
 from zerohop.api.anthropic.turns import conversation, thought_signatures
-from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.conversation.thought_signatures import ThoughtSigner
-from zerohop.api.errors import ApiError, anthropic_body, server_cancelled
+from zerohop.api.errors import ApiError
+from zerohop.api.generation.driver import Generation, GenerationRequest
+from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
-    ClientDisconnected,
     Receive,
     Scope,
     Send,
-    end_stream,
     read_json_body,
     request_id_headers,
-    send_chunk,
     send_json,
-    start_stream,
 )
-from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
-
-_DELTA_PREFIX = (
-    b"event: content_block_delta\n"
-    b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
-)
-_DELTA_SUFFIX = b"}}\n\n"
-_DELTA_SUFFIX_IDS = b'},"token_ids":'  # `return_token_ids`: the event's tokens follow
-_BLOCK_START = (
-    b"event: content_block_start\n"
-    b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}'
-    b'\n\nevent: ping\ndata: {"type":"ping"}\n\n'
-)
-_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-_BLOCK_STOP = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
-_MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def routes(ctx: ServingContext) -> dict:
@@ -184,24 +159,20 @@ class AnthropicSurface:
         if conv.tools and (request.return_token_ids or continues):
             raise ApiError(400, "tools: not supported with return_token_ids or continue_token_ids")
         planned = plan(conv, self.ctx, _sampling_params(request), continues)
-        prompt = planned.prompt
-        max_tokens = self.ctx.output_limit("messages", len(prompt), request.max_tokens)
-        params = dataclasses.replace(planned.params, max_tokens=max_tokens)
-        state = _Run(call.request_id, prompt, request.model, bool(request.return_token_ids))
-        state.context = None if edited is None else edited.response()
-        state.thread = thread
+        encoder = MessageEncoder(call.request_id, request.model, bool(request.return_token_ids))
+        encoder.context = None if edited is None else edited.response()
+        encoder.thread = thread
+        readers = None
         if conv.tools or planned.in_thought is not None:
-            state.reader = planned.reader()
-            state.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools), signer)
-        generation = self.ctx.generate(
-            call, prompt, params, receive, continues, announce=bool(request.stream)
-        )
-        async with contextlib.aclosing(generation) as deltas:
-            if request.stream:
-                interval = self.ctx.ping_interval
-                await state.stream(deltas, with_send_times(scope, send), interval)
-            else:
-                await state.complete(deltas, send)
+            readers = planned.reader
+            encoder.blocks = ContentBlocks(planned.in_thought is not None, bool(conv.tools), signer)
+        wanted = GenerationRequest("messages", planned.prompt, planned.params, readers, continues)
+        generation = Generation(self.ctx, call, wanted, receive, stream=bool(request.stream))
+        headers = request_id_headers(call.request_id)
+        if request.stream:
+            await send_stream(generation, encoder, with_send_times(scope, send), headers)
+        else:
+            await send_json(send, 200, await encoder.whole(generation), headers)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await read_json_body(scope, receive, self.ctx.max_body_bytes, self.ctx.body_deadline)
@@ -232,168 +203,6 @@ class AnthropicSurface:
         return lambda request: len(prompt_ids(self._conversation(request, signer), self.ctx))
 
 
-class _Run:
-    """One generation request's response, streamed as SSE events or sent whole."""
-
-    def __init__(self, rid: str, prompt: list[int], model: str, token_ids: bool) -> None:
-        self.rid, self.model = rid, model
-        self.suffix = _DELTA_SUFFIX_IDS if token_ids else None
-        self.num_prompt = len(prompt)
-        self.cached = 0
-        self.output_tokens = 0
-        # Set when the request has tools or thinks: the output read as events, into blocks.
-        self.reader: OutputReader | None = None
-        self.blocks: ContentBlocks | None = None
-        self.context: dict[str, Any] | None = None  # context_management (applied edits)
-        self.thread: ThreadTurn | None = None  # its answer is kept (anthropic/threads.py)
-        self.text: list[str] = []  # a threaded stream's text, for the kept answer
-
-    async def complete(self, deltas: AsyncIterator[RequestDelta], send: Send) -> None:
-        pieces: list[str] = []
-        async for delta in deltas:
-            self._count(delta)
-            pieces.append(delta.new_text)
-            self._blocks(delta)
-            if delta.finished:
-                break
-        stop_reason, stop_sequence = self._finish(delta)
-        content = [{"type": "text", "text": "".join(pieces)}]
-        if self.blocks is not None:
-            content = self.blocks.content()
-        body = {
-            **self._message(),
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": self._usage(),
-        }
-        if self.context is not None:
-            body["context_management"] = self.context
-        if self.thread is not None:  # kept before it is sent: the next turn finds it
-            await self.thread.answered(body["id"], content)
-        await send_json(send, 200, body, request_id_headers(self.rid))
-
-    async def stream(
-        self, deltas: AsyncIterator[RequestDelta], send: Send, ping_interval: float
-    ) -> None:
-        # Errors before admission become the HTTP status (the app sends them).
-        delta = await anext(deltas)
-        self._count(delta)
-        await start_stream(send, request_id_headers(self.rid))
-        start = {**self._message(), "content": [], "stop_reason": None, "stop_sequence": None}
-        start["usage"] = self._usage()
-        first = _BLOCK_START if self.blocks is None else self.blocks.opening() + _PING
-        await send_chunk(send, _event("message_start", {"message": start}) + first)
-        pings = Pings(deltas, ping_interval)
-        try:
-            async with contextlib.aclosing(pings.items()) as items:
-                stop_reason, stop_sequence = await self._follow(delta, items, pings, send)
-        except ClientDisconnected:
-            await end_stream(send)
-            raise
-        except ApiError as exc:
-            return await end_stream(send, _event("error", anthropic_body(exc, self.rid)))
-        except Exception:
-            log.exception("request %s failed mid-stream", self.rid)
-            error = ApiError(500, "internal server error")
-            return await end_stream(send, _event("error", anthropic_body(error, self.rid)))
-        end: dict[str, Any] = {
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-        }
-        end["usage"] = self._usage()
-        if self.context is not None:
-            end["context_management"] = self.context
-        stop = _BLOCK_STOP if self.blocks is None else self.blocks.end()
-        if self.thread is not None:  # kept before message_stop: the next turn finds it
-            await self.thread.answered(self._message()["id"], self._content())
-        await end_stream(send, stop + _event("message_delta", end) + _MESSAGE_STOP)
-
-    async def _follow(
-        self,
-        delta: RequestDelta,
-        items: AsyncIterator[RequestDelta | None],
-        pings: Pings[RequestDelta],
-        send: Send,
-    ) -> tuple[str, str | None]:
-        """Each delta's events (from `delta`, the admission or an error, on), a ping when
-        nothing was written for a while; the final delta's (stop_reason, stop_sequence)."""
-        if not delta.admitted and (chunk := self._chunk(delta)):
-            await send_chunk(send, chunk)
-        while not delta.finished:
-            item = await anext(items)
-            if item is None:
-                await send_chunk(send, _PING)
-                continue
-            delta = item
-            self._count(delta)
-            chunk = self._chunk(delta)
-            if chunk:
-                await send_chunk(send, chunk)
-                pings.wrote()
-        return self._finish(delta)
-
-    def _chunk(self, delta: RequestDelta) -> bytes:
-        if self.blocks is not None:
-            return self._blocks(delta)
-        if delta.new_token_ids:  # one event per token, even one with no text yet
-            return self._delta_event(delta)
-        return b""
-
-    def _blocks(self, delta: RequestDelta) -> bytes:
-        """The step's output through the reader into the content blocks (their events)."""
-        if self.reader is None or self.blocks is None:
-            return b""
-        events = self.reader.feed(delta.new_text, final=delta.finished)
-        return self.blocks.events(events, final=delta.finished)
-
-    def _delta_event(self, delta: RequestDelta) -> bytes:
-        text = orjson.dumps(delta.new_text)
-        if self.suffix is None:
-            return _DELTA_PREFIX + text + _DELTA_SUFFIX
-        return _DELTA_PREFIX + text + self.suffix + orjson.dumps(delta.new_token_ids) + b"}\n\n"
-
-    def _count(self, delta: RequestDelta) -> None:
-        self.output_tokens += len(delta.new_token_ids)
-        self.cached = delta.cached_tokens
-        if self.thread is not None:
-            self.text.append(delta.new_text)
-
-    def _content(self) -> list[dict[str, Any]]:
-        """The answer's content blocks, once its output is all read."""
-        if self.blocks is not None:
-            return self.blocks.content()
-        return [{"type": "text", "text": "".join(self.text)}]
-
-    def _finish(self, delta: RequestDelta) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence) of the final delta; ApiError when it failed."""
-        reason = delta.finish_reason
-        if reason == "error":
-            raise ApiError(500, f"generation failed: {delta.error}")
-        if reason not in _STOP_REASONS:  # "abort": the server's (the client's ends earlier)
-            raise server_cancelled(529)
-        if self.blocks is not None and self.blocks.calls:
-            return "tool_use", None
-        if reason == "stop" and isinstance(delta.stop_reason, str):
-            return "stop_sequence", delta.stop_reason
-        return _STOP_REASONS[reason], None
-
-    def _message(self) -> dict[str, Any]:
-        return {
-            "id": "msg_" + self.rid.removeprefix("req_"),
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-        }
-
-    def _usage(self) -> dict[str, int]:
-        return {
-            "input_tokens": self.num_prompt - self.cached,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": self.cached,
-            "output_tokens": self.output_tokens,
-        }
-
-
 def _sampling_params(request: MessagesRequest) -> SamplingParams:
     return sampling_params(
         temperature=request.temperature,
@@ -401,11 +210,4 @@ def _sampling_params(request: MessagesRequest) -> SamplingParams:
         top_k=request.top_k,
         max_tokens=request.max_tokens,
         stop=request.stop_sequences,
-    )
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (
-        name.encode(),
-        orjson.dumps({"type": name, **data}),
     )

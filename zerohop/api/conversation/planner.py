@@ -74,6 +74,13 @@ class Plan:
         calls = None if self.parser is None else self.parser(self.tools)
         return OutputReader(thoughts, calls, self.single)
 
+    def readers(self) -> Callable[[], OutputReader] | None:
+        """How each choice's output is read; None when it is plain text (no thought is split
+        off, no call is parsed)."""
+        if self.parser is None and self.in_thought is None:
+            return None
+        return self.reader
+
 
 def plan(
     conv: Conversation,

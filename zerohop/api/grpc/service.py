@@ -21,19 +21,20 @@ from zerohop.api.conversation.events import (
     CallArguments,
     CallEnd,
     CallStart,
-    OutputReader,
+    Event,
     Text,
     Thought,
 )
 from zerohop.api.conversation.planner import Plan, plan
-from zerohop.api.errors import ApiError, error_kind, server_cancelled
+from zerohop.api.errors import ApiError, error_kind
+from zerohop.api.generation.driver import Generation, GenerationRequest
+from zerohop.api.generation.events import Finish, FinishReason, Step
 from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
 from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
 from zerohop.engine.base.errors import InvalidRequestError
-from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
@@ -56,7 +57,11 @@ _STATUS_CODES = {
 }
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-_FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_FINISH_REASONS = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
+}
 
 PromptRequest = pb.GenerateRequest | pb.CountTokensRequest
 
@@ -129,27 +134,24 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         ctx.check_model(request.model, call)
         continues = list(request.continue_token_ids)
         params = _sampling_params(request, ctx.vocab_size)
-        output: _Output | None = None
+        output = _Output()
         if request.WhichOneof("input") == "messages":
             # The constraint becomes the conversation's output format; the plan's grammar
             # replaces it in params (a forced call refuses it, strict tools stand aside).
             planned = self._plan(request, params, params.grammar, continues)
-            prompt, params, output = planned.prompt, planned.params, _Output.of(planned)
+            wanted = GenerationRequest(
+                "grpc", planned.prompt, planned.params, planned.readers(), continues
+            )
         else:
             prompt = ctx.continued(self._prompt(request), continues)
-        ctx.output_limit("grpc", len(prompt), params.max_tokens)
-        completion_tokens = 0
-        generation = ctx.generate(call, prompt, params, continues=continues)
+            wanted = GenerationRequest("grpc", prompt, params, None, continues)
         # A cancelled or timed-out call raises CancelledError at one of these awaits;
         # closing the iterator then aborts the request in the engine.
-        async with contextlib.aclosing(generation) as deltas:
-            async for delta in deltas:
-                completion_tokens += len(delta.new_token_ids)
-                if delta.new_token_ids or delta.new_text or delta.finished:
-                    message = _response(delta, len(prompt), completion_tokens)
-                    if output is not None:
-                        output.fill(message, delta)
-                    await context.write(message)
+        steps = Generation(ctx, call, wanted).steps()
+        async with contextlib.aclosing(steps):
+            async for step in steps:
+                if step.token_ids or step.text or step.finish is not None:
+                    await context.write(output.message(step))
 
     def _plan(
         self,
@@ -254,66 +256,50 @@ def _logit_bias(request: pb.GenerateRequest, vocab_size: int) -> dict[int, float
     return bias or None
 
 
-def _response(
-    delta: RequestDelta, prompt_tokens: int, completion_tokens: int
-) -> pb.GenerateResponse:
-    message = pb.GenerateResponse(token_ids=delta.new_token_ids, text=delta.new_text)
-    if delta.new_logprobs is not None:
-        message.logprobs.extend(
-            _logprobs(token, top)
-            for token, top in zip(delta.new_token_ids, delta.new_logprobs, strict=True)
-        )
-    if not delta.finished:
-        return message
-    if delta.finish_reason == "error":
-        raise ApiError(500, f"the request failed in the engine: {delta.error}")
-    if delta.finish_reason not in _FINISH_REASONS:  # "abort": only the server aborts on its own
-        raise server_cancelled(503)
-    message.finish_reason = _FINISH_REASONS[delta.finish_reason]
-    if isinstance(delta.stop_reason, str):
-        message.stop_string = delta.stop_reason
-    elif isinstance(delta.stop_reason, int):
-        message.stop_token_id = delta.stop_reason
-    message.usage.prompt_tokens = prompt_tokens
-    message.usage.completion_tokens = completion_tokens
-    message.usage.cached_tokens = delta.cached_tokens
-    return message
-
-
 class _Output:
-    """A step's output read as every surface reads it (the planner's reader): its thought, its
-    text without calls, a streamed call's deltas, the calls it completed, the finish reason."""
+    """A step as a GenerateResponse: its tokens and logprobs, its thought, its text without
+    calls, a streamed call's deltas, the calls it completed, and the finish with the usage."""
 
-    def __init__(self, reader: OutputReader) -> None:
-        self.reader = reader
+    def __init__(self) -> None:
         self.ids: dict[int, str] = {}  # a streamed call's id, by its index
 
-    @classmethod
-    def of(cls, planned: Plan) -> _Output | None:
-        """None when no thought is split off and no call is parsed: the text goes out as
-        decoded."""
-        if planned.parser is None and planned.in_thought is None:
-            return None
-        return cls(planned.reader())
-
-    def fill(self, message: pb.GenerateResponse, delta: RequestDelta) -> None:
-        events = self.reader.feed(delta.new_text, delta.finished)
+    def message(self, step: Step) -> pb.GenerateResponse:
+        events = step.output
+        message = pb.GenerateResponse(token_ids=step.token_ids)
         message.text = "".join(e.text for e in events if isinstance(e, Text))
         message.thought = "".join(e.text for e in events if isinstance(e, Thought))
+        if step.logprobs is not None:
+            message.logprobs.extend(
+                _logprobs(token, top)
+                for token, top in zip(step.token_ids, step.logprobs, strict=True)
+            )
         for event in events:
-            if isinstance(event, CallStart):
-                self.ids[event.index] = call_id()
-                message.tool_call_deltas.add(
-                    index=event.index, id=self.ids[event.index], name=event.name
-                )
-            elif isinstance(event, CallArguments):
-                message.tool_call_deltas.add(
-                    index=event.index, arguments_json_fragment=event.fragment
-                )
-            elif isinstance(event, CallEnd):
-                message.tool_calls.append(tool_call(event.call, self.ids.get(event.index)))
-        if delta.finished and self.reader.found:
-            message.finish_reason = pb.FINISH_REASON_TOOL_CALLS
+            self._call_event(message, event)
+        if step.finish is not None:
+            _finish(message, step.finish)
+        return message
+
+    def _call_event(self, message: pb.GenerateResponse, event: Event) -> None:
+        if isinstance(event, CallStart):
+            self.ids[event.index] = call_id()
+            message.tool_call_deltas.add(
+                index=event.index, id=self.ids[event.index], name=event.name
+            )
+        elif isinstance(event, CallArguments):
+            message.tool_call_deltas.add(index=event.index, arguments_json_fragment=event.fragment)
+        elif isinstance(event, CallEnd):
+            message.tool_calls.append(tool_call(event.call, self.ids.get(event.index)))
+
+
+def _finish(message: pb.GenerateResponse, finish: Finish) -> None:
+    message.finish_reason = _FINISH_REASONS[finish.reason]
+    if isinstance(finish.stop, str):
+        message.stop_string = finish.stop
+    elif isinstance(finish.stop, int):
+        message.stop_token_id = finish.stop
+    message.usage.prompt_tokens = finish.usage.prompt_tokens
+    message.usage.completion_tokens = finish.usage.output_tokens
+    message.usage.cached_tokens = finish.usage.cached_tokens
 
 
 def _logprobs(token: int, top: dict[int, float]) -> pb.Logprobs:

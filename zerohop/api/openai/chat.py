@@ -17,32 +17,27 @@ for the chat template's render, a JSON object whose keys may not replace the ren
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from zerohop.api.conversation.events import OutputReader
-from zerohop.api.conversation.planner import Plan, plan
-from zerohop.api.errors import ApiError, openai_body
+from zerohop.api.conversation.planner import plan
+from zerohop.api.errors import ApiError
+from zerohop.api.generation.driver import Generation, GenerationRequest
+from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
-    ClientDisconnected,
     Receive,
     Scope,
     Send,
-    end_stream,
     read_json_body,
     request_id_headers,
-    send_chunk,
     send_json,
-    start_stream,
 )
-from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.openai.choices import ChatAnswer, CompletionAnswer
 from zerohop.api.openai.events_stream import EventChatStream
-from zerohop.api.openai.output import LogprobFormatter, raise_failure
+from zerohop.api.openai.output import LogprobFormatter
 from zerohop.api.openai.output_format import completion_grammar
 from zerohop.api.openai.schema import (
     ChatRequest,
@@ -54,11 +49,10 @@ from zerohop.api.openai.schema import (
     decode,
     sampling_params,
 )
-from zerohop.api.openai.stream import DONE, PING, ChatStream, CompletionStream, Stream, sse
+from zerohop.api.openai.stream import ChatStream, CompletionStream, Stream
 from zerohop.api.openai.turns import conversation
 from zerohop.api.service import ServingContext
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
 
@@ -160,53 +154,23 @@ class OpenAIApi:
         top = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens, top, self.ctx.vocab_size, None)
         planned = plan(conv, self.ctx, params, continues)
-        prompt, params = planned.prompt, planned.params
-        self.ctx.output_limit("chat", len(prompt), max_tokens)
-        rid = "chatcmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        readers = _readers(planned)
-        deltas = self.ctx.generate(
-            call, prompt, params, receive, continues, announce=bool(request.stream)
-        )
-        async with contextlib.aclosing(deltas):
-            if request.stream:
-                options = request.stream_options
-                usage = bool(options and options.include_usage)
-                head = (rid, request.model, usage, len(prompt), top, params.n)
-                stream = (
-                    ChatStream(*head)
-                    if readers is None
-                    else EventChatStream(*head, readers=readers)
-                )
-                stream.token_ids = bool(request.return_token_ids)
-                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
-            else:
-                formatter = self.logprob_formatter
-                answer = ChatAnswer(len(prompt), params.n, top, formatter, readers)
-                await self._chat_once(rid, request.model, answer, deltas, send, request_id)
-
-    async def _chat_once(
-        self,
-        rid: str,
-        model: str,
-        answer: ChatAnswer,
-        deltas: AsyncIterator[RequestDelta],
-        send: Send,
-        request_id: str,
-    ) -> None:
-        async for delta in deltas:
-            answer.add(delta)
-            if delta.finished:
-                raise_failure(delta)
-        body = {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": answer.body(),
-            "usage": answer.usage(),
-        }
-        await send_json(send, 200, body, request_id_headers(request_id))
+        readers = planned.readers()
+        wanted = GenerationRequest("chat", planned.prompt, planned.params, readers, continues)
+        generation = Generation(self.ctx, call, wanted, receive, stream=bool(request.stream))
+        n, formatter = planned.params.n, self.logprob_formatter
+        if request.stream:
+            options = request.stream_options
+            usage = bool(options and options.include_usage)
+            kind = ChatStream if readers is None else EventChatStream
+            rid = "chatcmpl-" + request_id.removeprefix("req_")
+            stream = kind(request_id, rid, request.model, usage, formatter, n, top=top)
+            stream.token_ids = bool(request.return_token_ids)
+            await self._stream(generation, stream, scope, send)
+        else:
+            thinks = planned.in_thought is not None
+            answer = ChatAnswer(n, top, formatter, thinks)
+            await self._whole(generation, answer, request.model, "chat.completion", send)
 
     # -- completions -----------------------------------------------------------------------
 
@@ -233,7 +197,6 @@ class OpenAIApi:
         prompt = self.ctx.encode_text(given) if isinstance(given, str) else given
         continues = request.continue_token_ids
         prompt = self.ctx.continued(prompt, continues)
-        self.ctx.output_limit("completions", len(prompt), request.max_tokens)
         grammar = completion_grammar(request)
         params = sampling_params(
             request, request.max_tokens, request.logprobs, self.ctx.vocab_size, grammar
@@ -241,99 +204,49 @@ class OpenAIApi:
         echo = ""
         if request.echo:
             echo = given if isinstance(given, str) else self.ctx.tokenizer.decode(given)
-        rid = "cmpl-" + request_id.removeprefix("req_")
         call.wants_batch = request.wants_batch
-        deltas = self.ctx.generate(
-            call, prompt, params, receive, continues, announce=bool(request.stream)
-        )
-        async with contextlib.aclosing(deltas):
-            if request.stream:
-                options = request.stream_options
-                usage = bool(options and options.include_usage)
-                stream = CompletionStream(rid, request.model, usage, len(prompt), echo, params.n)
-                stream.token_ids = bool(request.return_token_ids)
-                await self._stream(stream, deltas, with_send_times(scope, send), request_id)
-            else:
-                answer = CompletionAnswer(len(prompt), params.n, echo, self.logprob_formatter)
-                await self._complete_once(rid, request.model, answer, deltas, send, request_id)
+        wanted = GenerationRequest("completions", prompt, params, None, continues)
+        generation = Generation(self.ctx, call, wanted, receive, stream=bool(request.stream))
+        formatter = self.logprob_formatter
+        if request.stream:
+            options = request.stream_options
+            usage = bool(options and options.include_usage)
+            rid = "cmpl-" + request_id.removeprefix("req_")
+            stream = CompletionStream(
+                request_id, rid, request.model, usage, formatter, params.n, echo=echo
+            )
+            stream.token_ids = bool(request.return_token_ids)
+            await self._stream(generation, stream, scope, send)
+        else:
+            answer = CompletionAnswer(params.n, echo, formatter)
+            await self._whole(generation, answer, request.model, "text_completion", send)
 
-    async def _complete_once(
-        self,
-        rid: str,
-        model: str,
-        answer: CompletionAnswer,
-        deltas: AsyncIterator[RequestDelta],
-        send: Send,
-        request_id: str,
+    # -- the response, streamed or whole ---------------------------------------------------
+
+    async def _stream(
+        self, generation: Generation, stream: Stream, scope: Scope, send: Send
     ) -> None:
-        async for delta in deltas:
-            answer.add(delta)
-            if delta.finished:
-                raise_failure(delta)
+        headers = request_id_headers(generation.call.request_id)
+        await send_stream(generation, stream, with_send_times(scope, send), headers)
+
+    async def _whole(
+        self,
+        generation: Generation,
+        answer: ChatAnswer | CompletionAnswer,
+        model: str,
+        kind: str,
+        send: Send,
+    ) -> None:
+        async for step in generation.steps():
+            answer.add(step)
+        request_id = generation.call.request_id
+        prefix = "chatcmpl-" if kind == "chat.completion" else "cmpl-"
         body = {
-            "id": rid,
-            "object": "text_completion",
+            "id": prefix + request_id.removeprefix("req_"),
+            "object": kind,
             "created": int(time.time()),
             "model": model,
             "choices": answer.body(),
-            "usage": answer.usage(),
+            "usage": answer.usage_body(),
         }
         await send_json(send, 200, body, request_id_headers(request_id))
-
-    # -- streaming -------------------------------------------------------------------------
-
-    async def _stream(
-        self, stream: Stream, deltas: AsyncIterator[RequestDelta], send: Send, request_id: str
-    ) -> None:
-        first = await anext(deltas)  # the admission: refusals before it get a proper status
-        if first.finished:
-            raise_failure(first)
-        await start_stream(send, request_id_headers(request_id))
-        pings = Pings(deltas, self.ctx.openai_ping_interval)
-        if opening := stream.opening():  # chat: the role chunk, at once
-            await send_chunk(send, opening)
-        try:
-            async with contextlib.aclosing(pings.items()) as items:
-                await end_stream(send, await self._follow(stream, first, items, pings, send))
-        except StopAsyncIteration:
-            await end_stream(send, DONE)
-        except ClientDisconnected:
-            await end_stream(send)
-            raise
-        except ApiError as exc:
-            await end_stream(send, sse(openai_body(exc, request_id)) + DONE)
-        except Exception:
-            log.exception("stream %s failed", request_id)
-            error = ApiError(500, "internal server error")
-            await end_stream(send, sse(openai_body(error, request_id)) + DONE)
-
-    async def _follow(
-        self,
-        stream: Stream,
-        delta: RequestDelta | None,
-        items: AsyncIterator[RequestDelta | None],
-        pings: Pings[RequestDelta],
-        send: Send,
-    ) -> bytes:
-        """Each delta's chunks (from `delta`, the admission or the first step, on), a ping
-        comment when nothing was written for a while; the stream's last bytes."""
-        while True:
-            if delta is None:
-                await send_chunk(send, PING)
-            elif not delta.admitted:
-                if delta.finished and delta.finish_reason in ("abort", "error"):
-                    raise_failure(delta)
-                data = stream.step(self.logprob_formatter, delta)
-                if stream.done:  # every choice has finished
-                    return data + stream.closing() + DONE
-                if data:
-                    await send_chunk(send, data)
-                    pings.wrote()
-            delta = await anext(items)
-
-
-def _readers(planned: Plan) -> Callable[[], OutputReader] | None:
-    """A reader per choice, or None when the output is plain content (no thought, no calls)."""
-    if planned.parser is None and planned.in_thought is None:
-        return None
-    return planned.reader

@@ -1,6 +1,6 @@
-"""A chat answer read as the neutral output events (api/conversation/events.py), streamed or
-whole: the thought as `reasoning_content` (and vLLM's `reasoning`), the text as `content`,
-the calls as `tool_calls`.
+"""A chat answer streamed from the neutral output events (api/conversation/events.py): the
+thought as `reasoning_content` (and vLLM's `reasoning`), the text as `content`, the calls as
+`tool_calls`.
 
 A streamed call the reader reads as decoded (a forced one) goes out as a `tool_calls` delta
 with its index, id, type, name and arguments "" once its name is read, then one per piece of
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import secrets
 import string
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,14 +24,12 @@ from zerohop.api.conversation.events import (
     CallEnd,
     CallStart,
     Event,
-    OutputReader,
     Text,
     Thought,
 )
-from zerohop.api.openai.output import LogprobFormatter
-from zerohop.api.openai.stream import ChatStream, _index
+from zerohop.api.generation.events import Step
+from zerohop.api.openai.stream import ChatStream, choice_index
 from zerohop.api.tools.spec import ToolCall
-from zerohop.engine.base.outputs import RequestDelta
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -54,47 +51,22 @@ def reasoning_fields(thought: str | None) -> dict[str, Any]:
     return {"reasoning_content": thought, "reasoning": thought}
 
 
-def answer_message(reader: OutputReader, text: str) -> tuple[dict[str, Any], bool]:
-    """A whole answer's message, and whether it made calls."""
-    events = reader.feed(text, final=True)
-    content = "".join(e.text for e in events if isinstance(e, Text))
-    calls = [e.call for e in events if isinstance(e, CallEnd)]
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["content"] = content or None
-        message["tool_calls"] = [openai_call(c) for c in calls]
-    if reader.thoughts is not None:
-        message.update(reasoning_fields(reader.thought if reader.thought_opened else None))
-    return message, bool(calls)
-
-
 class EventChatStream(ChatStream):
-    """A chat stream whose every choice is read by its own OutputReader."""
+    """A chat stream whose choices' output comes as events: the thought, the text, the calls."""
 
-    def __init__(self, *args: Any, readers: Callable[[], OutputReader], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.readers = [readers() for _ in range(self.choices.n)]
-
-    def step(self, formatter: LogprobFormatter, delta: RequestDelta) -> bytes:
-        totals = self.choices.add(delta)
-        i = delta.index
-        events = self.readers[i].feed(delta.new_text, final=delta.finished)
+    def step(self, step: Step) -> bytes:
+        i, events = step.choice, step.output
         text = "".join(e.text for e in events if isinstance(e, Text))
         thought = "".join(e.text for e in events if isinstance(e, Thought))
         data = self._delta(i, reasoning_fields(thought)) if thought else b""
         calls = b"".join(self._call_delta(i, e) for e in events)
         quiet = calls or thought  # the token's output went out in another delta
-        if text or (delta.new_token_ids and (not quiet or self._per_token(delta))):
-            data += self.content(formatter, replace(delta, new_text=text))
-        data += calls
-        if delta.finished:
-            reason = "tool_calls" if self.readers[i].found else totals.finish_reason
-            stop_reason = orjson.dumps(totals.stop_reason)
-            data += self.head + self.finish_choice(i, reason, stop_reason) + b"]" + self.tail
-        return data
+        if text or (step.token_ids and (not quiet or self._per_token(step))):
+            data += self.content(replace(step, text=text))
+        return data + calls + self.finish_chunk(step)
 
-    def _per_token(self, delta: RequestDelta) -> bool:
-        return delta.new_logprobs is not None or self.token_ids
+    def _per_token(self, step: Step) -> bool:
+        return step.logprobs is not None or self.token_ids
 
     def _call_delta(self, index: int, event: Event) -> bytes:
         match event:
@@ -117,6 +89,6 @@ class EventChatStream(ChatStream):
     def _delta(self, index: int, fields: dict[str, Any]) -> bytes:
         delta = orjson.dumps(fields)
         return (
-            self.head + _index(index) + b',"delta":' + delta
+            self.head + choice_index(index) + b',"delta":' + delta
             + b',"logprobs":null,"finish_reason":null}]' + self.tail
         )  # fmt: skip

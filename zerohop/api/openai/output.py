@@ -1,93 +1,29 @@
 """What an OpenAI request produced, in the API's shapes, for whole and streamed responses alike:
-usage and finish (`Totals`; per choice of `n`, `Choices`), failures, and logprobs with each
-token's text and bytes.
+usage, and logprobs with each token's text and bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from zerohop.api.errors import ApiError, server_cancelled
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.api.generation.events import Step, Usage
 from zerohop.engine.text.byte_alphabet import byte_alphabet
 from zerohop.engine.text.tokenizer import Tokenizer
 
 MIN_LOGPROB = -9999.0  # what OpenAI and vLLM report instead of -inf
 
 
-@dataclass(slots=True)
-class Totals:
-    """What a request produced, accumulated over its deltas."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-
-    def add(self, delta: RequestDelta) -> None:
-        self.completion_tokens += len(delta.new_token_ids)
-        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
-        if delta.new_text:
-            self.text.append(delta.new_text)
-        if delta.finished:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-
-    def usage(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
+def openai_usage(usage: Usage) -> dict[str, Any]:
+    """The prompt once (it was prefilled once), the output of every choice."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.prompt_tokens + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
 
 
-@dataclass(slots=True)
-class Choices:
-    """A request's `n` choices, each accumulated over its deltas (`delta.index`)."""
-
-    prompt_tokens: int
-    n: int = 1
-    totals: list[Totals] = field(init=False)
-    num_finished: int = 0
-
-    def __post_init__(self) -> None:
-        self.totals = [Totals(self.prompt_tokens) for _ in range(self.n)]
-
-    def add(self, delta: RequestDelta) -> Totals:
-        totals = self.totals[delta.index]
-        totals.add(delta)
-        self.num_finished += delta.finished
-        return totals
-
-    @property
-    def done(self) -> bool:
-        return self.num_finished >= self.n
-
-    def usage(self) -> dict[str, Any]:
-        """The prompt once (it was prefilled once), the output of every choice."""
-        whole = Totals(
-            self.prompt_tokens,
-            completion_tokens=sum(t.completion_tokens for t in self.totals),
-            cached_tokens=max(t.cached_tokens for t in self.totals),
-        )
-        return whole.usage()
-
-
-def raise_failure(delta: RequestDelta) -> None:
-    """Raise for a request that ended in the engine without a result to send. An abort that
-    reaches a surface was the server's (a drain): one the client caused ends earlier, with
-    ClientDisconnected (`ServingContext.generate`)."""
-    if delta.finish_reason == "abort":
-        raise server_cancelled(503)
-    if delta.finish_reason == "error":
-        raise ApiError(500, f"generation failed: {delta.error or 'engine error'}")
-
-
-def legacy_columns() -> dict[str, list]:
+def legacy_columns() -> dict[str, list[Any]]:
     return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
 
@@ -126,12 +62,10 @@ class LogprobFormatter:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokens = TokenTexts(tokenizer)
 
-    def chat(self, delta: RequestDelta, top: int) -> list[dict[str, Any]]:
-        """OpenAI's `logprobs.content` entries for a delta's tokens."""
+    def chat(self, step: Step, top: int) -> list[dict[str, Any]]:
+        """OpenAI's `logprobs.content` entries for a step's tokens."""
         entries = []
-        for token_id, candidates in zip(
-            delta.new_token_ids, delta.new_logprobs or (), strict=False
-        ):
+        for token_id, candidates in zip(step.token_ids, step.logprobs or (), strict=False):
             token, raw = self.tokens.get(token_id)
             chosen = max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB)
             ranked = sorted(candidates.items(), key=lambda kv: -kv[1])[:top]
@@ -149,12 +83,10 @@ class LogprobFormatter:
         token, raw = self.tokens.get(token_id)
         return {"token": token, "logprob": max(logprob, MIN_LOGPROB), "bytes": raw}
 
-    def legacy(self, delta: RequestDelta, out: dict[str, list], offset: int) -> int:
-        """Extend the completions API's column-wise logprobs by a delta's tokens; the
+    def legacy(self, step: Step, out: dict[str, list[Any]], offset: int) -> int:
+        """Extend the completions API's column-wise logprobs by a step's tokens; the
         returned offset is where the next token's text starts."""
-        for token_id, candidates in zip(
-            delta.new_token_ids, delta.new_logprobs or (), strict=False
-        ):
+        for token_id, candidates in zip(step.token_ids, step.logprobs or (), strict=False):
             token, _ = self.tokens.get(token_id)
             out["tokens"].append(token)
             out["token_logprobs"].append(max(candidates.get(token_id, MIN_LOGPROB), MIN_LOGPROB))

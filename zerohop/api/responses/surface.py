@@ -35,42 +35,35 @@ Decisions where the API leaves room:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from zerohop.api.conversation.planner import Plan, plan, prompt_ids
+from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.request import Conversation, Reasoning, Turn
 from zerohop.api.conversation.system_turns import takes_late_system
-from zerohop.api.errors import ApiError, server_cancelled
+from zerohop.api.errors import ApiError
+from zerohop.api.generation.driver import Generation, GenerationRequest
+from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
-    ClientDisconnected,
     Receive,
     Scope,
     Send,
-    end_stream,
     read_json_body,
     request_id_headers,
-    send_chunk,
     send_json,
-    start_stream,
 )
-from zerohop.api.http.keepalive import Pings
 from zerohop.api.http.send_times import with_send_times
-from zerohop.api.openai.stream import PING
 from zerohop.api.responses.formats import text_grammar
 from zerohop.api.responses.items import as_items, input_turns
 from zerohop.api.responses.listing import input_items_page, with_ids
-from zerohop.api.responses.output import EventWriter, OutputItems
+from zerohop.api.responses.response_encoder import Prepared, ResponseEncoder
 from zerohop.api.responses.schema import ResponsesRequest, decode_request
 from zerohop.api.responses.stored import Found, StoredResponses, not_found
-from zerohop.api.responses.tools import Choice, RequestTools, request_tools, tool_choice
+from zerohop.api.responses.tools import request_tools, tool_choice
 from zerohop.api.service import ServingContext, sampling_params
 from zerohop.api.shared_runs import may_attach, run_key
-from zerohop.engine.base.outputs import RequestDelta
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
@@ -90,17 +83,6 @@ def routes(ctx: ServingContext) -> dict:
         ("GET", ONE + "/input_items"): surface.input_items,
         ("POST", ONE + "/cancel"): surface.cancel,
     }
-
-
-@dataclasses.dataclass(slots=True)
-class Prepared:
-    """A request made ready to run: its conversation's plan, the items it saw, its tools."""
-
-    request: ResponsesRequest
-    planned: Plan
-    items: list[Any]
-    tools: RequestTools
-    choice: Choice
 
 
 class ResponsesSurface:
@@ -130,24 +112,27 @@ class ResponsesSurface:
         assert request.model is not None
         self.ctx.check_model(request.model, call)
         ready = await self._prepare(request, call)
-        run = _Run(ready, call, self._skeleton(ready, call))
-        run.store = self.store if request.store else None
+        encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
+        encoder.store = self.store if request.store else None
         if request.background and not request.stream:
-            return await self._background(run, send)
-        deltas = self._generate(run, receive, announce=request.stream)
-        async with contextlib.aclosing(deltas):
-            if request.stream:
-                await run.stream(deltas, with_send_times(scope, send), self.ctx.ping_interval)
-            else:
-                await run.complete(deltas)
-                await run.keep()
-                await send_json(send, 200, run.body, request_id_headers(call.request_id))
+            return await self._background(encoder, send)
+        generation = self._generation(encoder, receive, stream=request.stream)
+        headers = request_id_headers(call.request_id)
+        if request.stream:
+            await send_stream(generation, encoder, with_send_times(scope, send), headers)
+        else:
+            await encoder.whole(generation)
+            await encoder.keep()
+            await send_json(send, 200, encoder.body, headers)
 
-    def _generate(
-        self, run: _Run, receive: Receive | None, announce: bool = False
-    ) -> AsyncGenerator[RequestDelta, None]:
-        prompt, params = run.ready.planned.prompt, run.ready.planned.params
-        return self.ctx.generate(run.call, prompt, params, receive, announce=announce)
+    def _generation(
+        self, encoder: ResponseEncoder, receive: Receive | None, stream: bool = False
+    ) -> Generation:
+        planned = encoder.ready.planned
+        wanted = GenerationRequest("responses", planned.prompt, planned.params, planned.reader)
+        generation = Generation(self.ctx, encoder.call, wanted, receive, stream)
+        encoder.usage = generation.usage  # a failure reports the usage so far
+        return generation
 
     async def _prepare(self, request: ResponsesRequest, call: Call) -> Prepared:
         inherited: list[Any] = []
@@ -172,12 +157,12 @@ class ResponsesSurface:
         if request.truncation == "auto":
             conv.turns = self._truncated(conv)
         params = sampling_params(
-            temperature=request.temperature, top_p=request.top_p, max_tokens=1, seed=request.seed
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_tokens=request.max_output_tokens,
+            seed=request.seed,
         )
         planned = plan(conv, self.ctx, params)
-        wanted = request.max_output_tokens
-        max_tokens = self.ctx.output_limit("responses", len(planned.prompt), wanted)
-        planned.params = dataclasses.replace(planned.params, max_tokens=max_tokens)
         return Prepared(request, planned, items, tools, choice)
 
     def _truncated(self, conv: Conversation) -> list[Turn]:
@@ -231,24 +216,22 @@ class ResponsesSurface:
             "metadata": request.metadata or {},
         }
 
-    async def _background(self, run: _Run, send: Send) -> None:
+    async def _background(self, encoder: ResponseEncoder, send: Send) -> None:
         """Answer with the queued response, then run it here to its end (module docstring)."""
-        store = self.store
-        run.body["status"] = "queued"
-        if store is None or not await run.keep():
+        store, body, request_id = self.store, encoder.body, encoder.call.request_id
+        body["status"] = "queued"
+        if store is None or not await encoder.keep():
             raise ApiError(503, "background: the server could not keep the response now")
-        await send_json(send, 200, run.body, request_id_headers(run.call.request_id))
-        run.body["status"] = "in_progress"
-        self._running[run.body["id"]] = run.call.request_id
+        await send_json(send, 200, body, request_id_headers(request_id))
+        body["status"] = "in_progress"
+        self._running[body["id"]] = request_id
         try:
-            deltas = self._generate(run, None)
-            async with contextlib.aclosing(deltas):
-                await run.complete(deltas)
+            await encoder.whole(self._generation(encoder, None))
         except ApiError as exc:
-            run.fail(exc)
+            encoder.fail(exc)
         finally:
-            self._running.pop(run.body["id"], None)
-        await store.finish(run.tenant, run.body)
+            self._running.pop(body["id"], None)
+        await store.finish(encoder.tenant, body)
 
     # -- the other routes ------------------------------------------------------------------
 
@@ -309,127 +292,3 @@ class ResponsesSurface:
 def _reasoning(request: ResponsesRequest) -> Reasoning:
     effort = request.reasoning.effort if request.reasoning else None
     return Reasoning(think=False if effort in ("none", "minimal") else None)
-
-
-class _Run:
-    """One response: its output read from the engine's deltas, streamed or whole, and kept."""
-
-    def __init__(self, ready: Prepared, call: Call, body: dict[str, Any]) -> None:
-        self.ready, self.call, self.body = ready, call, body
-        self.tenant = call.identity.tenant.name
-        self.store: StoredResponses | None = None
-        self.reader = ready.planned.reader()
-        self.write = EventWriter(False)
-        self.items = OutputItems(ready.tools, self.write, ready.choice.raw_call is not None)
-        self.cached = self.output_tokens = self.thought_tokens = 0
-
-    async def complete(self, deltas: AsyncIterator[RequestDelta]) -> None:
-        async for delta in deltas:
-            self.step(delta)
-            if delta.finished:
-                self.finish(delta)
-                return
-
-    async def stream(
-        self, deltas: AsyncIterator[RequestDelta], send: Send, ping_interval: float
-    ) -> None:
-        first = await anext(deltas)  # the admission: refusals before it get a proper status
-        self.write.enabled = True
-        await start_stream(send, request_id_headers(self.call.request_id))
-        opening = self.write("response.created", response=self.body)
-        await send_chunk(send, opening + self.write("response.in_progress", response=self.body))
-        pings = Pings(deltas, ping_interval)
-        try:
-            async with contextlib.aclosing(pings.items()) as items:
-                await end_stream(send, await self._follow(first, items, pings, send))
-        except ClientDisconnected:
-            await end_stream(send)
-            raise
-        except ApiError as exc:
-            await end_stream(send, self._failed(exc))
-        except Exception:
-            log.exception("response %s failed mid-stream", self.body["id"])
-            await end_stream(send, self._failed(ApiError(500, "internal server error")))
-
-    async def _follow(
-        self,
-        first: RequestDelta,
-        items: AsyncIterator[RequestDelta | None],
-        pings: Pings[RequestDelta],
-        send: Send,
-    ) -> bytes:
-        """Each delta's events, a ping when nothing was written for a while; the last bytes."""
-        delta: RequestDelta | None = first
-        while True:
-            if delta is not None and not delta.admitted:
-                data = self.step(delta)
-                if delta.finished:
-                    data += self.finish(delta)
-                    await self.keep()
-                    return data + self._final_event()
-                if data:
-                    await send_chunk(send, data)
-                    pings.wrote()
-            elif delta is None:
-                await send_chunk(send, PING)
-            delta = await anext(items)
-
-    def step(self, delta: RequestDelta) -> bytes:
-        self.output_tokens += len(delta.new_token_ids)
-        self.cached = delta.cached_tokens
-        thinking = self.reader.thoughts is not None and not self.reader.thought_ended
-        events = self.reader.feed(delta.new_text, final=delta.finished)
-        if thinking:
-            self.thought_tokens += len(delta.new_token_ids)
-        return self.items.feed(events)
-
-    def finish(self, delta: RequestDelta) -> bytes:
-        """The response's end (its status and usage); ApiError when the generation failed."""
-        reason = delta.finish_reason
-        if reason == "error":
-            raise ApiError(500, f"generation failed: {delta.error}")
-        if reason not in ("stop", "length"):
-            raise server_cancelled(503)
-        cut = reason == "length"
-        data = self.items.finish("incomplete" if cut else "completed")
-        self.body.update(
-            status="incomplete" if cut else "completed",
-            incomplete_details={"reason": "max_output_tokens"} if cut else None,
-            output=self.items.items,
-            usage=self._usage(),
-        )
-        return data
-
-    def fail(self, error: ApiError) -> None:
-        self.body.update(
-            status="failed",
-            error={"code": "server_error", "message": error.message},
-            output=self.items.items,
-            usage=self._usage(),
-        )
-
-    def _failed(self, error: ApiError) -> bytes:
-        self.fail(error)
-        return self.write("response.failed", response=self.body)
-
-    def _final_event(self) -> bytes:
-        cut = self.body["status"] == "incomplete"
-        return self.write(
-            "response.incomplete" if cut else "response.completed", response=self.body
-        )
-
-    async def keep(self) -> bool:
-        """Store the response as it is now; False when it is not kept."""
-        if self.store is None:
-            return False
-        return await self.store.put(self.tenant, self.body, self.ready.items)
-
-    def _usage(self) -> dict[str, Any]:
-        prompt = len(self.ready.planned.prompt)
-        return {
-            "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": self.cached, "cache_write_tokens": 0},
-            "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self.thought_tokens},
-            "total_tokens": prompt + self.output_tokens,
-        }

@@ -1,0 +1,12 @@
+"""One generation driver under every surface: a request's whole life as typed events.
+
+`driver.Generation` admits a planned request (output length, gateway, overload), runs it in the
+engine, charges each step, reads each choice's output (thought, text, tool calls) and emits
+`events`: admitted, ping, step (with a choice's finish and usage), failed. Messages, Chat and
+Completions, Responses and gRPC encode those events into their wire shapes; `sse.send_stream`
+is the one streamed-response loop of the HTTP surfaces.
+
+May import: zerohop.api's shared modules (errors, output_length, service, http, load),
+zerohop.api.conversation, zerohop.engine's client-side types, zerohop.gateway. Imported by
+the surfaces (anthropic, openai, responses, grpc), never by them the other way.
+"""

@@ -1,0 +1,113 @@
+"""One response encoded from the generation driver's events: its output items, its status and
+usage, the stream's events (output.py), and the response kept in the store as it goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from zerohop.api.conversation.planner import Plan
+from zerohop.api.errors import ApiError
+from zerohop.api.generation.driver import Generation
+from zerohop.api.generation.events import Admitted, Finish, Step, Usage
+from zerohop.api.openai.stream import PING
+from zerohop.api.responses.output import EventWriter, OutputItems
+from zerohop.api.responses.schema import ResponsesRequest
+from zerohop.api.responses.stored import StoredResponses
+from zerohop.api.responses.tools import Choice, RequestTools
+from zerohop.gateway.gateway import Call
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request made ready to run: its conversation's plan, the items it saw, its tools."""
+
+    request: ResponsesRequest
+    planned: Plan
+    items: list[Any]
+    tools: RequestTools
+    choice: Choice
+
+
+class ResponseEncoder:
+    """One response: its output read from the generation's steps, streamed or whole, and
+    kept (`store`: None when it is not)."""
+
+    ping = PING
+
+    def __init__(self, ready: Prepared, call: Call, body: dict[str, Any]) -> None:
+        self.ready, self.call, self.body = ready, call, body
+        self.tenant = call.identity.tenant.name
+        self.store: StoredResponses | None = None
+        self.write = EventWriter(False)
+        self.items = OutputItems(ready.tools, self.write, ready.choice.raw_call is not None)
+        self.usage = Usage(len(ready.planned.prompt))
+
+    async def whole(self, generation: Generation) -> None:
+        async for step in generation.steps():
+            self.step(step)
+
+    # -- streamed (generation/sse.py) ------------------------------------------------------
+
+    def opening(self, admitted: Admitted) -> bytes:
+        self.write.enabled = True
+        opening = self.write("response.created", response=self.body)
+        return opening + self.write("response.in_progress", response=self.body)
+
+    def step(self, step: Step) -> bytes:
+        self.usage = step.finish.usage if step.finish is not None else self.usage
+        data = self.items.feed(step.output)
+        if step.finish is not None:
+            data += self._finish(step.finish)
+        return data
+
+    async def closing(self) -> bytes:
+        await self.keep()
+        cut = self.body["status"] == "incomplete"
+        kind = "response.incomplete" if cut else "response.completed"
+        return self.write(kind, response=self.body)
+
+    def failed(self, error: ApiError) -> bytes:
+        self.fail(error)
+        return self.write("response.failed", response=self.body)
+
+    # -- the response ----------------------------------------------------------------------
+
+    def _finish(self, finish: Finish) -> bytes:
+        """The response's end: its status and usage."""
+        status = "incomplete" if finish.truncated else "completed"
+        data = self.items.finish(status)
+        self.body.update(
+            status=status,
+            incomplete_details={"reason": "max_output_tokens"} if finish.truncated else None,
+            output=self.items.items,
+            usage=self._usage(),
+        )
+        return data
+
+    def fail(self, error: ApiError) -> None:
+        self.body.update(
+            status="failed",
+            error={"code": "server_error", "message": error.message},
+            output=self.items.items,
+            usage=self._usage(),
+        )
+
+    async def keep(self) -> bool:
+        """Store the response as it is now; False when it is not kept."""
+        if self.store is None:
+            return False
+        return await self.store.put(self.tenant, self.body, self.ready.items)
+
+    def _usage(self) -> dict[str, Any]:
+        usage = self.usage
+        return {
+            "input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {
+                "cached_tokens": usage.cached_tokens,
+                "cache_write_tokens": 0,
+            },
+            "output_tokens": usage.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.thought_tokens},
+            "total_tokens": usage.prompt_tokens + usage.output_tokens,
+        }
