@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 # HTTP status -> Anthropic error type (https://docs.anthropic.com/en/api/errors).
@@ -39,6 +40,22 @@ OPENAI_TYPES = {
 }
 
 
+class ErrorKind(StrEnum):
+    """Why a request failed, the same on every surface: the audit record's `error_type`, the
+    metrics' label and the console's. (A gateway refusal names its own reason instead:
+    rate_limit_requests, budget, ...: `GatewayError.reason`.)"""
+
+    INVALID_REQUEST = "invalid_request"  # the request's fault (4xx)
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"  # refused at admission: the replica is full
+    TIMEOUT = "timeout"
+    INTERNAL = "internal"  # the server's fault (5xx): an engine error, a bug
+    UNAVAILABLE = "unavailable"  # draining, or the engine is restarting
+    ENGINE_DEAD = "engine_dead"  # the engine died while serving the request
+    SERVER_CANCELLED = "server_cancelled"  # the server aborted it (a drain, shedding)
+    CLIENT_DISCONNECTED = "client_disconnected"  # the client went away (recorded as 499)
+
+
 @dataclass(slots=True)
 class ApiError(Exception):
     status: int
@@ -48,31 +65,34 @@ class ApiError(Exception):
     headers: list[tuple[bytes, bytes]] | None = None  # retry-after, x-should-retry
     # Anthropic's `error.details` (its `error_code` picks the SDK's exception class).
     details: dict[str, Any] | None = None
-    kind: str | None = None  # the audit record's error_type; None: by status (error_kind)
+    kind: ErrorKind | None = None  # the audit record's error_type; None: by status
 
     def __str__(self) -> str:
         return self.message
 
 
-# An error's kind by status where the raiser named none: the audit record's `error_type` and
-# the console's, the same on every surface. (A gateway refusal names its reason instead:
-# rate_limit_requests, budget, ...; a client gone is client_disconnected.)
-KINDS_BY_STATUS = {408: "timeout", 429: "rate_limited", 503: "overloaded", 529: "overloaded"}
+# An error's kind by status where the raiser named none.
+KINDS_BY_STATUS = {
+    408: ErrorKind.TIMEOUT,
+    429: ErrorKind.RATE_LIMITED,
+    503: ErrorKind.OVERLOADED,
+    529: ErrorKind.OVERLOADED,
+}
 
 
 def server_cancelled(status: int) -> ApiError:
     """An abort that was not the client's (the server drains, or sheds the request), with the
     API's overload status: Anthropic 529, OpenAI 503 (gRPC: UNAVAILABLE)."""
     message = "the server cancelled this request (shutting down or overloaded)"
-    return ApiError(status, message, kind="server_cancelled")
+    return ApiError(status, message, kind=ErrorKind.SERVER_CANCELLED)
 
 
-def error_kind(error: ApiError) -> str:
+def error_kind(error: ApiError) -> ErrorKind:
     if error.kind is not None:
         return error.kind
     if error.status in KINDS_BY_STATUS:
         return KINDS_BY_STATUS[error.status]
-    return "invalid_request" if error.status < 500 else "internal"
+    return ErrorKind.INVALID_REQUEST if error.status < 500 else ErrorKind.INTERNAL
 
 
 def anthropic_body(error: ApiError, request_id: str) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.conversation.thought_signatures import ThoughtSignatures
-from zerohop.api.errors import ApiError
+from zerohop.api.errors import ApiError, ErrorKind
 from zerohop.api.http.asgi import (
     DEFAULT_BODY_DEADLINE,
     BodyDeadline,
@@ -57,7 +57,7 @@ def api_error(error: GatewayError) -> ApiError:
 
 
 def unavailable(
-    surface: str, message: str, retry_after: float, kind: str = "unavailable"
+    surface: str, message: str, retry_after: float, kind: ErrorKind = ErrorKind.UNAVAILABLE
 ) -> ApiError:
     """Anthropic's 529 overloaded_error, OpenAI's 503 (gRPC: UNAVAILABLE), with retry-after:
     the official SDKs retry it, and zerohop.client tries another replica."""
@@ -169,7 +169,7 @@ class ServingContext:
     def lost_error(self, surface: str) -> ApiError:
         """The error of a request that was in flight when the engine process died."""
         message = "the engine stopped while serving this request and is restarting; retry it"
-        return unavailable(surface, message, self.engine.retry_after(), kind="engine_dead")
+        return unavailable(surface, message, self.engine.retry_after(), kind=ErrorKind.ENGINE_DEAD)
 
     def load_headers(self, call: Call | None = None) -> list[tuple[bytes, bytes]]:
         """The replica's load; with `call`, its own predicted and actual queue wait."""

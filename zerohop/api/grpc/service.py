@@ -26,7 +26,7 @@ from zerohop.api.conversation.events import (
     Thought,
 )
 from zerohop.api.conversation.planner import Plan, plan
-from zerohop.api.errors import ApiError, error_kind
+from zerohop.api.errors import ApiError, ErrorKind, error_kind
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.events import Finish, FinishReason, Step
 from zerohop.api.grpc.constraint import constraint_grammar
@@ -116,7 +116,7 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         except grpc.aio.AbortError:
             raise
         except asyncio.CancelledError:
-            status, error_type = 499, "client_disconnected"  # as on HTTP
+            status, error_type = 499, ErrorKind.CLIENT_DISCONNECTED  # as on HTTP
             raise
         except Exception:
             status, error_type = 500, "internal"
