@@ -440,7 +440,7 @@ def test_disconnect_frees_the_requests_blocks(llama_dir: Path) -> None:
     """The app on a real engine process, driven through ASGI: a client that goes away after
     the first token gets its request aborted, and the engine's blocks_in_use drops to 0."""
     from zerohop.api.service import ServingContext
-    from zerohop.app import create_app
+    from zerohop.app.routes import create_app
     from zerohop.engine.process.async_engine import AsyncEngine
     from zerohop.engine.text.tokenizer import Tokenizer
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.service import ServingContext
-from zerohop.app import create_app
+from zerohop.app.routes import create_app
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.client import RequestOptions
 from zerohop.engine.process.async_engine import AsyncEngine

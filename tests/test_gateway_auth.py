@@ -3,7 +3,7 @@
 Real `zerohop serve` subprocesses, the official SDKs, grpcio and a real SQLite store; no
 mocks. `zerohop keys ...` runs in-process through `zerohop.cli.main` (the same argv
 parsing and code as the console script) because a `python -m zerohop keys` subprocess costs
-~3.5 s here (its `main` imports zerohop.server, hence torch); one test runs the real
+~3.5 s here (its `main` imports zerohop.app.server, hence torch); one test runs the real
 entry point as a subprocess to cover that path too.
 """
 
@@ -214,7 +214,7 @@ def routes(llama_dir: Path) -> list[tuple[str, str]]:
     `create_app(ctx).routes` rather than a list in this file means a route added later is
     checked here too (and fails until BODIES says how to call it)."""
     from zerohop.api.service import ServingContext
-    from zerohop.app import create_app
+    from zerohop.app.routes import create_app
     from zerohop.engine.text.tokenizer import Tokenizer
 
     ctx = ServingContext(

@@ -22,7 +22,7 @@ import pytest
 from tests.live_server import LiveServer
 from zerohop.api.model_names import ModelNames, check_name
 from zerohop.api.service import ServingContext
-from zerohop.app import create_app
+from zerohop.app.routes import create_app
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.auth import Authenticator
 from zerohop.gateway.gateway import Call, Gateway, GatewayError

@@ -22,6 +22,7 @@ from tests.pg_fixtures import (
 )
 from tests.postgres_server import PostgresServer
 from zerohop import __version__
+from zerohop.app.server import GatewayOptions, ServeOptions, check_open_mode
 from zerohop.cli import main
 from zerohop.cli.errors import failure_line
 from zerohop.gateway.store.open_store import SchemaMismatch, StoreUnavailable
@@ -29,7 +30,6 @@ from zerohop.gateway.store.pg_migrations import Migrated, migrate
 from zerohop.gateway.store.pg_schema import MIN_READER, PG_MIGRATIONS, SCHEMA_VERSION
 from zerohop.gateway.store.postgres import PostgresStore
 from zerohop.gateway.store.spec import STORE_ENV
-from zerohop.server import GatewayOptions, ServeOptions, check_open_mode
 
 ALL_VERSIONS = [version for version, _ in PG_MIGRATIONS]
 

@@ -1,6 +1,6 @@
 """`zerohop serve`: its parser (its own flags, and the groups of engine_flags.py,
 engine_choice.py and serve_flags.py) and the command, which builds the options
-`zerohop.server.serve` runs with."""
+`zerohop.app.server.serve` runs with."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from zerohop.api.http.asgi import BodyDeadline
     from zerohop.api.http.guard import GuardLimits
+    from zerohop.app.server import BatchOptions, GatewayOptions, ServeOptions, serve
     from zerohop.engine.process.supervisor import RestartPolicy
     from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
     from zerohop.gateway.store.spec import store_text
-    from zerohop.server import BatchOptions, GatewayOptions, ServeOptions, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = chosen_engine(args.engine)

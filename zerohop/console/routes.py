@@ -1,4 +1,4 @@
-"""The console's routes: every path under /console (mounted by zerohop.app).
+"""The console's routes: every path under /console (mounted by zerohop.app.routes).
 
 - `GET /console`: 303 to the overview;
 - `GET /console/login`: the login form; `POST /console/login` (form field `key`): an admin

@@ -1,5 +1,5 @@
 """What `zerohop serve` runs with (`ServeOptions`, its gateway's and its batches'): built by
-the command line (zerohop/cli/serve.py), read by zerohop/server.py and the parts it opens."""
+the command line (zerohop/cli/serve.py), read by zerohop/app/server.py and the parts it opens."""
 
 from __future__ import annotations
 

@@ -30,20 +30,20 @@ from zerohop.api.http.guard import (
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.model_names import ModelNames
 from zerohop.api.service import ServingContext
-from zerohop.app import create_app
-from zerohop.engine.client import EngineStarter
-from zerohop.engine.loading.checkpoint import open_checkpoint
-from zerohop.engine.process.async_engine import AsyncEngine
-from zerohop.engine.process.supervisor import EngineSupervisor
-from zerohop.gateway.gateway import GatewayStartError
-from zerohop.serve_gateway import build_gateway, check_open_mode
-from zerohop.serve_options import BatchOptions, GatewayOptions, ServeOptions
-from zerohop.serve_stores import (
+from zerohop.app.gateway_start import build_gateway, check_open_mode
+from zerohop.app.options import BatchOptions, GatewayOptions, ServeOptions
+from zerohop.app.routes import create_app
+from zerohop.app.stores import (
     open_batches,
     open_responses,
     open_thought_signatures,
     open_threads,
 )
+from zerohop.engine.client import EngineStarter
+from zerohop.engine.loading.checkpoint import open_checkpoint
+from zerohop.engine.process.async_engine import AsyncEngine
+from zerohop.engine.process.supervisor import EngineSupervisor
+from zerohop.gateway.gateway import GatewayStartError
 
 __all__ = ["BatchOptions", "GatewayOptions", "ServeOptions", "check_open_mode", "serve"]
 

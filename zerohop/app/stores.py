@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zerohop.app.options import ServeOptions
 from zerohop.engine.process.supervisor import EngineSupervisor
 from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.store.open_store import open_store
 from zerohop.gateway.store.sqlite import default_db_path
-from zerohop.serve_options import ServeOptions
 
 log = logging.getLogger("zerohop")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 
+from zerohop.app.options import GatewayOptions, ServeOptions
 from zerohop.gateway.gateway import Gateway, GatewayStartError
 from zerohop.gateway.store.key_snapshot import FILE_NAME, LocalCopy, read_or_load
 from zerohop.gateway.store.open_store import StoreSpec, open_store
 from zerohop.gateway.store.sqlite import default_db_path
-from zerohop.serve_options import GatewayOptions, ServeOptions
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:

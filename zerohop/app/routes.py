@@ -280,7 +280,7 @@ def _clamp_header(call: Call) -> list[tuple[bytes, bytes]]:
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
-    # The engine is started before the server and stopped after it (see zerohop.server).
+    # The engine is started before the server and stopped after it (see zerohop.app.server).
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
