@@ -86,7 +86,9 @@ class LineTable(Connection):
             )
         return done.rowcount == 1
 
-    def _settle_abandoned(self, conn: Statements, where: str, params: tuple, now: float) -> int:
+    def _settle_abandoned(
+        self, conn: Statements, where: str, params: tuple[object, ...], now: float
+    ) -> int:
         """Running lines that nobody runs any more (`where` picks them): waiting again, or
         errored once they were started MAX_LINE_ATTEMPTS times, so that a line that brings
         the server down every time it runs does not run forever. How many were settled."""

@@ -27,6 +27,7 @@ from zerohop.batches.routes import (
     tenant_of,
 )
 from zerohop.batches.runner import BatchRunner
+from zerohop.batches.store import AnyBatchStore
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity
 
@@ -53,7 +54,7 @@ def openai(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
 class Files:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
-        self.store = ctx.batches.store
+        self.store: AnyBatchStore = ctx.batches.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         upload = await read_upload(scope, receive, self.ctx.max_file_bytes, self.ctx.body_deadline)
@@ -118,7 +119,7 @@ class Batches:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
         self.runner: BatchRunner = ctx.batches
-        self.store = self.runner.store
+        self.store: AnyBatchStore = self.runner.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         ctx = self.ctx

@@ -24,7 +24,7 @@ POOL_MIN, POOL_MAX = 1, 4
 POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
 
 
-class Row(tuple):
+class Row(tuple[Any, ...]):
     """A row's values, also read by column name (`row["tenant"]`, `dict(row)`)."""
 
     _names: dict[str, int]

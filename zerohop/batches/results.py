@@ -35,7 +35,9 @@ def api_of(endpoint: str) -> str:
     return "anthropic" if endpoint == "/v1/messages" else "openai"
 
 
-def refused(error: ApiError, api: str = "anthropic", request_id: str | None = None) -> dict:
+def refused(
+    error: ApiError, api: str = "anthropic", request_id: str | None = None
+) -> dict[str, Any]:
     """A line's stored result for an error: the status and the API's own error body."""
     request_id = request_id or new_request_id()
     shape = anthropic_body if api == "anthropic" else openai_body

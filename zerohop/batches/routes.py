@@ -22,6 +22,7 @@ from zerohop.batches import wire
 from zerohop.batches.anthropic_input import parse_create
 from zerohop.batches.records import BatchNotEnded, BatchRecord, NewBatch, UnknownCursor
 from zerohop.batches.runner import BatchRunner
+from zerohop.batches.store import AnyBatchStore
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity
 from zerohop.gateway.keys.identity_snapshot import snapshot
@@ -66,7 +67,7 @@ class MessageBatches:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
         self.runner: BatchRunner = ctx.batches
-        self.store = self.runner.store
+        self.store: AnyBatchStore = self.runner.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         body = await read_json_body(

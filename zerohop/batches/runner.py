@@ -20,12 +20,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from zerohop.api.errors import ApiError
 from zerohop.batches.line_call import Answer, RunLine, call_line, line_call
 from zerohop.batches.records import CANCELED, ERRORED, SUCCEEDED, RequestCounts, WaitingLine
 from zerohop.batches.results import api_of, end_batch, refused
-from zerohop.batches.store import BatchStore
+from zerohop.batches.store import AnyBatchStore
 from zerohop.engine.sched.fair_share import BACKGROUND
 from zerohop.engine.sched.step_times import StepCurve
 from zerohop.gateway.gateway import Call
@@ -40,13 +41,13 @@ LOOKAHEAD = 2  # own lines waiting in the engine unstarted, at most
 MAX_ENGINE_ATTEMPTS = 3  # a line the engine lost this often is errored, not run again
 # A line's caller as it may call the model now, from its key id and (for a signed key) the
 # snapshot its batch keeps; None once it may not.
-IdentityFor = Callable[[str, dict | None], Identity | None]
+IdentityFor = Callable[[str, dict[str, Any] | None], Identity | None]
 
 
 class BatchRunner:
     def __init__(
         self,
-        store: BatchStore,
+        store: AnyBatchStore,
         engine: object,
         identity_for: IdentityFor,
         cap: int,
@@ -57,13 +58,13 @@ class BatchRunner:
         self.step_target = step_target  # seconds a decode step of the lines should stay within
         self.run_line: RunLine | None = None  # the app's, set before `start`
         self.counts: dict[str, RequestCounts] = {}  # per tenant, for /metrics
-        self._running: dict[tuple[str, int], tuple[asyncio.Task, asyncio.Event]] = {}
+        self._running: dict[tuple[str, int], tuple[asyncio.Task[None], asyncio.Event]] = {}
         self._calls: dict[tuple[str, int], Call] = {}  # running lines' calls, once made
         self._canceled: set[tuple[str, int]] = set()
         self._backoff: dict[str, float] = {}  # tenant -> monotonic time it may run again
         self._wake = asyncio.Event()
         self._stopping = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._dirty = True
 
     def start(self) -> None:

@@ -78,9 +78,24 @@ class Statements(Protocol):
     """What the tables run their SQL on: a `sqlite3.Connection`, or the PostgreSQL one of
     zerohop.batches.pg_connection (the same `?` SQL, rows read by name or position)."""
 
-    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any: ...
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Result: ...
 
-    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Any: ...
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Result: ...
+
+
+class Result(Protocol):
+    """A statement's outcome: `sqlite3.Cursor`, or pg_connection's `Rows`. A row is a
+    `sqlite3.Row` or a `pg_connection.Row`, both read by column name or position; its values
+    are the database's, so a row is `Any` and each reader converts the columns it reads."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
 
 
 class Connection:
@@ -105,7 +120,7 @@ class Connection:
             ).fetchone()
         if row is None:
             raise UnknownCursor(f"no such object to page from: {object_id!r}")
-        return row[0]
+        return int(row[0])
 
 
 def _owned(row: Any, tenant: str | None) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 from zerohop.batches.batch_table import BatchTable
 from zerohop.batches.records import (
@@ -62,6 +63,9 @@ from zerohop.batches.records import (
     WaitingLine,
 )
 from zerohop.batches.schema import SCHEMA, connect, new_batch_id, new_file_id
+
+if TYPE_CHECKING:
+    from zerohop.batches.pg_store import PgBatchStore
 
 __all__ = [
     "APIS", "CANCELED", "CANCELING", "DAY", "ENDED", "ERRORED", "EXPIRED", "FAILED",
@@ -103,3 +107,8 @@ class BatchStore(BatchTable):
         for entry in self.files_dir.iterdir():
             if entry.name not in known:
                 entry.unlink(missing_ok=True)
+
+
+# The store the runner and the routes work on: this file's SQLite one (one replica), or the
+# fleet's PostgreSQL one (zerohop.batches.pg_store, imported only where a fleet is served).
+AnyBatchStore: TypeAlias = "BatchStore | PgBatchStore"

@@ -60,7 +60,7 @@ class LoadClient:
         async with self.session.get(self.base + "/v1/models", headers=self.headers) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"GET /v1/models: HTTP {resp.status}; pass --model")
-            return (await resp.json(loads=orjson.loads))["data"][0]["id"]
+            return str((await resp.json(loads=orjson.loads))["data"][0]["id"])
 
     async def requests(self, n: int, salt: str) -> list[Request]:
         model = await self.model_name()
@@ -136,7 +136,8 @@ class LoadClient:
         url = self.base + "/v1/messages/count_tokens"
         async with self.session.post(url, data=orjson.dumps(body), headers=self.headers) as r:
             if r.status == 200:
-                return (await r.json(loads=orjson.loads)).get("input_tokens")
+                counted = (await r.json(loads=orjson.loads)).get("input_tokens")
+                return counted if isinstance(counted, int) else None
         url = self.base + self.path
         one = orjson.dumps(body | {"max_tokens": 1, "stream": False})
         async with self.session.post(url, data=one, headers=self.headers) as r:

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zerohop.bench.arrivals import send_times
 from zerohop.bench.http_load import LoadClient
@@ -66,7 +66,7 @@ class _Feed:
 
 async def bench(
     cfg: BenchConfig, on_done: OnDone | None = None, client_class: ClientClass = LoadClient
-) -> dict:
+) -> dict[str, Any]:
     """Run the benchmark; return the report (config, summary, per-request rows).
     `on_done` is called with each finished request (a progress bar); `client_class` makes
     the HTTP endpoints' client (a `LoadClient` subclass that changes a step of it)."""
@@ -152,7 +152,7 @@ async def _open_loop(
 
 def run_benchmark(
     cfg: BenchConfig, on_done: OnDone | None = None, client_class: ClientClass = LoadClient
-) -> dict:
+) -> dict[str, Any]:
     """`bench` on a fresh event loop (uvloop when installed)."""
     try:
         import uvloop
@@ -161,7 +161,7 @@ def run_benchmark(
     return uvloop.run(bench(cfg, on_done, client_class))
 
 
-def _row(r: RequestResult) -> dict:
+def _row(r: RequestResult) -> dict[str, Any]:
     row = asdict(r)
     row["itl"] = [round(x, 6) for x in r.itl]
     return row

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zerohop.bench.load_types import BenchConfig, RequestResult
@@ -34,7 +34,7 @@ def parse_slo(text: str) -> dict[str, float]:
     return slo
 
 
-def distribution_ms(values_s: Sequence[float]) -> dict | None:
+def distribution_ms(values_s: Sequence[float]) -> dict[str, float] | None:
     """mean, std, median and percentiles (numpy's linear interpolation, as vLLM) in ms."""
     if not values_s:
         return None
@@ -72,7 +72,7 @@ def summarize(
     duration: float,
     cfg: BenchConfig,
     client_cpu_s: float | None = None,
-) -> dict:
+) -> dict[str, Any]:
     done = [r for r in results if r.ok]
     total_in = sum(r.prompt_tokens for r in done)
     total_out = sum(r.output_tokens for r in done)
@@ -115,7 +115,7 @@ def summarize(
     return summary
 
 
-def client_warning(summary: dict) -> str | None:
+def client_warning(summary: dict[str, Any]) -> str | None:
     busy = summary.get("client_busy_cores")
     if busy is None or busy < CLIENT_BUSY_WARNING:
         return None
@@ -125,7 +125,7 @@ def client_warning(summary: dict) -> str | None:
     )
 
 
-def format_report(report: dict) -> str:
+def format_report(report: dict[str, Any]) -> str:
     """vLLM-style text summary."""
     s, c = report["summary"], report["config"]
     rate = "inf (closed loop)" if s.get("request_rate") is None else f"{s['request_rate']:g}"

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
-def pyplot():
+def pyplot() -> ModuleType:
     """matplotlib's pyplot, drawing to files only."""
     import matplotlib
 
@@ -26,7 +31,7 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return ordered, [(i + 1) / n for i in range(n)]
 
 
-def latency_cdfs(runs: Mapping[str, dict], path: Path) -> Path:
+def latency_cdfs(runs: Mapping[str, dict[str, Any]], path: Path) -> Path:
     """TTFT and ITL CDFs (ms), one line per run (label: the mapping's key)."""
     plt = pyplot()
     figure, (ttft_ax, itl_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -45,7 +50,7 @@ def latency_cdfs(runs: Mapping[str, dict], path: Path) -> Path:
     return save(figure, path)
 
 
-def rate_curves(runs: Mapping[str, Sequence[dict]], path: Path) -> Path:
+def rate_curves(runs: Mapping[str, Sequence[dict[str, Any]]], path: Path) -> Path:
     """For each sweep (label -> reports at several rates): throughput and latency vs rate."""
     plt = pyplot()
     figure, (tput_ax, lat_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -71,7 +76,7 @@ def rate_curves(runs: Mapping[str, Sequence[dict]], path: Path) -> Path:
     return save(figure, path)
 
 
-def save(figure, path: Path) -> Path:
+def save(figure: Figure, path: Path) -> Path:
     """Lay out, write and close `figure`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()

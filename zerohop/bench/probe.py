@@ -239,7 +239,7 @@ def first_model(config: ProbeConfig, base: httpx2.URL) -> str:
     models = response.json().get("data") or []
     if not models:
         raise ProbeError(f"GET {url} lists no model: pass --model")
-    return models[0]["id"]
+    return str(models[0]["id"])
 
 
 def _api_path(base: httpx2.URL, path: str) -> str:

@@ -10,6 +10,7 @@ measures.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable
+from typing import Any
 
 import orjson
 
@@ -40,13 +41,13 @@ async def read_openai(chunks: AsyncIterable[bytes], s: StreamTimes) -> None:
                 _openai_other(s, orjson.loads(payload))
 
 
-def _openai_usage(s: StreamTimes, data: dict) -> None:
+def _openai_usage(s: StreamTimes, data: dict[str, Any]) -> None:
     usage = data.get("usage") or {}
     s.prompt_tokens = usage.get("prompt_tokens") or 0
     s.output_tokens = usage.get("completion_tokens") or 0
 
 
-def _openai_other(s: StreamTimes, data: dict) -> None:
+def _openai_other(s: StreamTimes, data: dict[str, Any]) -> None:
     if choices := data.get("choices"):
         choice = choices[0]
         # A chunk without text that finishes the stream or carries the usage (zerohop sends

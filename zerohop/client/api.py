@@ -23,7 +23,7 @@ request, and closing the client closes that pool (a pool the caller passed stays
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 import httpx2
@@ -39,6 +39,7 @@ from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 PATHS = {
     "messages": "/v1/messages",
@@ -118,7 +119,8 @@ class AsyncClient:
         if body.get("stream"):
             raise TypeError(f"{kind}() returns the whole answer; stream_{kind}() streams it")
         response = await self.http.post(PATHS[kind], content=orjson.dumps(body))
-        return _json(response)
+        # A JSON object: each of these endpoints answers one (orjson.loads is typed Any).
+        return cast(dict[str, Any], _json(response))
 
     async def _stream(
         self, path: str, body: dict[str, Any]
@@ -219,8 +221,9 @@ class Stream(Generic[T]):
 
     def __next__(self) -> T:
         self._started = True
-        item = self._pool.run(_next(self._items))
-        if item is _END:
+        step = _next(self._items)
+        item = self._pool.run(step)
+        if isinstance(item, _End):
             raise StopIteration
         return item
 
@@ -289,10 +292,14 @@ class Client:
         self.close()
 
 
-_END = object()
+class _End:
+    """What `_next` returns after a stream's last item."""
 
 
-async def _next(items: AsyncStream[Any]) -> Any:
+_END = _End()
+
+
+async def _next(items: AsyncStream[Item]) -> Item | _End:
     return await anext(items, _END)
 
 

@@ -66,7 +66,9 @@ class Failover:
         surface = surface_for(request.method, request.url.path, body)
         return await _Call(self, request, surface).start(body)
 
-    async def upstream(self, replica: Replica, request: httpx2.Request, body: bytes):
+    async def upstream(
+        self, replica: Replica, request: httpx2.Request, body: bytes
+    ) -> httpx2.Response:
         if replica.url.startswith("grpc"):
             if self.grpc is None:
                 raise httpx2.ConnectError(f"{replica.url}: gRPC replicas need the gRPC bridge")

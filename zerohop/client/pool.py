@@ -73,7 +73,7 @@ class ReplicaPool:
         self.replicas: dict[str, Replica] = {}
         self.lock = threading.Lock()
         self.rng = random.Random()
-        self._health: dict[str, asyncio.Task] = {}
+        self._health: dict[str, asyncio.Task[None]] = {}
         self._state_lock = threading.Lock()  # guards starting and closing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
