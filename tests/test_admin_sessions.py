@@ -28,6 +28,7 @@ from zerohop.admin.sessions import COOKIE, SessionStore, secure_cookie
 from zerohop.console import routes as console_routes
 from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 
 @pytest.fixture
@@ -38,12 +39,11 @@ def admin(tmp_path: Path):
     gateway = Gateway.from_store(db)
     gateway.start()
     context = AdminContext(
-        gateway, AdminService(gateway), sessions=SessionStore(lambda: KeyStore(db))
+        gateway, AdminService(gateway), sessions=SessionStore(gateway.store.sessions)
     )
     yield context, store, record.key_id
-    context.service.close()
-    context.sessions.close()
     gateway.auth.close()
+    gateway.store.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -68,6 +68,11 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[
     yield open_one
     for store in opened:
         store.close()
+
+
+def replica(opener: Callable[[], Any], **options: Any) -> SessionStore:
+    """The sessions of a replica (or a restarted one): a store of its own on the same data."""
+    return SessionStore(Store(opener).sessions, **options)
 
 
 def rows(opener: Callable[[], Any]) -> list[tuple[Any, ...]]:
@@ -164,9 +169,9 @@ def test_sessions_the_store_cannot_reach_are_a_503_not_a_500(admin, tmp_path: Pa
 
     context, _, key_id = admin
     session = run(context.sessions.create(key_id))
-    context.sessions.close()
     port = free_port()  # nothing listens there: the store is down
-    context.sessions = SessionStore(lambda: PostgresStore(f"postgresql://u@127.0.0.1:{port}/db"))
+    down = Store(lambda: PostgresStore(f"postgresql://u@127.0.0.1:{port}/db"))
+    context.sessions = SessionStore(down.sessions)
     status, body = call(context, "GET", "/v1/admin/me", cookie(session))
     assert (status, body["error"]["type"]) == (503, "api_error"), body
     assert "cannot be reached" in body["error"]["message"] and str(port) not in str(body)
@@ -188,13 +193,12 @@ def test_sessions_the_store_cannot_reach_are_a_503_not_a_500(admin, tmp_path: Pa
 
 
 def test_a_session_made_on_one_replica_is_served_and_ended_on_another(opener):
-    one, two = SessionStore(opener), SessionStore(opener)
+    one, two = replica(opener), replica(opener)
     made = run(one.create("zh-a"))
     seen = run(two.get(made.session_id))
     assert seen is not None and (seen.key_id, seen.csrf_token) == ("zh-a", made.csrf_token)
     assert seen.csrf_matches(made.csrf_token) and not seen.csrf_matches("zh-a")
-    one.close()
-    restarted = SessionStore(opener)  # a restart: a new process on the same store
+    restarted = replica(opener)  # a restart: a new process on the same store
     assert run(restarted.get(made.session_id)) is not None
     run(two.end(made.session_id))  # logout on one replica ...
     assert run(restarted.get(made.session_id)) is None  # ... ends it on every other
@@ -208,13 +212,11 @@ def test_a_session_made_on_one_replica_is_served_and_ended_on_another(opener):
     run(two.end("made-up"))
     run(two.end(None))
     assert run(two.get(None)) is None and run(two.get("")) is None
-    two.close()
-    restarted.close()
 
 
 def test_sessions_expire_when_idle_or_old_and_stay_bounded(opener, monkeypatch):
     now = [1000.0]
-    store = SessionStore(opener, idle=10, lifetime=25, touch_every=1, clock=lambda: now[0])
+    store = replica(opener, idle=10, lifetime=25, touch_every=1, clock=lambda: now[0])
     first = run(store.create("zh-a"))
     now[0] = 1009
     assert run(store.get(first.session_id)) is not None  # touched: idle counts from here
@@ -243,12 +245,11 @@ def test_sessions_expire_when_idle_or_old_and_stay_bounded(opener, monkeypatch):
     assert len(rows(opener)) == 2
     assert run(store.get(last.session_id)) is not None
     assert run(store.get(made[-1].session_id)) is not None  # the least recently seen went
-    store.close()
 
 
 def test_last_seen_is_written_at_most_every_touch_every_seconds(opener):
     now = [1000.0]
-    store = SessionStore(opener, idle=300, touch_every=60, clock=lambda: now[0])
+    store = replica(opener, idle=300, touch_every=60, clock=lambda: now[0])
     made = run(store.create("zh-a"))
     for t in (1010.0, 1030.0, 1059.0):
         now[0] = t
@@ -260,7 +261,6 @@ def test_last_seen_is_written_at_most_every_touch_every_seconds(opener):
     now[0] = 1100.0
     run(store.get(made.session_id))
     assert rows(opener)[0][3] == 1061.0
-    store.close()
 
 
 def test_a_store_made_before_sessions_gets_the_table_on_open(tmp_path: Path) -> None:
@@ -268,10 +268,11 @@ def test_a_store_made_before_sessions_gets_the_table_on_open(tmp_path: Path) -> 
     old = KeyStore(path)
     old.conn.execute("DROP TABLE console_sessions")
     old.close()
-    store = SessionStore(lambda: KeyStore(path))
+    opened = Store(lambda: KeyStore(path))
+    store = SessionStore(opened.sessions)
     made = run(store.create("zh-a"))
     assert run(store.get(made.session_id)) is not None
-    store.close()
+    opened.close()
 
 
 def test_the_postgresql_migration_adds_the_table_as_version_6(postgres: Any) -> None:
@@ -293,7 +294,6 @@ def test_the_postgresql_migration_adds_the_table_as_version_6(postgres: Any) -> 
 def test_the_session_cookie_is_http_only_and_same_site_strict():
     store = SessionStore()
     session = run(store.create("zh-a"))
-    store.close()
     name, value = sessions.cookie_header(session, secure=True, max_age=60)
     text = value.decode()
     assert name == b"set-cookie" and text.startswith(f"{COOKIE}={session.session_id};")

@@ -28,6 +28,7 @@ from zerohop.console.routes import handle
 from zerohop.console.security import CONTENT_SECURITY_POLICY
 from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 PAGES = ("overview", "tenants", "usage", "refusals", "audit")
 SAFETY_TIMEOUT = 30.0
@@ -68,7 +69,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     data_key, _ = store.create_key("team-a", name="app")
     gateway = Gateway.from_store(db)
     gateway.auth.load()
-    admin = AdminContext(gateway, sessions=SessionStore(lambda: KeyStore(db)))
+    admin = AdminContext(gateway, sessions=SessionStore(gateway.store.sessions))
     config = uvicorn.Config(
         console_app(admin), host="127.0.0.1", port=0, lifespan="off", log_level="warning"
     )
@@ -85,7 +86,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     )
     server.should_exit = True
     thread.join(SAFETY_TIMEOUT)
-    admin.sessions.close()
+    gateway.store.close()
     store.close()
 
 
@@ -235,13 +236,14 @@ def test_through_a_trusted_tls_proxy_the_cookie_is_secure(console: Console) -> N
 def test_a_session_lives_in_the_key_store_file(console: Console) -> None:
     cookies, _ = logged_in(console)
     session_id = cookies["cookie"].removeprefix(f"{COOKIE}=")
-    other = SessionStore(lambda: KeyStore(console.store.path))  # another process's, say
+    other_store = Store(lambda: KeyStore(console.store.path))  # another process's, say
+    other = SessionStore(other_store.sessions)
     try:
         seen = asyncio.run(other.get(session_id))
         assert seen is not None and seen.key_id == console.admin_key_id
         asyncio.run(other.end(session_id))
     finally:
-        other.close()
+        other_store.close()
     with console.client() as client:
         gone = client.get("/console/overview", headers=cookies)
     assert gone.status_code == 303 and gone.headers["location"] == "/console/login"

@@ -18,7 +18,9 @@ from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic.schema import decode_messages
 from zerohop.api.anthropic.threads import ThreadOptions, Threads
 from zerohop.api.errors import ApiError
+from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 
 BETA = "message-threads-2026-08-12"
@@ -84,7 +86,8 @@ def begin(threads: Threads, raw: bytes, tenant: str = "acme") -> Any:
 
 
 def test_a_continue_gets_the_kept_turns_system_and_tools_first(tmp_path: Path) -> None:
-    threads = Threads(lambda: KeyStore(tmp_path / "keys.db"), ThreadOptions())
+    store = Store.of(StoreSpec.sqlite(tmp_path / "keys.db"))
+    threads = Threads(store.threads, ThreadOptions())
     tool = {"name": "t", "input_schema": {"type": "object"}}
     first = body(
         messages=[{"role": "user", "content": "one"}],
@@ -116,11 +119,12 @@ def test_a_continue_gets_the_kept_turns_system_and_tools_first(tmp_path: Path) -
     assert (other.value.status, other.value.details) == (404, {"error_code": "thread_not_found"})
     request, turn = begin(threads, then)  # the refused ones gave msg_a back
     assert len(request.messages) == 3
-    threads.close()
+    store.close()
 
 
 def test_an_answer_past_the_size_limit_ends_the_thread(tmp_path: Path) -> None:
-    threads = Threads(lambda: KeyStore(tmp_path / "keys.db"), ThreadOptions(max_bytes=1024))
+    store = Store.of(StoreSpec.sqlite(tmp_path / "keys.db"))
+    threads = Threads(store.threads, ThreadOptions(max_bytes=1024))
     _, turn = begin(
         threads, body(messages=[{"role": "user", "content": "x"}], thread={"type": "create"})
     )
@@ -129,7 +133,7 @@ def test_an_answer_past_the_size_limit_ends_the_thread(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as refused:
         begin(threads, then)
     assert refused.value.status == 404 and "past the size" in refused.value.message
-    threads.close()
+    store.close()
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
-"""The Store contract (zerohop.gateway.store.open_store): every method gives the same results on the
-SQLite file of one replica and on a fleet's PostgreSQL (a real server, a fresh database per
-test); a row written badly by hand is refused as InvalidKey in both; a PostgreSQL change is
-one transaction that bumps the version once, stamps its rows and notifies."""
+"""The Database contract (zerohop.gateway.store.open_store): every method gives the same
+results on the SQLite file of one replica and on a fleet's PostgreSQL (a real server, a fresh
+database per test); a row written badly by hand is refused as InvalidKey in both; a
+PostgreSQL change is one transaction that bumps the version once, stamps its rows and
+notifies."""
 
 from __future__ import annotations
 
@@ -19,31 +20,31 @@ from tests.pg_fixtures import migrated_database, sql, with_password
 from tests.postgres_server import PostgresServer
 from zerohop.cli.errors import failure_line
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
-from zerohop.gateway.store.open_store import Store, StoreSpec, StoreUnavailable, open_store
+from zerohop.gateway.store.open_store import Database, StoreSpec, StoreUnavailable, open_database
 from zerohop.gateway.store.rows import InvalidKey, KeyEntry, RevokedKey
 from zerohop.gateway.store.sqlite import hash_secret
 
 KINDS = ("sqlite", "postgresql")
 
 
-def _open(kind: str, request: pytest.FixtureRequest, folder: Path) -> Store:
+def _open(kind: str, request: pytest.FixtureRequest, folder: Path) -> Database:
     if kind == "sqlite":
-        return open_store(StoreSpec.sqlite(folder / "keys.db"))
-    return open_store(StoreSpec.parse(migrated_database(request.getfixturevalue("postgres"))))
+        return open_database(StoreSpec.sqlite(folder / "keys.db"))
+    return open_database(StoreSpec.parse(migrated_database(request.getfixturevalue("postgres"))))
 
 
 @pytest.fixture(params=KINDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     opened = _open(request.param, request, tmp_path)
     yield opened
     opened.close()
 
 
-def is_sqlite(store: Store) -> bool:
+def is_sqlite(store: Database) -> bool:
     return isinstance(getattr(store, "conn", None), sqlite3.Connection)
 
 
-def hand_edit(store: Store, statement: str) -> None:
+def hand_edit(store: Database, statement: str) -> None:
     """A row changed behind the store's back, as `sqlite3` or `psql` would."""
     if is_sqlite(store):
         store.conn.execute(statement)
@@ -54,7 +55,7 @@ def hand_edit(store: Store, statement: str) -> None:
 # -- the same results ------------------------------------------------------------------------
 
 
-def _script(store: Store) -> dict[str, Any]:
+def _script(store: Database) -> dict[str, Any]:
     """Every method once, on a fresh store; what each returned, without times or secrets."""
     out: dict[str, Any] = {"empty": (store.has_keys(), store.tenants(), store.list_keys())}
     store.upsert_tenant(Tenant("acme", Limits(rpm=60, otpm=1000), Budget(5000, "month"), 2.0))
@@ -122,7 +123,7 @@ def test_every_method_gives_the_same_results_on_sqlite_and_postgresql(
     ]
 
 
-def test_every_change_moves_the_version_on(store: Store) -> None:
+def test_every_change_moves_the_version_on(store: Database) -> None:
     seen = [store.version()]
     store.ensure_tenant("t")
     seen.append(store.version())
@@ -138,7 +139,7 @@ def test_every_change_moves_the_version_on(store: Store) -> None:
     assert store.snapshot()[0] == store.version()
 
 
-def test_spend_lists_each_subject_and_period(store: Store) -> None:
+def test_spend_lists_each_subject_and_period(store: Database) -> None:
     assert store.spend() == []
     if is_sqlite(store):
         rows = "spend VALUES ('tenant:a', 'total', 15), ('key:zh-1', 'day:2030-01-01', 3)"
@@ -166,7 +167,7 @@ def test_spend_lists_each_subject_and_period(store: Store) -> None:
     ],
 )
 def test_an_invalid_row_is_refused_as_invalid_key(
-    store: Store, statement: str, fields: tuple[str, ...]
+    store: Database, statement: str, fields: tuple[str, ...]
 ) -> None:
     secret, bad = store.create_key("bad")
     good_secret, _good = store.create_key("good")
@@ -182,7 +183,7 @@ def test_an_invalid_row_is_refused_as_invalid_key(
     assert set(problems) == set(fields)
 
 
-def test_a_key_without_its_tenant_row_is_refused(store: Store) -> None:
+def test_a_key_without_its_tenant_row_is_refused(store: Database) -> None:
     secret, _record = store.create_key("gone")
     if is_sqlite(store):
         hand_edit(store, "PRAGMA foreign_keys = OFF")
@@ -200,7 +201,7 @@ def test_a_postgresql_change_bumps_once_stamps_its_rows_and_notifies(
     postgres: PostgresServer,
 ) -> None:
     url = migrated_database(postgres)
-    store = open_store(StoreSpec.parse(url))
+    store = open_database(StoreSpec.parse(url))
     listener = psycopg.connect(url, autocommit=True)
     try:
         listener.execute("LISTEN zerohop_keys")
@@ -225,7 +226,7 @@ def test_an_unreachable_postgresql_is_one_line_without_its_password(tmp_path: Pa
     url = with_password("postgresql://zerohop@127.0.0.1:9/zerohop", "s3cret-pw")
     started = time.monotonic()
     with pytest.raises(StoreUnavailable) as caught:
-        open_store(StoreSpec.parse(url))
+        open_database(StoreSpec.parse(url))
     assert time.monotonic() - started < 5
     line = failure_line(caught.value)
     assert line is not None and "\n" not in line and "s3cret" not in line
@@ -256,7 +257,7 @@ def test_a_store_spec_never_shows_a_password(text: str, kind: str, described: st
 # -- usage per minute (the admin API's reports) --------------------------------------------------
 
 
-def test_usage_rows_add_up_and_are_bucketed_in_either_store(store: Store) -> None:
+def test_usage_rows_add_up_and_are_bucketed_in_either_store(store: Database) -> None:
     from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
     day = 1_700_006_400  # a UTC midnight

@@ -42,8 +42,10 @@ from zerohop.api.errors import ApiError
 from zerohop.api.service import ServingContext
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.server_keys import RETRY_INTERVAL, ServerKeys
+from zerohop.gateway.store.repositories import SigningKeyRepository
 from zerohop.gateway.store.spec import StoreUnavailable
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 MODEL = "tiny-qwen3"
 HOUR = 3600.0
@@ -102,6 +104,22 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
     return lambda: PostgresStore(url)
 
 
+OPENED: list[Store] = []  # the stores over() opened, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
+def over(opener: Callable[[], Any]) -> SigningKeyRepository:
+    """The signing keys of a store of its own (a replica's, or a restarted one's)."""
+    OPENED.append(Store(opener))
+    return OPENED[-1].signing_keys
+
+
 def stored(opener: Callable[[], Any]) -> list[tuple[int, str]]:
     store = opener()
     try:
@@ -117,9 +135,9 @@ def test_a_signature_verifies_after_a_restart_and_through_a_rotation(
     opener: Callable[[], Any],
 ) -> None:
     clock = Clock()
-    keys = ServerKeys(opener, PURPOSE, rotation=HOUR, clock=clock)
+    keys = ServerKeys(over(opener), PURPOSE, rotation=HOUR, clock=clock)
     first = sign(keys)
-    restarted = ServerKeys(opener, PURPOSE, rotation=HOUR, clock=clock)
+    restarted = ServerKeys(over(opener), PURPOSE, rotation=HOUR, clock=clock)
     assert check(restarted, first) == "verified"
     assert sign(restarted).partition(".")[0] == key_id(first)  # the same key signs
     assert stored(opener) == [(1, key_id(first))]
@@ -141,14 +159,12 @@ def test_a_signature_verifies_after_a_restart_and_through_a_rotation(
     third = sign(keys)
     assert key_id(third) not in (key_id(first), key_id(second))
     assert stored(opener) == [(2, key_id(second)), (3, key_id(third))]  # the expired one: gone
-    keys.close()
-    restarted.close()
 
 
 def test_replicas_racing_make_one_key_between_them(opener: Callable[[], Any]) -> None:
     clock = Clock()
     assert stored(opener) == []  # the schema made (a SQLite file's), no key yet
-    replicas = [ServerKeys(opener, PURPOSE, rotation=HOUR, clock=clock) for _ in range(6)]
+    replicas = [ServerKeys(over(opener), PURPOSE, rotation=HOUR, clock=clock) for _ in range(6)]
 
     def race() -> set[str]:
         barrier = threading.Barrier(len(replicas))
@@ -171,12 +187,10 @@ def test_replicas_racing_make_one_key_between_them(opener: Callable[[], Any]) ->
     [second] = race()
     assert first != second
     assert stored(opener) == [(1, first), (2, second)]
-    for keys in replicas:
-        keys.close()
 
 
 def test_a_signature_is_bound_to_its_model_and_tenant(tmp_path: Path) -> None:
-    keys = ServerKeys(lambda: KeyStore(tmp_path / "keys.db"), PURPOSE)
+    keys = ServerKeys(over(lambda: KeyStore(tmp_path / "keys.db")), PURPOSE)
     signature = sign(keys, tenant="acme")
     assert check(keys, signature, tenant="acme") == "verified"
     assert check(keys, signature, tenant="globex") == "mismatch"
@@ -195,7 +209,6 @@ def test_a_signature_is_bound_to_its_model_and_tenant(tmp_path: Path) -> None:
         strict.verified(THOUGHT, signature, "messages.1.content.0")
     assert refused.value.status == 400
     assert str(refused.value).startswith("messages.1.content.0.signature: invalid signature")
-    keys.close()
 
 
 def test_an_unreadable_store_signs_with_a_key_of_its_own_then_catches_up(tmp_path: Path) -> None:
@@ -208,7 +221,7 @@ def test_an_unreadable_store_signs_with_a_key_of_its_own_then_catches_up(tmp_pat
         return KeyStore(path)
 
     clock = Clock()
-    keys = ServerKeys(opener, PURPOSE, rotation=HOUR, clock=clock)
+    keys = ServerKeys(over(opener), PURPOSE, rotation=HOUR, clock=clock)
     own = sign(keys)
     assert check(keys, own) == "verified"
     unknown = "0badc0de.bWFj"
@@ -228,7 +241,6 @@ def test_an_unreadable_store_signs_with_a_key_of_its_own_then_catches_up(tmp_pat
     with pytest.raises(ApiError) as refused:
         signer(keys, signatures=(unknown,), strict=True).verified(THOUGHT, unknown, "m")
     assert refused.value.status == 400
-    keys.close()
 
 
 def test_an_operator_key_signs_on_every_replica_and_store_keys_still_verify(
@@ -236,11 +248,11 @@ def test_an_operator_key_signs_on_every_replica_and_store_keys_still_verify(
 ) -> None:
     path = tmp_path / "keys.db"
     clock = Clock()
-    before = sign(ServerKeys(lambda: KeyStore(path), PURPOSE, rotation=HOUR, clock=clock))
+    before = sign(ServerKeys(over(lambda: KeyStore(path)), PURPOSE, rotation=HOUR, clock=clock))
 
     def replica(secret: bytes) -> ServerKeys:
         opened = lambda: KeyStore(path)  # noqa: E731
-        return ServerKeys(opened, PURPOSE, rotation=HOUR, operator_secret=secret, clock=clock)
+        return ServerKeys(over(opened), PURPOSE, rotation=HOUR, operator_secret=secret, clock=clock)
 
     one, two = replica(b"operator secret"), replica(b"operator secret")
     signature = sign(one)
@@ -306,7 +318,7 @@ def test_the_tool_loops_verified_thought_is_rendered_as_qwen3_renders_it(
     qwen3_dir: Path, tmp_path: Path
 ) -> None:
     ctx = ServingContext(None, Tokenizer.from_dir(qwen3_dir), MODEL, 4096)  # type: ignore[arg-type]
-    keys = ServerKeys(lambda: KeyStore(tmp_path / "keys.db"), PURPOSE)
+    keys = ServerKeys(over(lambda: KeyStore(tmp_path / "keys.db")), PURPOSE)
     signature = sign(keys)
     older = thinking("an earlier thought", sign(keys, thought="an earlier thought"))
     messages = tool_loop(thinking(THOUGHT, signature), earlier=older)
@@ -327,7 +339,6 @@ def test_the_tool_loops_verified_thought_is_rendered_as_qwen3_renders_it(
         strict = ThoughtSigner(who.keyring, who.model, who.tenant, strict=True, now=who.now)
         with pytest.raises(ApiError, match=r"messages\.3\.content\.0\.signature: invalid"):
             prompt_text(ctx, tool_loop(block), strict)
-    keys.close()
 
 
 # -- live: a restart (SQLite) and replicas (PostgreSQL), through the anthropic SDK ---------------
@@ -497,6 +508,5 @@ def test_a_postgresql_store_at_version_4_is_migrated_to_have_the_table(postgres:
     assert 5 in migrate(url).applied
     assert "signing_keys" in {r[0] for r in sql(url, tables)}
     assert sql(url, "SELECT version, min_reader FROM zerohop_schema WHERE version = 5") == [(5, 2)]
-    keys = ServerKeys(lambda: PostgresStore(url), PURPOSE)
+    keys = ServerKeys(over(lambda: PostgresStore(url)), PURPOSE)
     assert check(keys, sign(keys)) == "verified"
-    keys.close()

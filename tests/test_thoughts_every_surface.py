@@ -33,7 +33,8 @@ from zerohop.api.service import ServingContext
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.server_keys import ServerKeys
-from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 
 MODEL = "tiny-qwen3"
@@ -143,7 +144,8 @@ def responses_prompt(ctx: ServingContext) -> list[int]:
 def test_the_template_receives_the_same_thoughts_from_every_surface(
     ctx: ServingContext, tmp_path: Path
 ) -> None:
-    keys = ServerKeys(lambda: KeyStore(tmp_path / "keys.db"), PURPOSE)
+    store = Store.of(StoreSpec.sqlite(tmp_path / "keys.db"))
+    keys = ServerKeys(store.signing_keys, PURPOSE)
     by_messages, by_chat, by_grpc = through_messages(ctx, keys), through_chat(ctx), through_grpc()
     turns = template_turns(by_messages)
     assert template_turns(by_chat) == turns
@@ -158,4 +160,4 @@ def test_the_template_receives_the_same_thoughts_from_every_surface(
     text = ctx.tokenizer.decode(prompt, skip_special_tokens=False)
     assert f"<|im_start|>assistant\n<think>\n{THOUGHT}\n</think>\n\n<tool_call>" in text
     assert EARLIER not in text
-    keys.close()
+    store.close()

@@ -10,6 +10,7 @@ import pytest
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity, Tenant
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 from zerohop.gateway.store.usage_tables import UsageRow
 from zerohop.gateway.usage import UsageRecorder
 
@@ -39,7 +40,7 @@ class Clock:
 def test_requests_are_summed_per_minute_and_refusals_keep_their_message(tmp_path: Path):
     clock = Clock()
     store = KeyStore(tmp_path / "keys.db")
-    recorder = UsageRecorder(lambda: KeyStore(tmp_path / "keys.db"), clock=clock)
+    recorder = UsageRecorder(Store(lambda: KeyStore(tmp_path / "keys.db")).usage, clock=clock)
     recorder.record(served())
     recorder.record(served(status=500))
     recorder.record(call("zh-a", "t", decision="admitted", prompt_tokens=0))  # never served
@@ -63,7 +64,7 @@ def test_rows_are_kept_while_the_store_cannot_be_opened(tmp_path: Path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store's folder should be")
     target = {"path": blocker / "keys.db"}
-    recorder = UsageRecorder(lambda: KeyStore(target["path"]), clock=Clock())
+    recorder = UsageRecorder(Store(lambda: KeyStore(target["path"])).usage, clock=Clock())
     recorder.record(served())
     assert not recorder.flush() and recorder.failures == 1
     recorder.record(served())
@@ -77,7 +78,9 @@ def test_rows_are_kept_while_the_store_cannot_be_opened(tmp_path: Path):
 
 def test_past_max_rows_the_oldest_minutes_are_dropped_and_counted(tmp_path: Path):
     clock = Clock()
-    recorder = UsageRecorder(lambda: KeyStore(tmp_path / "f" / "x.db"), max_rows=2, clock=clock)
+    recorder = UsageRecorder(
+        Store(lambda: KeyStore(tmp_path / "f" / "x.db")).usage, max_rows=2, clock=clock
+    )
     (tmp_path / "f").write_text("blocks the store")
     for _ in range(3):
         recorder.record(served())
@@ -92,6 +95,6 @@ def test_past_max_rows_the_oldest_minutes_are_dropped_and_counted(tmp_path: Path
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError):
-        UsageRecorder(lambda: None, interval=0)
+        UsageRecorder(Store.in_memory().usage, interval=0)
     with pytest.raises(ValueError):
-        UsageRecorder(lambda: None, max_rows=0)
+        UsageRecorder(Store.in_memory().usage, max_rows=0)

@@ -1,5 +1,6 @@
 """Gives a serving gateway what the operator's routes read: usage per minute, live load,
-and the admin context the routes and the console share (console sessions in the key store)."""
+and the admin context the routes and the console share (console sessions in the gateway's
+store)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,18 @@ from zerohop.admin.context import AdminContext
 from zerohop.admin.service import AdminService
 from zerohop.admin.sessions import SessionStore
 from zerohop.api.load.live_load import LiveLoad
-from zerohop.gateway.store.open_store import open_store
 from zerohop.gateway.usage import UsageRecorder
 
 
 def attach_operator(gateway: Any, secure_cookies: bool) -> AdminContext:
     """Start recording usage and live load on `gateway`; the admin context over it."""
-    spec = gateway.auth.spec
-    gateway.usage = UsageRecorder(lambda: open_store(spec))
+    store = gateway.store
+    gateway.usage = UsageRecorder(store.usage)
     gateway.usage.start()
     gateway.live = LiveLoad()
-    sessions = SessionStore(lambda: open_store(spec))
+    sessions = SessionStore(store.sessions)
     return AdminContext(
-        gateway, AdminService(gateway), sessions=sessions, secure_cookies=secure_cookies
+        gateway, AdminService(gateway, store), sessions=sessions, secure_cookies=secure_cookies
     )
 
 
@@ -43,5 +43,3 @@ class LiveSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await asyncio.to_thread(self.admin.service.close)
-        await asyncio.to_thread(self.admin.sessions.close)

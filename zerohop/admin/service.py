@@ -1,16 +1,15 @@
 """What the admin routes do: read and change keys and tenants, and audit every change.
 
-The service holds a store of its own (the server's key index keeps its own), used from
-worker threads one call at a time, so an admin page never blocks the event loop. After a
-change it waits (up to `SETTLE_SECONDS`) until the server serves the store's new version, so
-a key revoked here is refused by the very next request.
+The service reads and writes the process's store through its repositories (keys, usage,
+the spend ledger), each call in a worker thread, so an admin page never blocks the event
+loop. After a change it waits (up to `SETTLE_SECONDS`) until the server serves the store's
+new version, so a key revoked here is refused by the very next request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,8 +18,9 @@ from zerohop.admin import wire
 from zerohop.admin.context import checked, invalid, not_found
 from zerohop.api.service import new_request_id
 from zerohop.gateway.keys.identity import Identity, Limits
-from zerohop.gateway.store.open_store import Store, open_store
+from zerohop.gateway.store.repositories import KeyRepository
 from zerohop.gateway.store.rows import KeyRecord
+from zerohop.gateway.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -29,39 +29,27 @@ T = TypeVar("T")
 
 
 class AdminService:
-    def __init__(self, gateway: Any, store: Callable[[], Store] | None = None) -> None:
+    """Over `store` (by default the gateway's): its keys, usage and ledger repositories."""
+
+    def __init__(self, gateway: Any, store: Store | None = None) -> None:
         self.gateway = gateway
-        self._open = store or (lambda: open_store(gateway.auth.spec))
-        self._store: Store | None = None
-        self._lock = threading.Lock()
+        store = store if store is not None else gateway.store
+        self.stored_keys, self.usage, self.ledger = store.keys, store.usage, store.ledger
 
-    async def run(self, work: Callable[[Store], T]) -> T:
-        """`work(store)` on a worker thread, one at a time."""
-
-        def locked() -> T:
-            with self._lock:
-                if self._store is None:
-                    self._store = self._open()
-                return work(self._store)
-
-        return await asyncio.to_thread(locked)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+    async def run(self, work: Callable[[], T]) -> T:
+        """`work()` (calls of the repositories) on a worker thread."""
+        return await asyncio.to_thread(work)
 
     # -- keys ---------------------------------------------------------------------------------
 
     async def key(self, key_id: str) -> KeyRecord:
-        record = await self.run(lambda s: s.key(key_id))
+        record = await self.run(lambda: self.stored_keys.key(key_id))
         if record is None:
             raise not_found(f"no API key {key_id!r}")
         return record
 
     async def keys(self) -> list[KeyRecord]:
-        return await self.run(lambda s: s.list_keys())
+        return await self.run(self.stored_keys.list_keys)
 
     async def create_key(self, actor: Identity, body: dict[str, Any]) -> tuple[str, KeyRecord]:
         allowed = {"tenant", "name", "models", "priority", "expires_at", "limits", "budget",
@@ -75,7 +63,7 @@ class AdminService:
         admin = checked(wire.bool_field, body.get("admin", False), "admin")
         inference = checked(wire.bool_field, body.get("inference", not admin), "inference")
         secret, record = await self.run(
-            lambda s: s.create_key(
+            lambda: self.stored_keys.create_key(
                 tenant, admin=admin, inference=inference, created_by=actor.key_id, **fields
             )
         )
@@ -92,7 +80,7 @@ class AdminService:
         if not fields:
             return before
         try:
-            after = await self.run(lambda s: s.update_key(key_id, **fields))
+            after = await self.run(lambda: self.stored_keys.update_key(key_id, **fields))
         except KeyError:
             raise not_found(f"no API key {key_id!r}") from None
         await self._changed(actor, "key.update", key_id, before, after)
@@ -101,14 +89,14 @@ class AdminService:
     # -- tenants ------------------------------------------------------------------------------
 
     async def tenants(self) -> list[dict[str, Any]]:
-        def read(store: Store) -> list[dict[str, Any]]:
+        def read(store: KeyRepository) -> list[dict[str, Any]]:
             active: dict[str, int] = {}
             for record in store.list_keys():
                 if wire.key_status(record) == "active":
                     active[record.tenant] = active.get(record.tenant, 0) + 1
             return [wire.tenant_json(r, active.get(r.tenant.name, 0)) for r in store.tenant_rows()]
 
-        return await self.run(read)
+        return await self.run(lambda: read(self.stored_keys))
 
     async def tenant(self, name: str) -> dict[str, Any]:
         for tenant in await self.tenants():
@@ -118,9 +106,9 @@ class AdminService:
 
     async def put_tenant(self, actor: Identity, name: str, body: dict[str, Any]) -> dict:
         name = checked(wire.name_field, name, "tenant name")
-        before = await self.run(lambda s: s.tenant(name))
+        before = await self.run(lambda: self.stored_keys.tenant(name))
         tenant = checked(wire.tenant_update, body, name, before)
-        await self.run(lambda s: s.upsert_tenant(tenant))
+        await self.run(lambda: self.stored_keys.upsert_tenant(tenant))
         await self._changed(actor, "tenant.update", name, before, tenant)
         return await self.tenant(name)
 
@@ -130,7 +118,7 @@ class AdminService:
         self, actor: Identity, action: str, target: str, before, after, status: int = 200
     ) -> None:
         self.audit(actor, action, target, _shown(before), _shown(after), status)
-        version = await self.run(lambda s: s.version())
+        version = await self.run(self.stored_keys.version)
         deadline = time.monotonic() + SETTLE_SECONDS
         while self.gateway.auth.version < version and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -10,9 +10,8 @@ logout (on every replica at once: the row is marked revoked), and as soon as its
 stops being an admin key (revoked, expired, changed): the admin routes and the console check
 the key on every request. Each request reads the row; `last_seen` is written at most once
 every `touch_every` seconds (60 by default), not on every request, so the idle timeout may
-end a session up to that much early. The store is called from a worker thread
-(`asyncio.to_thread`), one call at a time, as one SQLite connection takes: the event loop
-never waits on a disk or the database.
+end a session up to that much early. The store's session repository is called from a
+worker thread (`asyncio.to_thread`): the event loop never waits on a disk or the database.
 """
 
 from __future__ import annotations
@@ -22,16 +21,15 @@ import hashlib
 import hmac
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
+from zerohop.gateway.store.repositories import SessionRepository
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.spec import StoreUnavailable
-from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -70,77 +68,59 @@ def csrf_token_for(session_id: str) -> str:
     return hmac.new(session_id.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
 
 
-def _memory_store() -> KeyStore:
-    """A key store of this process's own (no gateway to share one with)."""
-    return KeyStore(Path(":memory:"))
-
-
 class SessionStore:
-    """Console sessions in a key store, opened on first use by `open_store`."""
+    """Console sessions in a store's session repository (by default, a store of this
+    process's own: no gateway to share one with)."""
 
     def __init__(
         self,
-        open_store: Callable[[], Any] = _memory_store,
+        repository: SessionRepository | None = None,
         idle: float = 3600.0,
         lifetime: float = 12 * 3600.0,
         touch_every: float = TOUCH_EVERY,
         clock: Callable[[], float] = time.time,  # shared between replicas: wall-clock time
     ) -> None:
-        self._open_store = open_store
+        self.repository = repository if repository is not None else Store.in_memory().sessions
         self.idle, self.lifetime, self.touch_every, self.clock = idle, lifetime, touch_every, clock
-        self._store: Any = None
-        self._lock = threading.Lock()
 
     async def create(self, key_id: str) -> Session:
         session_id = secrets.token_urlsafe(32)
         now = self.clock()
         row = SessionRow(session_digest(session_id), key_id, now, now, now + self.lifetime)
         caps = SessionCaps(self.idle, MAX_SESSIONS_PER_KEY, MAX_SESSIONS)
-        await self._run(lambda store: store.create_console_session(row, caps))
+        await self._run(lambda: self.repository.create(row, caps))
         return Session(session_id, key_id, csrf_token_for(session_id), now, now)
 
     async def get(self, session_id: str | None) -> Session | None:
         """The live session of that id (its last_seen written if due), or None."""
         if not session_id or len(session_id) > MAX_ID_CHARS:
             return None
-        return await self._run(lambda store: self._live(store, session_id))
+        return await self._run(lambda: self._live(session_id))
 
     async def end(self, session_id: str | None) -> None:
         """Log the session out, on every replica (nothing for no id, or an unknown one)."""
         if not session_id or len(session_id) > MAX_ID_CHARS:
             return
         digest = session_digest(session_id)
-        await self._run(lambda store: store.end_console_session(digest, self.clock()))
+        await self._run(lambda: self.repository.end(digest, self.clock()))
 
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
-
-    def _live(self, store: Any, session_id: str) -> Session | None:
+    def _live(self, session_id: str) -> Session | None:
         digest, now = session_digest(session_id), self.clock()
-        row = store.console_session(digest, now, self.idle)
+        row = self.repository.get(digest, now, self.idle)
         if row is None:
             return None
         last_seen = row.last_seen
         if now - last_seen >= self.touch_every:
-            store.touch_console_session(digest, now, self.touch_every)
+            self.repository.touch(digest, now, self.touch_every)
             last_seen = now
         return Session(session_id, row.key_id, csrf_token_for(session_id), row.created, last_seen)
 
-    async def _run(self, work: Callable[[Any], T]) -> T:
-        return await asyncio.to_thread(self._locked, work)
-
-    def _locked(self, work: Callable[[Any], T]) -> T:
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._open_store()
-                return work(self._store)
-            except StoreUnavailable as exc:
-                log.warning("console sessions: %s", exc)
-                raise SessionsUnavailable(str(exc)) from exc
+    async def _run(self, work: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(work)
+        except StoreUnavailable as exc:
+            log.warning("console sessions: %s", exc)
+            raise SessionsUnavailable(str(exc)) from exc
 
 
 def session_cookie(headers: list[tuple[bytes, bytes]]) -> str | None:

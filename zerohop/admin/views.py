@@ -18,8 +18,11 @@ from zerohop.admin.usage_report import (
     usage_report,
 )
 from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger
+from zerohop.gateway.keys.identity import Budget
+from zerohop.gateway.store.usage_tables import UsageRow
 
 Answer = tuple[int, Any]
+Subject = tuple[str, str, Budget]  # (kind, name, budget) of a budget's holder
 
 
 def _param(req: Any, name: str) -> str | None:
@@ -95,7 +98,8 @@ async def update_api_key(admin: AdminContext, req: Any) -> Answer:
 
 async def messages_usage(admin: AdminContext, req: Any) -> Answer:
     query = checked(parse_usage_query, req.query)
-    rows = await admin.service.run(lambda s: s.usage(query.width, query.since, query.until))
+    usage = admin.service.usage
+    rows = await admin.service.run(lambda: usage.buckets(query.width, query.since, query.until))
     return 200, usage_report(query, rows)
 
 
@@ -133,14 +137,17 @@ async def budgets(admin: AdminContext, req: Any) -> Answer:
     now = time.time()
     minute = int(now // 60 * 60)
 
-    def read(store: Any) -> tuple[list, dict, list]:
-        subjects = [("key", r.key_id, r.budget) for r in store.list_keys()
-                    if r.budget is not None and wire.key_status(r, now) == "active"]  # fmt: skip
-        subjects += [("tenant", t.name, t.budget) for t in store.tenants() if t.budget]
-        spent = {(s, p): t for s, p, t in store.spend()}
-        return subjects, spent, store.usage(60, minute - HOUR + 60, minute + 60)
+    service = admin.service
 
-    subjects, spent, last_hour = await admin.service.run(read)
+    def read() -> tuple[list[Subject], dict[tuple[str, str], int], list[UsageRow]]:
+        keys = service.stored_keys
+        subjects = [("key", r.key_id, r.budget) for r in keys.list_keys()
+                    if r.budget is not None and wire.key_status(r, now) == "active"]  # fmt: skip
+        subjects += [("tenant", t.name, t.budget) for t in keys.tenants() if t.budget]
+        spent = {(s, p): t for s, p, t in service.ledger.spend()}
+        return subjects, spent, service.usage.buckets(60, minute - HOUR + 60, minute + 60)
+
+    subjects, spent, last_hour = await service.run(read)
     ledger = admin.gateway.ledger
     if isinstance(ledger, BudgetLedger):  # one replica's own ledger: current to the request
         spent |= dict(ledger.spent)  # (a fleet's leases: the store's settled + leased)
@@ -149,7 +156,8 @@ async def budgets(admin: AdminContext, req: Any) -> Answer:
 
 async def refusals(admin: AdminContext, req: Any) -> Answer:
     since, until = checked(time_range, req.query, 86400.0)
-    rows = await admin.service.run(lambda s: s.refusals(since, until))
+    usage = admin.service.usage
+    rows = await admin.service.run(lambda: usage.refusals(since, until))
     return 200, refusals_report(rows)
 
 

@@ -8,7 +8,7 @@ import ipaddress
 from zerohop.app.options import GatewayOptions, ServeOptions
 from zerohop.gateway.gateway import Gateway, GatewayStartError
 from zerohop.gateway.store.key_snapshot import FILE_NAME, LocalCopy, read_or_load
-from zerohop.gateway.store.open_store import StoreSpec, open_store
+from zerohop.gateway.store.open_store import StoreSpec, open_database
 from zerohop.gateway.store.sqlite import default_db_path
 
 
@@ -106,7 +106,7 @@ def _fleet_has_keys(g: GatewayOptions) -> bool:
 def _has_keys(spec: StoreSpec) -> bool:
     if spec.kind == "sqlite" and not spec.path.is_file():
         return False  # not created here: `zerohop keys create` does
-    store = open_store(spec)
+    store = open_database(spec)
     try:
         return store.has_keys()
     finally:

@@ -38,6 +38,7 @@ from zerohop.app.stores import (
     open_responses,
     open_thought_signatures,
     open_threads,
+    process_store,
 )
 from zerohop.engine.client import EngineStarter
 from zerohop.engine.loading.checkpoint import open_checkpoint
@@ -172,9 +173,10 @@ async def serve(options: ServeOptions) -> int:
         secure = options.secure_cookies or options.tls_cert is not None
         ctx.admin = attach_operator(gateway, secure_cookies=secure)
         sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
-    ctx.threads = open_threads(gateway)
-    ctx.responses = open_responses(gateway)
-    ctx.thoughts = open_thought_signatures(options, gateway)
+    store = process_store(gateway)  # opened on first use, closed once below
+    ctx.threads = open_threads(store)
+    ctx.responses = open_responses(store)
+    ctx.thoughts = open_thought_signatures(options, store)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
@@ -240,9 +242,6 @@ async def serve(options: ServeOptions) -> int:
         if ctx.batches is not None:  # its running lines go back to waiting
             await ctx.batches.stop()
             ctx.batches.store.close()
-        await asyncio.to_thread(ctx.threads.close)
-        await asyncio.to_thread(ctx.responses.close)
-        await asyncio.to_thread(ctx.thoughts.close)
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()
@@ -250,6 +249,7 @@ async def serve(options: ServeOptions) -> int:
             await sampler.stop()
         if gateway is not None:
             await gateway.close()  # after the streams: their audit records are flushed too
+        await asyncio.to_thread(store.close)  # the gateway's is closed already: no-op then
         server.release_signals()
     if engine.gave_up is not None:  # the orchestrator restarts the pod on a non-zero exit
         print(f"zerohop serve: exiting: {engine.gave_up}", file=sys.stderr, flush=True)

@@ -1,40 +1,45 @@
-"""What `zerohop serve` keeps in the key store beside the keys: message threads, stored
-responses, thought-signing keys, and batches (their store and runner)."""
+"""What `zerohop serve` keeps in its store beside the keys: message threads, stored
+responses, thought-signing keys (each given its repository of the process's one store), and
+batches (their own store and runner)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from zerohop.app.options import ServeOptions
 from zerohop.engine.process.supervisor import EngineSupervisor
 from zerohop.gateway.gateway import Gateway
-from zerohop.gateway.store.open_store import open_store
 from zerohop.gateway.store.sqlite import default_db_path
+from zerohop.gateway.store.store import Store
 
 log = logging.getLogger("zerohop")
 
 
-def open_threads(gateway: Gateway | None) -> Any:
-    """The Anthropic surface's message threads, in the key store (opened on first use)."""
+def process_store(gateway: Gateway | None) -> Store:
+    """The process's one store: the gateway's, else (a server without a gateway) one in
+    memory, kept for the process's lifetime."""
+    return gateway.store if gateway is not None else Store.in_memory()
+
+
+def open_threads(store: Store) -> Any:
+    """The Anthropic surface's message threads, in the store."""
     from zerohop.api.anthropic.threads import Threads
 
-    return Threads(_store_opener(gateway))
+    return Threads(store.threads)
 
 
-def open_responses(gateway: Gateway | None) -> Any:
-    """The Responses API's stored responses, in the key store (opened on first use)."""
+def open_responses(store: Store) -> Any:
+    """The Responses API's stored responses, in the store."""
     from zerohop.api.responses.stored import StoredResponses
 
-    return StoredResponses(_store_opener(gateway))
+    return StoredResponses(store.responses)
 
 
-def open_thought_signatures(options: ServeOptions, gateway: Gateway | None) -> Any:
-    """Thinking blocks' signing: the key store's keys (opened on first use), or the
-    operator's ZEROHOP_REASONING_SECRET when set."""
+def open_thought_signatures(options: ServeOptions, store: Store) -> Any:
+    """Thinking blocks' signing: the store's signing keys, or the operator's
+    ZEROHOP_REASONING_SECRET when set."""
     from zerohop.api.conversation.thought_signatures import (
         PURPOSE,
         SECRET_ENV,
@@ -44,23 +49,12 @@ def open_thought_signatures(options: ServeOptions, gateway: Gateway | None) -> A
 
     secret = os.environ.get(SECRET_ENV, "").encode() or None
     keys = ServerKeys(
-        _store_opener(gateway),
+        store.signing_keys,
         PURPOSE,
         rotation=options.signing_key_rotation,
         operator_secret=secret,
     )
     return ThoughtSignatures(keys, strict=options.strict_thought_signatures)
-
-
-def _store_opener(gateway: Gateway | None) -> Callable[[], Any]:
-    """Opens the key store; a server without a gateway has none, and keeps what it would
-    store in memory for its lifetime."""
-    from zerohop.gateway.store.sqlite import KeyStore
-
-    if gateway is None:
-        return lambda: KeyStore(Path(":memory:"))
-    spec = gateway.auth.spec
-    return lambda: open_store(spec)
 
 
 def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):

@@ -40,7 +40,7 @@ from zerohop.gateway.keys.identity import (
     Limits,
     Tenant,
 )
-from zerohop.gateway.store.open_store import Store, StoreSpec, open_store
+from zerohop.gateway.store.open_store import Database, StoreSpec, open_database
 from zerohop.gateway.store.rows import Problems
 from zerohop.gateway.store.spec import STORE_ENV, store_text
 from zerohop.gateway.store.sqlite import KeyRecord, default_db_path
@@ -138,7 +138,7 @@ def _run(func: Any, args: argparse.Namespace) -> int:
     if args.keys_db is not None and args.store is not None:
         print("zerohop keys: --keys-db and --store name two stores: give one", file=sys.stderr)
         return 2
-    store = open_store(_spec(args))
+    store = open_database(_spec(args))
     try:
         return func(store, args)
     except (KeyError, ValueError) as exc:
@@ -159,7 +159,7 @@ def _spec(args: argparse.Namespace) -> StoreSpec:
 # -- actions ------------------------------------------------------------------------------------
 
 
-def _create(store: Store, args: argparse.Namespace) -> int:
+def _create(store: Database, args: argparse.Namespace) -> int:
     fields = _key_fields(args)
     fields.setdefault("limits", Limits())
     if args.inference and not args.admin:
@@ -175,7 +175,7 @@ def _create(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _update(store: Store, args: argparse.Namespace) -> int:
+def _update(store: Database, args: argparse.Namespace) -> int:
     fields = _key_fields(args)
     if args.tenant is not None:
         fields["tenant"] = args.tenant
@@ -195,13 +195,13 @@ def _update(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(store: Store, args: argparse.Namespace) -> int:
+def _list(store: Database, args: argparse.Namespace) -> int:
     records = [r for r in store.list_keys() if args.tenant in (None, r.tenant)]
     _output(records, args.json)
     return 0
 
 
-def _show(store: Store, args: argparse.Namespace) -> int:
+def _show(store: Database, args: argparse.Namespace) -> int:
     record = store.key(args.key_id)
     if record is None:
         raise KeyError(f"no key {args.key_id}")
@@ -209,7 +209,7 @@ def _show(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _revoke(store: Store, args: argparse.Namespace) -> int:
+def _revoke(store: Database, args: argparse.Namespace) -> int:
     if store.key(args.key_id) is None:
         raise KeyError(f"no key {args.key_id}")
     done = store.revoke_key(args.key_id)
@@ -217,7 +217,7 @@ def _revoke(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _tenant(store: Store, args: argparse.Namespace) -> int:
+def _tenant(store: Database, args: argparse.Namespace) -> int:
     row = store.tenant_row(args.name)
     if row is not None:  # every column is written back: no placeholder may be
         _check_repaired(f"tenant {args.name}", row.problems, args)
@@ -239,7 +239,7 @@ def _tenant(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _usage(store: Store, args: argparse.Namespace) -> int:
+def _usage(store: Database, args: argparse.Namespace) -> int:
     budgets = {f"key:{r.key_id}": r.budget for r in store.list_keys()}
     budgets |= {f"tenant:{t.name}": t.budget for t in store.tenants()}
     rows = []

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerohop.gateway.keys.identity import ANONYMOUS, Identity, KeyRef
-from zerohop.gateway.store.open_store import Store, StoreSpec, open_store
+from zerohop.gateway.store.repositories import KeyRepository
 from zerohop.gateway.store.rows import InvalidKey, KeyEntry, RevokedKey
+from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.sqlite import hash_secret
+from zerohop.gateway.store.store import Store
 
 if TYPE_CHECKING:
     from zerohop.gateway.store.key_snapshot import LocalCopy
@@ -81,19 +83,25 @@ class Authenticator:
     """The store's keys in memory. A SQLite store is polled every RELOAD_INTERVAL; a
     PostgreSQL one is followed by a `KeyFeed` thread (LISTEN/NOTIFY plus reconciliation),
     and each read of it is kept in `local_copy`, if given, to start from while it is down
-    (`zerohop.gateway.store.key_snapshot`)."""
+    (`zerohop.gateway.store.key_snapshot`). `keys`: the process's key repository (a SQLite
+    store is read through it); without one, a store of its own, closed by `close`."""
 
     def __init__(
         self,
         store: StoreSpec | Path,
         verifier: Any | None = None,
         local_copy: LocalCopy | None = None,
+        keys: KeyRepository | None = None,
     ) -> None:
         self.spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
         self.local_copy = local_copy  # PostgreSQL only
         self._keys = _NOT_LOADED
-        self._store: Store | None = None
+        self._own_store: Store | None = None
+        if keys is None:
+            self._own_store = Store.of(self.spec)
+            keys = self._own_store.keys
+        self.repository = keys
         self._task: asyncio.Task | None = None
         self.feed: KeyFeed | None = None  # PostgreSQL only, once watching
 
@@ -126,12 +134,10 @@ class Authenticator:
 
             self._apply_index(read_or_load(lambda: read_now(self.spec.url), self.local_copy))
             return
-        if self._store is None:
-            self._store = open_store(self.spec)
-        if self._store.version() == self._keys.version:
+        if self.repository.version() == self._keys.version:
             return
-        version, index = self._store.snapshot()
-        self.apply(version, index, self._store.has_keys())
+        version, index = self.repository.snapshot()
+        self.apply(version, index, self.repository.has_keys())
 
     def apply_rows(self, rows: KeyRows) -> None:
         """Serve `rows`, just read from the store, and keep them as the local snapshot (the
@@ -167,7 +173,6 @@ class Authenticator:
         if self.spec.kind == "postgresql":
             from zerohop.gateway.store.pg_key_feed import KeyFeed
 
-            self.close()  # the feed reads on a connection of its own
             self.feed = KeyFeed(
                 self.spec.url,
                 lambda: self._keys.version,
@@ -186,13 +191,13 @@ class Authenticator:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        """Stop following the store and close it (blocking)."""
+        """Stop following the store, and close it if it is this authenticator's own
+        (blocking)."""
         if self.feed is not None:
             self.feed.stop()
             self.feed = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        if self._own_store is not None:
+            self._own_store.close()
 
     async def _watch(self) -> None:
         while True:

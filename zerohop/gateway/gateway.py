@@ -38,6 +38,7 @@ from zerohop.gateway.limits.buckets import RateLimiter, RateState, Refusal, Subj
 from zerohop.gateway.limits.fleet_shares import FleetRates
 from zerohop.gateway.store.key_snapshot import LocalCopy
 from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 from zerohop.gateway.usage import UsageRecorder
 
 if TYPE_CHECKING:  # the parts a Gateway is given: their modules load with their makers
@@ -137,9 +138,12 @@ class Gateway:
         audit: AuditLog | None = None,
         metrics: GatewayMetrics | None = None,
         ledger_failure: str = "open",
+        store: Store | None = None,
     ) -> None:
         assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
         self.auth = authenticator
+        # The process's one store (its repositories go to the consumers; closed by close).
+        self.store = store if store is not None else Store.of(authenticator.spec)
         self.limiter = RateLimiter()
         self.rates: FleetRates | None = None  # when the store is shared (fleet.py)
         self.ledger = ledger
@@ -167,14 +171,15 @@ class Gateway:
         rate limits shared by the fleet too, and its keys kept in `local_copy` to start
         from while it is down."""
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
+        opened = Store.of(spec)
         if spec.kind != "postgresql":
             ledger = BudgetLedger(local_db or spec.path, durability)
-            return cls(Authenticator(spec, verifier), ledger, audit, metrics, ledger_failure)
+            auth = Authenticator(spec, verifier, keys=opened.keys)
+            return cls(auth, ledger, audit, metrics, ledger_failure, opened)
         from zerohop.gateway.fleet import join_fleet
 
-        gateway = cls(
-            Authenticator(spec, verifier, local_copy), None, audit, metrics, ledger_failure
-        )
+        auth = Authenticator(spec, verifier, local_copy, keys=opened.keys)
+        gateway = cls(auth, None, audit, metrics, ledger_failure, opened)
         join_fleet(gateway, spec.url, leases or LeaseOptions())
         return gateway
 
@@ -200,6 +205,7 @@ class Gateway:
             await asyncio.to_thread(self.usage.close)
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)  # flushes every record
+        await asyncio.to_thread(self.store.close)  # last: every writer above has flushed
 
     # -- steps of a request -------------------------------------------------------------------
 

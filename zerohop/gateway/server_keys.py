@@ -32,12 +32,11 @@ import itertools
 import logging
 import math
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from zerohop.gateway.store.repositories import SigningKeyRepository
 from zerohop.gateway.store.signing_keys import SigningKeyRow
 
 log = logging.getLogger(__name__)
@@ -104,12 +103,12 @@ def first_kept(rows: list[SigningKeyRow], now: float, overlap: float) -> int:
 
 
 class ServerKeys:
-    """One purpose's keys (module docstring). `open_store`: opens the key store (its calls run
-    in a worker thread, one at a time); None: no store, a key of this process's own."""
+    """One purpose's keys (module docstring). `repository`: the store's signing keys (read in
+    a worker thread, one refresh at a time); None: no store, a key of this process's own."""
 
     def __init__(
         self,
-        open_store: Callable[[], Any] | None,
+        repository: SigningKeyRepository | None,
         purpose: str,
         *,
         rotation: float = DEFAULT_ROTATION,
@@ -121,20 +120,12 @@ class ServerKeys:
         self.rotation = check_rotation(rotation)
         self.overlap = rotation if overlap is None else overlap
         self.operator = operator_key(operator_secret) if operator_secret else None
-        self._open_store = open_store
-        self._store: Any = None
-        self._store_lock = threading.Lock()
+        self.repository = repository
         self._refreshing = asyncio.Lock()
         self._ring: Keyring | None = None
         self._own: SigningKey | None = None  # made while the store could not be read
         self._failed_at = -math.inf
         self._misses: dict[str, float] = {}  # unknown key id -> when it was looked up
-
-    def close(self) -> None:
-        with self._store_lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
 
     async def keyring(self, wanted: Iterable[str] = ()) -> Keyring:
         """The keys, read (or rotated) first when needed; `wanted`: the key ids the caller
@@ -152,7 +143,7 @@ class ServerKeys:
         ring = self._ring
         if ring is None:
             return True
-        if self._open_store is None or now - self._failed_at < RETRY_INTERVAL:
+        if self.repository is None or now - self._failed_at < RETRY_INTERVAL:
             return False
         if not ring.complete:
             return True
@@ -166,11 +157,11 @@ class ServerKeys:
     def _refresh(self, now: float, wanted: list[str]) -> None:
         """(In a worker thread.) Read the keys, rotating when due; on failure, go on with
         the keys last read or a key of this process's own."""
-        if self._open_store is None:
+        if self.repository is None:
             self._ring = self._own_ring(now, complete=True)
             return
         try:
-            rows = self._read(now)
+            rows = self._read(self.repository, now)
         except Exception as exc:
             self._failed_at = now
             log.warning("signing keys (%s): the store cannot be read now: %s", self.purpose, exc)
@@ -184,24 +175,22 @@ class ServerKeys:
             if key_id not in self._ring.keys:
                 self._misses[key_id] = now
 
-    def _read(self, now: float) -> list[SigningKeyRow]:
-        with self._store_lock:
-            if self._store is None:
-                self._store = self._open_store()  # type: ignore[misc]
-            store = self._store
-            rows = store.signing_keys(self.purpose)
-            if self.operator is not None or (rows and rows[-1].created > now - self.rotation):
-                return rows
-            generation = rows[-1].generation + 1 if rows else 1
-            if store.add_signing_key(new_row(self.purpose, generation, now)):
-                log.info("signing keys (%s): made generation %d", self.purpose, generation)
-            rows = store.signing_keys(self.purpose)
-            if not rows:
-                raise RuntimeError("no signing key in the store right after one was added")
-            kept = first_kept(rows, now, self.overlap)
-            if kept > rows[0].generation:
-                store.drop_signing_keys(self.purpose, kept)
-            return [r for r in rows if r.generation >= kept]
+    def _read(self, store: SigningKeyRepository, now: float) -> list[SigningKeyRow]:
+        """The keys that verify now, a new generation made first when rotation is due (a
+        replica racing this one makes the same generation: the store keeps one of them)."""
+        rows = store.keys(self.purpose)
+        if self.operator is not None or (rows and rows[-1].created > now - self.rotation):
+            return rows
+        generation = rows[-1].generation + 1 if rows else 1
+        if store.add(new_row(self.purpose, generation, now)):
+            log.info("signing keys (%s): made generation %d", self.purpose, generation)
+        rows = store.keys(self.purpose)
+        if not rows:
+            raise RuntimeError("no signing key in the store right after one was added")
+        kept = first_kept(rows, now, self.overlap)
+        if kept > rows[0].generation:
+            store.drop(self.purpose, kept)
+        return [r for r in rows if r.generation >= kept]
 
     def _ring_of(self, rows: list[SigningKeyRow], now: float) -> Keyring:
         keys = {}

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from zerohop.gateway.store.repositories import UsageRepository
 from zerohop.gateway.store.usage_tables import USAGE_COUNTS, RefusalRow, UsageRow
 
 log = logging.getLogger(__name__)
@@ -34,21 +35,20 @@ RefusalKey = tuple[int, str, str, str]  # minute, key id, tenant, reason
 class UsageRecorder:
     def __init__(
         self,
-        open_store: Callable[[], Any],
+        repository: UsageRepository,
         interval: float = 1.0,
         max_rows: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if interval <= 0 or max_rows < 1:
             raise ValueError("interval and max_rows must be positive")
-        self._open_store, self.interval, self.max_rows = open_store, interval, max_rows
+        self.repository, self.interval, self.max_rows = repository, interval, max_rows
         self.clock = clock
         self._usage: dict[UsageKey, list[int]] = {}
         self._refusals: dict[RefusalKey, list[Any]] = {}  # [count, last_at, last_message]
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._store: Any = None
         self.flushes = self.failures = self.dropped = 0
 
     # -- the event loop's side ----------------------------------------------------------------
@@ -87,9 +87,6 @@ class UsageRecorder:
             self._thread.join()
             self._thread = None
         self.flush()
-        if self._store is not None:
-            self._store.close()
-            self._store = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -103,9 +100,7 @@ class UsageRecorder:
         if not usage and not refusals:
             return True
         try:
-            if self._store is None:
-                self._store = self._open_store()
-            self._store.add_usage(_usage_rows(usage), _refusal_rows(refusals))
+            self.repository.add(_usage_rows(usage), _refusal_rows(refusals))
         except Exception as exc:  # a full disk or a store that is down: an outage, not a bug
             self.failures += 1
             log.warning("usage: writing %d rows failed (%s); kept for retry", len(usage), exc)

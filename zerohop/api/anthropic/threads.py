@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from zerohop.api.anthropic.schema import (
     ToolDef,
 )
 from zerohop.api.errors import ApiError
+from zerohop.gateway.store.repositories import ThreadRepository
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 
 log = logging.getLogger(__name__)
@@ -171,24 +171,16 @@ class ThreadTurn:
 
 
 class Threads:
-    """The threads of one server, over its key store (opened on first use, in a worker
-    thread; one call at a time, as one SQLite connection takes)."""
+    """The threads of one server, in its store's thread repository (each call in a worker
+    thread)."""
 
     def __init__(
         self,
-        open_store: Callable[[], Any],
+        repository: ThreadRepository,
         options: ThreadOptions = ThreadOptions(),
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._open_store, self.options, self.clock = open_store, options, clock
-        self._store: Any = None
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+        self.repository, self.options, self.clock = repository, options, clock
 
     async def begin(
         self, request: MessagesRequest, body: bytes, tenant: str
@@ -224,7 +216,9 @@ class Threads:
         """The thread ending at `message_id`, marked in flight; its refusal as an ApiError."""
         now = self.clock()
         try:
-            taken = await self._run("take_thread", tenant, message_id, now, self.options.ttl_s)
+            taken = await asyncio.to_thread(
+                self.repository.take, tenant, message_id, now, self.options.ttl_s
+            )
         except Exception:
             log.exception("threads: reading thread %s failed", message_id)
             taken = Taken("not_found")
@@ -233,24 +227,15 @@ class Threads:
 
     async def put(self, row: NewThreadRow) -> None:
         try:
-            await self._run("put_thread", row, self.clock(), self.options.ttl_s)
+            await asyncio.to_thread(self.repository.put, row, self.clock(), self.options.ttl_s)
         except Exception:
             log.exception("threads: keeping thread %s failed", row.message_id)
 
     async def release(self, tenant: str, message_id: str) -> None:
         try:
-            await self._run("release_thread", tenant, message_id, self.clock())
+            await asyncio.to_thread(self.repository.release, tenant, message_id, self.clock())
         except Exception:
             log.exception("threads: releasing thread %s failed", message_id)
-
-    async def _run(self, method: str, *args: Any) -> Any:
-        return await asyncio.to_thread(self._call, method, *args)
-
-    def _call(self, method: str, *args: Any) -> Any:
-        with self._lock:
-            if self._store is None:
-                self._store = self._open_store()
-            return getattr(self._store, method)(*args)
 
 
 def _refuse(taken: Taken, message_id: str, why: str | None = None) -> Taken:

@@ -116,6 +116,3 @@ class ThoughtSignatures:
         ids = {k for k in map(key_id_of, signatures) if k is not None}
         ring = await self.keys.keyring(ids) if ids or signs else None
         return ThoughtSigner(ring, model, tenant, self.strict, self.keys.clock())
-
-    def close(self) -> None:
-        self.keys.close()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.gateway.store.repositories import ResponseRepository
 from zerohop.gateway.store.response_tables import ResponseRow
 
 log = logging.getLogger(__name__)
@@ -69,29 +69,21 @@ def not_found(response_id: str, param: str | None = None) -> ApiError:
 
 
 class StoredResponses:
-    """The stored responses of one server, over its key store (opened on first use, in a
-    worker thread; one call at a time, as one SQLite connection takes)."""
+    """The stored responses of one server, in its store's response repository (each call
+    in a worker thread)."""
 
     def __init__(
         self,
-        open_store: Callable[[], Any],
+        repository: ResponseRepository,
         options: StoreOptions = StoreOptions(),
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._open_store, self.options, self.clock = open_store, options, clock
-        self._store: Any = None
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+        self.repository, self.options, self.clock = repository, options, clock
 
     async def get(self, tenant: str, response_id: str, param: str | None = None) -> Found:
         """The tenant's response `response_id`; the 404 when there is none."""
         try:
-            row = await self._run("get_response", tenant, response_id, self.clock())
+            row = await asyncio.to_thread(self.repository.get, tenant, response_id, self.clock())
         except Exception:
             log.exception("responses: reading %s failed", response_id)
             raise ApiError(503, "the server could not read its stored responses now") from None
@@ -111,7 +103,7 @@ class StoredResponses:
             body["id"], tenant, body["status"], encoded, seen, now + self.options.ttl_s
         )
         try:
-            await self._run("put_response", row, now)
+            await asyncio.to_thread(self.repository.put, row, now)
         except Exception:
             log.exception("responses: keeping %s failed", body["id"])
             return False
@@ -122,23 +114,15 @@ class StoredResponses:
         (only a queued or running response changes)."""
         args = (tenant, body["id"], body["status"], orjson.dumps(body).decode(), self.clock())
         try:
-            return bool(await self._run("set_response_status", *args))
+            return await asyncio.to_thread(self.repository.set_status, *args)
         except Exception:
             log.exception("responses: finishing %s failed", body["id"])
             return False
 
     async def cancel(self, tenant: str, response_id: str, body: dict[str, Any]) -> bool:
         args = (tenant, response_id, "cancelled", orjson.dumps(body).decode(), self.clock())
-        return bool(await self._run("set_response_status", *args))
+        return await asyncio.to_thread(self.repository.set_status, *args)
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return bool(await self._run("delete_response", tenant, response_id, self.clock()))
-
-    async def _run(self, method: str, *args: Any) -> Any:
-        return await asyncio.to_thread(self._call, method, *args)
-
-    def _call(self, method: str, *args: Any) -> Any:
-        with self._lock:
-            if self._store is None:
-                self._store = self._open_store()
-            return getattr(self._store, method)(*args)
+        now = self.clock()
+        return await asyncio.to_thread(self.repository.delete, tenant, response_id, now)

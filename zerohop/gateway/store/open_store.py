@@ -1,5 +1,7 @@
-"""The key store as the server and the CLI use it, whichever holds it: one SQLite file per
-replica (`KeyStore`, `--keys-db`) or a fleet's PostgreSQL (`PostgresStore`, `--store URL`).
+"""The store's database, whichever holds it: one SQLite file per replica (`KeyStore`,
+`--keys-db`) or a fleet's PostgreSQL (`PostgresStore`, `--store URL`). The CLI uses one
+directly; a server opens one per process through `zerohop.gateway.store.store.Store`, whose
+typed repositories its consumers receive.
 
 Both read rows back through `store_rows`, so a key or tenant means the same in either, and
 both bump a version on every change that a server compares with the one it loaded.
@@ -7,22 +9,24 @@ both bump a version on every change that a server compares with the one it loade
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol, Unpack
 
 from zerohop.gateway.keys.identity import Budget, Limits, Tenant
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
-from zerohop.gateway.store.rows import KeyEntry, KeyRecord, TenantRow
+from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
 from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
-__all__ = ["SchemaMismatch", "Store", "StoreSpec", "StoreUnavailable", "open_store"]
+__all__ = ["Database", "SchemaMismatch", "StoreSpec", "StoreUnavailable", "open_database"]
 
 
-class Store(Protocol):
-    """Tenants and keys (the CLI writes them, the server snapshots them) and token spend."""
+class Database(Protocol):
+    """Every table of the store, as either backend reads and writes it: tenants and keys
+    (the CLI writes them, the server snapshots them), token spend, usage, threads, stored
+    responses, console sessions and signing keys."""
 
     def upsert_tenant(self, tenant: Tenant) -> None: ...
 
@@ -51,7 +55,7 @@ class Store(Protocol):
         created_by: str | None = None,
     ) -> tuple[str, KeyRecord]: ...
 
-    def update_key(self, key_id: str, **fields: Any) -> KeyRecord: ...
+    def update_key(self, key_id: str, **fields: Unpack[KeyChanges]) -> KeyRecord: ...
 
     def revoke_key(self, key_id: str) -> bool: ...
 
@@ -110,8 +114,8 @@ class Store(Protocol):
     def describe(self) -> str: ...
 
 
-def open_store(spec: StoreSpec) -> Store:
-    """The store `spec` names, opened: StoreUnavailable where a PostgreSQL store cannot be
+def open_database(spec: StoreSpec) -> Database:
+    """The database `spec` names, opened: StoreUnavailable where a PostgreSQL store cannot be
     reached or its schema is missing or too old (a SQLite file gets today's schema)."""
     if spec.kind == "postgresql":
         from zerohop.gateway.store.postgres import PostgresStore

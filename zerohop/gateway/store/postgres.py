@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg.rows import dict_row
@@ -27,6 +27,7 @@ from zerohop.gateway.keys.identity import Budget, Limits, Tenant
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, SCHEMA_VERSION
 from zerohop.gateway.store.response_tables import ResponseRow, ResponseTables, StoredResponse
 from zerohop.gateway.store.rows import (
+    KeyChanges,
     KeyEntry,
     KeyRecord,
     KeyRows,
@@ -50,7 +51,7 @@ from zerohop.gateway.store.sqlite import (
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken, ThreadTables
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow, UsageTables
 
-POOL_MIN, POOL_MAX = 1, 3
+POOL_MIN, POOL_MAX = 1, 6  # one pool for every repository of the process (store.Store)
 POOL_TIMEOUT = 2.0  # seconds a caller waits for a pooled connection
 MIGRATE_HINT = "run `zerohop store migrate`"
 
@@ -245,7 +246,7 @@ class PostgresStore(TenantReads):
         assert record is not None
         return key, record
 
-    def update_key(self, key_id: str, **fields: Any) -> KeyRecord:
+    def update_key(self, key_id: str, **fields: Unpack[KeyChanges]) -> KeyRecord:
         """Change some of: tenant, name, expires, models, priority, limits, budget."""
         if self.key(key_id) is None:
             raise KeyError(key_id)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from zerohop.gateway.keys import validation
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Identity, KeyRef, Limits, Tenant
@@ -70,6 +70,22 @@ class KeyRecord:
         if self.problems:
             out["problems"] = list(self.problems.values())
         return out
+
+
+class KeyChanges(TypedDict, total=False):
+    """What `update_key` may change of a key (each field given is set, None included)."""
+
+    tenant: str
+    name: str
+    expires: float | None
+    models: list[str] | None
+    priority: str
+    limits: Limits
+    budget: Budget | None
+    admin: bool
+    inference: bool
+    revoked: float | None
+    archived: float | None
 
 
 @dataclass(slots=True)

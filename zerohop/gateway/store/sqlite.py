@@ -14,11 +14,12 @@ import json
 import os
 import secrets
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Limits, Tenant
 from zerohop.gateway.store import response_tables as response_sql
@@ -28,6 +29,7 @@ from zerohop.gateway.store import thread_tables as thread_sql
 from zerohop.gateway.store import usage_tables as usage_sql
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import (
+    KeyChanges,
     KeyEntry,
     KeyRecord,
     KeyRows,
@@ -185,14 +187,19 @@ class TenantReads:
 
 
 class KeyStore(TenantReads):
-    """Reads and writes keys and tenants (the CLI), and snapshots them (the server)."""
+    """Reads and writes keys and tenants (the CLI), and snapshots them (the server). One
+    connection, shared by the threads of the process's repositories (`store.Store`) one call
+    at a time: a transaction on it holds the lock, as does a read (which would otherwise see
+    another thread's transaction half done)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.conn = connect(path)
+        self._lock = threading.RLock()
 
     def close(self) -> None:
-        self.conn.close()
+        with self._lock:
+            self.conn.close()
 
     def describe(self) -> str:
         return str(self.path)
@@ -205,8 +212,13 @@ class KeyStore(TenantReads):
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with immediate_transaction(self.conn) as conn:
+        with self._lock, immediate_transaction(self.conn) as conn:
             yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self.conn
 
     # -- tenants ------------------------------------------------------------------------------
 
@@ -220,11 +232,14 @@ class KeyStore(TenantReads):
 
     def tenant_row(self, name: str) -> TenantRow | None:
         """The tenant and the invalid fields of its row (`zerohop.gateway.store.rows`)."""
-        row = self.conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
         return None if row is None else tenant_row(row)
 
     def tenant_rows(self) -> list[TenantRow]:
-        return [tenant_row(r) for r in self.conn.execute("SELECT * FROM tenants ORDER BY name")]
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM tenants ORDER BY name").fetchall()
+        return [tenant_row(r) for r in rows]
 
     def ensure_tenant(self, name: str) -> None:
         with self._change() as conn:
@@ -263,7 +278,7 @@ class KeyStore(TenantReads):
         assert record is not None
         return key, record
 
-    def update_key(self, key_id: str, **fields: Any) -> KeyRecord:
+    def update_key(self, key_id: str, **fields: Unpack[KeyChanges]) -> KeyRecord:
         """Change some of: tenant, name, expires, models, priority, limits, budget, admin,
         inference, revoked, archived."""
         record = self.key(key_id)
@@ -291,21 +306,25 @@ class KeyStore(TenantReads):
         return done.rowcount == 1
 
     def key(self, key_id: str) -> KeyRecord | None:
-        row = self.conn.execute("SELECT * FROM keys WHERE key_id = ?", (key_id,)).fetchone()
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM keys WHERE key_id = ?", (key_id,)).fetchone()
         return None if row is None else key_record(row)
 
     def list_keys(self) -> list[KeyRecord]:
-        rows = self.conn.execute("SELECT * FROM keys ORDER BY tenant, created")
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM keys ORDER BY tenant, created").fetchall()
         return [key_record(r) for r in rows]
 
     # -- what the server loads ----------------------------------------------------------------
 
     def has_keys(self) -> bool:
         """Any key at all, revoked ones included: the store is in use, the server is not open."""
-        return self.conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
+        with self._read() as conn:
+            return conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
 
     def version(self) -> int:
-        row = self.conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
+        with self._read() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE name = 'keys_version'").fetchone()
         return int(row[0])
 
     def snapshot(self) -> tuple[int, dict[str, KeyEntry]]:
@@ -320,8 +339,9 @@ class KeyStore(TenantReads):
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of every ledger row, reservations included."""
-        rows = self.conn.execute("SELECT subject, period, tokens FROM spend ORDER BY 1, 2")
-        return [(r[0], r[1], r[2]) for r in rows]
+        with self._read() as conn:
+            rows = conn.execute("SELECT subject, period, tokens FROM spend ORDER BY 1, 2")
+            return [(r[0], r[1], r[2]) for r in rows]
 
     # -- usage (zerohop.gateway.store.usage_tables) ------------------------------------
 
@@ -330,10 +350,12 @@ class KeyStore(TenantReads):
             _USAGE.write(conn, usage, refusals)
 
     def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
-        return _USAGE.usage(self.conn, width, since, until)
+        with self._read() as conn:
+            return _USAGE.usage(conn, width, since, until)
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
-        return _USAGE.refusal_totals(self.conn, since, until)
+        with self._read() as conn:
+            return _USAGE.refusal_totals(conn, since, until)
 
     # -- message threads (zerohop.gateway.store.thread_tables) ------------------------------
 
@@ -356,8 +378,8 @@ class KeyStore(TenantReads):
             _RESPONSES.put(conn, row, now)
 
     def get_response(self, tenant: str, response_id: str, now: float) -> StoredResponse | None:
-        # One SELECT is its own transaction: no need to take the writers' lock to read.
-        return _RESPONSES.get(self.conn, tenant, response_id, now)
+        with self._read() as conn:
+            return _RESPONSES.get(conn, tenant, response_id, now)
 
     def delete_response(self, tenant: str, response_id: str, now: float) -> bool:
         with self._transaction() as conn:
@@ -376,7 +398,8 @@ class KeyStore(TenantReads):
             _SESSIONS.create(conn, row, caps)
 
     def console_session(self, session_sha256: str, now: float, idle: float) -> SessionRow | None:
-        return _SESSIONS.get(self.conn, session_sha256, now, idle)  # one SELECT: no lock
+        with self._read() as conn:
+            return _SESSIONS.get(conn, session_sha256, now, idle)
 
     def touch_console_session(self, session_sha256: str, now: float, every: float) -> bool:
         with self._transaction() as conn:
@@ -389,7 +412,8 @@ class KeyStore(TenantReads):
     # -- signing keys (zerohop.gateway.store.signing_keys) ----------------------------------
 
     def signing_keys(self, purpose: str) -> list[SigningKeyRow]:
-        return _SIGNING_KEYS.keys(self.conn, purpose)  # one SELECT: no lock
+        with self._read() as conn:
+            return _SIGNING_KEYS.keys(conn, purpose)
 
     def add_signing_key(self, row: SigningKeyRow) -> bool:
         with self._transaction() as conn:
@@ -400,11 +424,12 @@ class KeyStore(TenantReads):
             return _SIGNING_KEYS.drop(conn, purpose, below)
 
 
-SqliteStore = KeyStore  # the Store (zerohop.gateway.store.open_store) of one replica's own file
+SqliteStore = KeyStore  # the Database (zerohop.gateway.store.open_store) of one replica's own file
 
 
-def key_columns(fields: dict[str, Any]) -> dict[str, Any]:
+def key_columns(changes: KeyChanges) -> dict[str, Any]:
     """The `keys` columns (and values) that `update_key(**fields)` sets, in either store."""
+    fields: Mapping[str, Any] = changes
     plain = ("tenant", "name", "expires", "priority", "revoked", "archived")
     columns = {k: fields[k] for k in plain if k in fields}
     columns |= {k: int(fields[k]) for k in ("admin", "inference") if k in fields}

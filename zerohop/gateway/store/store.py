@@ -1,0 +1,81 @@
+"""The process's one store: a SQLite file or a fleet's PostgreSQL, opened once (on first
+use) by whoever composes the server, and the typed repositories its consumers receive.
+
+```
+store = Store.of(spec)            # nothing is opened yet
+Threads(store.threads)            # each consumer gets the repository it needs
+...
+store.close()                     # once, when the server stops
+```
+
+Opening is lazy so that a server starts while its store is down: the first call that needs
+the database opens it, and a call after a failed open tries again. The database serializes
+its own use (see `repositories`), so consumers share it without a lock of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from zerohop.gateway.store.open_store import Database, open_database
+from zerohop.gateway.store.repositories import (
+    KeyRepository,
+    LedgerRepository,
+    Opener,
+    ResponseRepository,
+    SessionRepository,
+    SigningKeyRepository,
+    ThreadRepository,
+    UsageRepository,
+)
+from zerohop.gateway.store.spec import StoreSpec
+
+IN_MEMORY = ":memory:"
+
+
+class Store:
+    """One database, opened on first use, and its repositories."""
+
+    def __init__(self, open_: Opener, description: str = "the store") -> None:
+        self._open, self._description = open_, description
+        self._database: Database | None = None
+        self._opening = threading.Lock()
+        self.keys = KeyRepository(self.database)
+        self.ledger = LedgerRepository(self.database)
+        self.usage = UsageRepository(self.database)
+        self.threads = ThreadRepository(self.database)
+        self.responses = ResponseRepository(self.database)
+        self.sessions = SessionRepository(self.database)
+        self.signing_keys = SigningKeyRepository(self.database)
+
+    @classmethod
+    def of(cls, spec: StoreSpec) -> Store:
+        """The store `spec` names (StoreUnavailable from a call while it cannot be opened)."""
+        return cls(lambda: open_database(spec), spec.describe())
+
+    @classmethod
+    def in_memory(cls) -> Store:
+        """A store of this process's own, gone when it ends (a server without a gateway)."""
+        return cls.of(StoreSpec.sqlite(Path(IN_MEMORY)))
+
+    def database(self) -> Database:
+        """The database, opened now unless it is already (the open's error is raised)."""
+        database = self._database
+        if database is not None:
+            return database
+        with self._opening:
+            if self._database is None:
+                self._database = self._open()
+            return self._database
+
+    def describe(self) -> str:
+        """The store, for people (a password masked)."""
+        return self._description
+
+    def close(self) -> None:
+        """Close the database if it was opened; a later call opens it again."""
+        with self._opening:
+            database, self._database = self._database, None
+        if database is not None:
+            database.close()
