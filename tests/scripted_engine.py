@@ -10,8 +10,8 @@ from typing import Any
 
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.generation.driver import Generation, GenerationRequest
-from zerohop.api.output_length import Api
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.output_length import Api
+from zerohop.api.serving.service import ServingContext
 from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.text.tokenizer import Tokenizer

@@ -439,7 +439,7 @@ def test_disconnect_mid_stream(slow_server) -> None:
 def test_disconnect_frees_the_requests_blocks(llama_dir: Path) -> None:
     """The app on a real engine process, driven through ASGI: a client that goes away after
     the first token gets its request aborted, and the engine's blocks_in_use drops to 0."""
-    from zerohop.api.service import ServingContext
+    from zerohop.api.serving.service import ServingContext
     from zerohop.app.routes import create_app
     from zerohop.engine.process.async_engine import AsyncEngine
     from zerohop.engine.text.tokenizer import Tokenizer

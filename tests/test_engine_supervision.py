@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.live_server import MODEL_NAME, LiveServer
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.app.routes import create_app
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.client import RequestOptions

@@ -213,7 +213,7 @@ def routes(llama_dir: Path) -> list[tuple[str, str]]:
     model's real tokenizer and no engine (nothing here handles a request). Enumerating
     `create_app(ctx).routes` rather than a list in this file means a route added later is
     checked here too (and fails until BODIES says how to call it)."""
-    from zerohop.api.service import ServingContext
+    from zerohop.api.serving.service import ServingContext
     from zerohop.app.routes import create_app
     from zerohop.engine.text.tokenizer import Tokenizer
 

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from tests.live_server import MODEL_NAME, LiveServer
 from zerohop import LLM, SamplingParams
 from zerohop.api.grpc.service import start_grpc_server
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.engine.process.async_engine import AsyncEngine
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb

@@ -1,5 +1,5 @@
 """The model names agent harnesses ask for: served names, alias patterns, and `GET /v1/models`
-in the OpenAI, Anthropic and Codex CLI shapes (zerohop/api/model_names.py, model_list.py).
+in the OpenAI, Anthropic and Codex CLI shapes (zerohop/api/serving/model_names.py, model_list.py).
 
 The listings run in process (the ASGI app over httpx's ASGI transport, the official SDKs on
 top): no engine is needed to list models. Generation under an alias runs on a live server."""
@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from tests.live_server import LiveServer
-from zerohop.api.model_names import ModelNames, check_name
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.model_names import ModelNames, check_name
+from zerohop.api.serving.service import ServingContext
 from zerohop.app.routes import create_app
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.auth import Authenticator

@@ -1,4 +1,4 @@
-"""The one output-length policy (zerohop/api/output_length.py): what each API does with a
+"""The one output-length policy (zerohop/api/serving/output_length.py): what each API does with a
 `max_tokens` the context cannot hold, an absent one, and a prompt that leaves no room."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zerohop.api.errors import ApiError
-from zerohop.api.output_length import OVERFLOW, Api, Overflow, output_limit
+from zerohop.api.serving.output_length import OVERFLOW, Api, Overflow, output_limit
 
 CONTEXT = 100
 CLAMPED: list[Api] = ["messages", "responses"]

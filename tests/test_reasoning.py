@@ -21,8 +21,8 @@ from zerohop.api.anthropic.schema import MessagesRequest, decode_messages
 from zerohop.api.anthropic.turns import conversation
 from zerohop.api.conversation.events import OutputReader
 from zerohop.api.conversation.reasoning import ReasoningParser, has_reasoning_format
-from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError
+from zerohop.api.serving.thought_signatures import ThoughtSignatures
 from zerohop.client import ReplicaPool, http_client
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc

@@ -366,7 +366,7 @@ def test_openai_streams_wait_longer_before_a_ping_by_default() -> None:
     """Chat and Completions ping after 30 s of silence, Messages and Responses after 5 s: the
     OpenAI API never writes a comment there, and vLLM's `bench serve` reads a stream whose
     comment arrived alone as one chunk at its end (keepalive.py)."""
-    from zerohop.api.service import ServingContext
+    from zerohop.api.serving.service import ServingContext
     from zerohop.cli import build_parser
 
     args = build_parser().parse_args(["serve", "tiny"])

@@ -33,13 +33,13 @@ from tests.live_server import LiveServer, with_chat_template
 from zerohop.api.anthropic.schema import decode_messages
 from zerohop.api.anthropic.turns import conversation
 from zerohop.api.conversation.planner import prompt_ids
-from zerohop.api.conversation.thought_signatures import (
+from zerohop.api.errors import ApiError
+from zerohop.api.serving.service import ServingContext
+from zerohop.api.serving.thought_signatures import (
     PURPOSE,
     ThoughtSignatures,
     ThoughtSigner,
 )
-from zerohop.api.errors import ApiError
-from zerohop.api.service import ServingContext
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.server_keys import RETRY_INTERVAL, ServerKeys
 from zerohop.gateway.store.repositories import SigningKeyRepository

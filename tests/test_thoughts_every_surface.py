@@ -2,7 +2,7 @@
 through Messages, Chat, Responses and gRPC: the chat template receives the same messages
 from each, the current loop's thought as `reasoning_content` and the earlier
 one left out, and Qwen3's template renders the same prompt. Messages' thoughts are signed
-(conversation/thought_signatures.py); the others have no signatures and take them as sent,
+(serving/thought_signatures.py); the others have no signatures and take them as sent,
 as vLLM does."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from zerohop.api.anthropic.schema import decode_messages
 from zerohop.api.anthropic.turns import conversation as messages_conversation
 from zerohop.api.conversation.planner import prompt_ids, template_turns
 from zerohop.api.conversation.request import Conversation
-from zerohop.api.conversation.thought_signatures import PURPOSE
 from zerohop.api.grpc.tools import conversation as grpc_conversation
 from zerohop.api.openai.schema import ChatRequest, decode
 from zerohop.api.openai.turns import conversation as chat_conversation
 from zerohop.api.responses.schema import decode_request
 from zerohop.api.responses.surface import ResponsesSurface
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
+from zerohop.api.serving.thought_signatures import PURPOSE
 from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.server_keys import ServerKeys

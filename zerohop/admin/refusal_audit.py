@@ -25,7 +25,7 @@ from typing import Any
 
 from zerohop.admin.context import AdminContext, AdminError
 from zerohop.api.http.asgi import Scope, client_address
-from zerohop.api.service import new_request_id
+from zerohop.api.serving.service import new_request_id
 from zerohop.gateway.keys.identity import ANONYMOUS, KeyRef
 
 REASONS = {

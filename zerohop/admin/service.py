@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from zerohop.admin import wire
 from zerohop.admin.context import checked, invalid, not_found
-from zerohop.api.service import new_request_id
+from zerohop.api.serving.service import new_request_id
 from zerohop.gateway.keys.identity import Identity, Limits
 from zerohop.gateway.store.repositories import KeyRepository
 from zerohop.gateway.store.rows import KeyRecord

@@ -11,7 +11,7 @@ from zerohop.api.http.asgi import BodyDeadline
 from zerohop.api.http.guard import GuardLimits
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING
-from zerohop.api.service import DEFAULT_MAX_BODY_BYTES
+from zerohop.api.serving.service import DEFAULT_MAX_BODY_BYTES
 from zerohop.engine.process.supervisor import RestartPolicy
 from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
 from zerohop.gateway.server_keys import DEFAULT_ROTATION

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zerohop.admin import routes as admin_routes
-from zerohop.api import model_list
 from zerohop.api.anthropic import messages as anthropic
 from zerohop.api.errors import ApiError, anthropic_body, error_kind, openai_body
 from zerohop.api.http.asgi import (
@@ -23,7 +22,8 @@ from zerohop.api.http.asgi import (
 from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_headers
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
-from zerohop.api.service import ServingContext, api_error, new_request_id
+from zerohop.api.serving import model_list
+from zerohop.api.serving.service import ServingContext, api_error, new_request_id
 from zerohop.engine.base.errors import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
 

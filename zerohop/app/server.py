@@ -28,8 +28,8 @@ from zerohop.api.http.guard import (
     raise_file_limit,
 )
 from zerohop.api.load.overload import AdmissionControl
-from zerohop.api.model_names import ModelNames
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.model_names import ModelNames
+from zerohop.api.serving.service import ServingContext
 from zerohop.app.gateway_start import build_gateway, check_open_mode
 from zerohop.app.options import BatchOptions, GatewayOptions, ServeOptions
 from zerohop.app.routes import create_app

@@ -40,7 +40,7 @@ def open_responses(store: Store) -> Any:
 def open_thought_signatures(options: ServeOptions, store: Store) -> Any:
     """Thinking blocks' signing: the store's signing keys, or the operator's
     ZEROHOP_REASONING_SECRET when set."""
-    from zerohop.api.conversation.thought_signatures import (
+    from zerohop.api.serving.thought_signatures import (
         PURPOSE,
         SECRET_ENV,
         ThoughtSignatures,

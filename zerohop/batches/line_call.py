@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.http.asgi import Receive, Scope, Send
-from zerohop.api.service import new_request_id
+from zerohop.api.serving.service import new_request_id
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity
 

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
-from zerohop.api.model_names import ModelNames
+from zerohop.api.serving.model_names import ModelNames
 from zerohop.batches.records import ERRORED, NewLine
 from zerohop.batches.results import refused
 

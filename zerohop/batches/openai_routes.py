@@ -13,7 +13,7 @@ from typing import Any
 
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import Receive, Scope, Send, read_json_body, send_json
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.batches import openai_wire as wire
 from zerohop.batches.multipart import read_upload
 from zerohop.batches.openai_input import CreateBody, parse_create, parse_input_file

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError, anthropic_body, openai_body
-from zerohop.api.service import new_request_id
+from zerohop.api.serving.service import new_request_id
 from zerohop.batches.records import (
     CANCELED,
     EXPIRED,

@@ -17,7 +17,7 @@ import orjson
 
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import Receive, Scope, Send, header, read_json_body, send_json
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.batches import wire
 from zerohop.batches.anthropic_input import parse_create
 from zerohop.batches.records import BatchNotEnded, BatchRecord, NewBatch, UnknownCursor

@@ -258,8 +258,8 @@ def _serve_defaults() -> dict[str, object]:
 
 
 def _model_name(text: str) -> str:
-    """A --served-model-name or --model-alias value (zerohop.api.model_names.check_name)."""
-    from zerohop.api.model_names import check_name
+    """A --served-model-name or --model-alias value (zerohop.api.serving.model_names.check_name)."""
+    from zerohop.api.serving.model_names import check_name
 
     try:
         return check_name(text)

@@ -32,7 +32,7 @@ from zerohop.api.conversation.events import (
     Thought,
     ThoughtEnd,
 )
-from zerohop.api.conversation.thought_signatures import ThoughtSigner
+from zerohop.api.serving.thought_signatures import ThoughtSigner
 from zerohop.api.tools.spec import ToolCall
 
 _ID_ALPHABET = string.ascii_letters + string.digits

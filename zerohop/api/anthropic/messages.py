@@ -59,7 +59,6 @@ from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.conversation.system_turns import takes_late_system
-from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.sse import send_stream
@@ -72,8 +71,9 @@ from zerohop.api.http.asgi import (
     send_json,
 )
 from zerohop.api.http.send_times import with_send_times
-from zerohop.api.service import ServingContext, sampling_params
-from zerohop.api.shared_runs import may_attach, run_key
+from zerohop.api.serving.service import ServingContext, sampling_params
+from zerohop.api.serving.shared_runs import may_attach, run_key
+from zerohop.api.serving.thought_signatures import ThoughtSigner
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call
 

@@ -15,7 +15,7 @@ Decisions where the API leaves room:
   `enabled` by default; the API lets a model think "if it must", and this one cannot), and
   the checks that exist because of a thought (no prefill, no token-id failover) are skipped.
   A `thinking` block in an assistant turn reaches the prompt only when its signature
-  verifies (conversation/thought_signatures.py: signed by this deployment for this model and
+  verifies (serving/thought_signatures.py: signed by this deployment for this model and
   tenant); one that does not is left out, or a 400 with --strict-thought-signatures. A
   verified thought is the turn's `reasoning_content` for the chat template when the turn is
   of the current tool loop (after the last user message; planner.py), as Qwen3's template
@@ -69,8 +69,8 @@ from zerohop.api.conversation.request import (
     Turn,
 )
 from zerohop.api.conversation.system_turns import append_turn, leading_system
-from zerohop.api.conversation.thought_signatures import ThoughtSigner
 from zerohop.api.errors import ApiError
+from zerohop.api.serving.thought_signatures import ThoughtSigner
 from zerohop.api.tools.spec import Tool, checked_tools
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.structured.grammar import json_schema_grammar

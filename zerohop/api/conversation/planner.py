@@ -40,7 +40,7 @@ from zerohop.api.conversation.reasoning import (
 )
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.api.tools.forced import (
     auto_call_grammar,
     call_or_answer_grammar,

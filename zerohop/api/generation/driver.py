@@ -1,7 +1,7 @@
 """The generation driver: one request's life from admission to its last token, once for all
 surfaces (events.py says what it emits).
 
-In order: the output-length policy (`zerohop.api.output_length`), admission (overload, rate
+In order: the output-length policy (`zerohop.api.serving.output_length`), admission (overload, rate
 limits and budget: `ServingContext.admit`), the engine request, each step charged to the
 caller's limits and budget as it comes, each choice's output read by its own reader (thought,
 text, tool calls), usage counted, and the end: a finish per choice, or one error of a known
@@ -31,8 +31,8 @@ from zerohop.api.generation.events import (
 )
 from zerohop.api.http.asgi import ClientDisconnected, Receive, on_disconnect
 from zerohop.api.http.keepalive import Pings
-from zerohop.api.output_length import Api
-from zerohop.api.service import ServingContext, engine_options
+from zerohop.api.serving.output_length import Api
+from zerohop.api.serving.service import ServingContext, engine_options
 from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
 from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams

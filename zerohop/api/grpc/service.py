@@ -33,7 +33,7 @@ from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
-from zerohop.api.service import ServingContext, api_error, new_request_id, sampling_params
+from zerohop.api.serving.service import ServingContext, api_error, new_request_id, sampling_params
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.gateway.gateway import Call, Gateway, GatewayError

@@ -51,8 +51,8 @@ from zerohop.api.openai.schema import (
 )
 from zerohop.api.openai.stream import ChatStream, CompletionStream, Stream
 from zerohop.api.openai.turns import conversation
-from zerohop.api.service import ServingContext
-from zerohop.api.shared_runs import may_attach, run_key
+from zerohop.api.serving.service import ServingContext
+from zerohop.api.serving.shared_runs import may_attach, run_key
 from zerohop.engine.text.tokenizer import SPECIAL_TOKEN_NAMES
 from zerohop.gateway.gateway import Call
 
@@ -96,7 +96,7 @@ def routes(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
     return {
         ("POST", "/v1/chat/completions"): api.chat,
         ("POST", "/v1/completions"): api.completions,
-    }  # GET /v1/models: zerohop/api/model_list.py
+    }  # GET /v1/models: zerohop/api/serving/model_list.py
 
 
 class OpenAIApi:

@@ -19,7 +19,7 @@ import msgspec
 from zerohop.api.conversation.request import Role
 from zerohop.api.errors import ApiError
 from zerohop.api.http.null_defaults import NullMeansDefault
-from zerohop.api.service import sampling_params as build_sampling_params
+from zerohop.api.serving.service import sampling_params as build_sampling_params
 from zerohop.engine.sample.sampling_params import MAX_N, SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # chat `top_logprobs`

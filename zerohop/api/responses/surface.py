@@ -62,8 +62,8 @@ from zerohop.api.responses.response_encoder import Prepared, ResponseEncoder
 from zerohop.api.responses.schema import ResponsesRequest, decode_request
 from zerohop.api.responses.stored import Found, StoredResponses, not_found
 from zerohop.api.responses.tools import request_tools, tool_choice
-from zerohop.api.service import ServingContext, sampling_params
-from zerohop.api.shared_runs import may_attach, run_key
+from zerohop.api.serving.service import ServingContext, sampling_params
+from zerohop.api.serving.shared_runs import may_attach, run_key
 from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)

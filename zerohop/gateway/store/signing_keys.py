@@ -1,5 +1,5 @@
 """The signing-keys table of either store: the secrets the server signs its own tokens with
-(the thoughts of thinking blocks: zerohop.api.conversation.thought_signatures), kept where
+(the thoughts of thinking blocks: zerohop.api.serving.thought_signatures), kept where
 every replica of a fleet and every restart of one finds them.
 
 Keys are numbered per `purpose`: `generation` 1 is the first, each rotation adds the next.

@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from zerohop.api.conversation.thought_signatures import ThoughtSignatures
 from zerohop.api.errors import ApiError, ErrorKind
 from zerohop.api.http.asgi import (
     DEFAULT_BODY_DEADLINE,
@@ -23,9 +22,10 @@ from zerohop.api.http.asgi import (
 )
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import AdmissionControl
-from zerohop.api.model_names import ModelNames
-from zerohop.api.output_length import Api, output_limit
-from zerohop.api.shared_runs import SharedRuns
+from zerohop.api.serving.model_names import ModelNames
+from zerohop.api.serving.output_length import Api, output_limit
+from zerohop.api.serving.shared_runs import SharedRuns
+from zerohop.api.serving.thought_signatures import ThoughtSignatures
 from zerohop.api.tools.parsers import ParserFactory, parser_for
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.client import EngineClient, RequestOptions
@@ -216,7 +216,7 @@ class ServingContext:
 
     def output_limit(self, api: Api, prompt_tokens: int, max_tokens: int | None) -> int | None:
         """The output tokens a request may produce in this model's context (None: up to it);
-        one policy for every surface: `zerohop.api.output_length`."""
+        one policy for every surface: `zerohop.api.serving.output_length`."""
         return output_limit(api, prompt_tokens, max_tokens, self.max_model_len)
 
     async def admit(

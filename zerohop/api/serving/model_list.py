@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 
 from zerohop.api.errors import ApiError
 from zerohop.api.http.asgi import Receive, Scope, Send, header, request_id_headers, send_json
-from zerohop.api.service import ServingContext
+from zerohop.api.serving.service import ServingContext
 from zerohop.gateway.gateway import Call
 
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
