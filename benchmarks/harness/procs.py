@@ -147,3 +147,16 @@ def busy_loop(on: bool) -> Iterator[list[int]]:
     finally:
         process.kill()
         process.wait()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that the `with` blocks stop every
+    server (each runs in a session of its own, which a signal to this program never reaches).
+    Inside the load client's event loop SIGINT cancels the run; a SystemExit raised from a
+    handler there would be lost."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
