@@ -1,4 +1,5 @@
-"""The package's import graph has no circle: every import counts, lazy and TYPE_CHECKING ones too.
+"""The package's import graph has no circle: every import counts, lazy and TYPE_CHECKING ones too,
+between modules and between packages (a package and its parent or child included).
 
 A circle means two modules each need the other: a piece lives in the wrong room. The graph is
 read from the source with `ast`, so no module is imported (and no torch is loaded) to check it.
@@ -111,26 +112,42 @@ def package_of(name: str, files: dict[str, Path]) -> str:
 
 
 def package_graph(graph: dict[str, set[str]], files: dict[str, Path]) -> dict[str, set[str]]:
-    """Packages and who imports whom between siblings: a child may use its parent's modules
-    and a parent its children's, but two sibling packages may not need each other."""
+    """Packages and who imports whom: every import between two packages counts, a package's
+    parent or child included, so a package and its sub-packages may not need each other either
+    (the piece both need lives in a leaf below them)."""
     packages: dict[str, set[str]] = {package_of(name, files): set() for name in graph}
     for name, targets in graph.items():
         source = package_of(name, files)
-        for target in map(lambda t: package_of(t, files), targets):
-            related = source.startswith(target + ".") or target.startswith(source + ".")
-            if target != source and not related:
-                packages[source].add(target)
+        packages[source] |= {package_of(target, files) for target in targets} - {source}
     return packages
 
 
-def test_the_package_checker_allows_parents_and_finds_siblings() -> None:
+def test_the_package_checker_finds_siblings_parents_and_children() -> None:
     files = {n: Path(n.replace(".", "/") + ".py") for n in ("p.a", "p.q.b", "p.r.c")}
     files["p"] = Path("p/__init__.py")
-    graph = {"p": set(), "p.a": {"p.q.b"}, "p.q.b": {"p.a", "p.r.c"}, "p.r.c": {"p.q.b"}}
-    assert circles(package_graph(graph, files)) == [["p.q", "p.r"]]
+    siblings = {"p": set(), "p.a": set(), "p.q.b": {"p.r.c"}, "p.r.c": {"p.q.b"}}
+    assert circles(package_graph(siblings, files)) == [["p.q", "p.r"]]
+    parent_and_child = {"p": set(), "p.a": {"p.q.b"}, "p.q.b": {"p.a"}, "p.r.c": set()}
+    assert circles(package_graph(parent_and_child, files)) == [["p", "p.q"]]
+    init_and_child = {"p": {"p.r.c"}, "p.a": set(), "p.q.b": set(), "p.r.c": {"p"}}
+    assert circles(package_graph(init_and_child, files)) == [["p", "p.r"]]
+    one_way = {"p": {"p.q.b"}, "p.a": {"p.q.b"}, "p.q.b": {"p.r.c"}, "p.r.c": set()}
+    assert circles(package_graph(one_way, files)) == []
 
 
 def test_no_two_packages_need_each_other() -> None:
     files = module_files()
-    graph = package_graph(import_graph(), files)
-    assert circles(graph) == []
+    graph = import_graph()
+    packages = package_graph(graph, files)
+    edges = {
+        tuple(component): sorted(
+            f"{a} -> {b}"
+            for a in graph
+            for b in graph[a]
+            if package_of(a, files) in component
+            and package_of(b, files) in component
+            and package_of(a, files) != package_of(b, files)
+        )
+        for component in circles(packages)
+    }
+    assert edges == {}

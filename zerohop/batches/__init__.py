@@ -4,4 +4,7 @@ A batch and its lines live in an embedded store (`store.py`, SQLite beside the k
 file contents beside it on disk), so a restart resumes a batch where it was. Each line runs
 as an ordinary request (same keys, limits, budget and audit) in the scheduler's background
 class, on capacity interactive work leaves.
+
+Imports api (errors, http, serving), gateway and engine.sched's request classes; imported by
+admin and app.
 """

@@ -6,6 +6,7 @@ request bodies) and `token_events` (reading a stream), `grpc_load` (the gRPC sur
 `workloads` (ShareGPT files), `metrics` (summary, goodput, report) and `plots` (PNG); `cli` is
 the `zerohop bench` command. `probe*` is `zerohop probe` (one request,
 timed hop by hop). Nothing is imported here, so building the CLI parser stays cheap.
+Imports zerohop.sse (and zerohop.grpc_gen) only; imported by zerohop.cli.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@
 - `audit`: check an audit log's hash chain and recorded head (`zerohop.cli.audit`);
 - `generate`: generate text offline from one prompt, with the engine in this process
   (`zerohop.cli.generate`).
+
+The top but one of the import graph: may import app, bench, api, gateway, engine and models;
+only the root's __main__ imports it.
 """
 
 from __future__ import annotations

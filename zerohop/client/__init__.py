@@ -8,6 +8,9 @@ SDKs all of this unchanged:
         base_url="http://zerohop",  # a name only: the pool chooses the replica
         http_client=zerohop.client.http_client(["http://10.0.0.1:8000", "grpc://10.0.0.2:50051"]),
     )
+
+Imports zerohop.sse and zerohop.grpc_gen only, so it runs without the server; nothing of
+zerohop imports it.
 """
 
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy

@@ -1,2 +1,2 @@
 """The operator's console: pages served by the replica itself (docs/admin-api.md).
-Built on admin, api and gateway; imported only by app."""
+Built on admin and api (errors, http); imported only by app."""

@@ -6,7 +6,7 @@ engine, charges each step, reads each choice's output (thought, text, tool calls
 Completions, Responses and gRPC encode those events into their wire shapes; `sse.send_stream`
 is the one streamed-response loop of the HTTP surfaces.
 
-May import: zerohop.api's shared modules (errors, output_length, service, http, load),
-zerohop.api.conversation, zerohop.engine's client-side types, zerohop.gateway. Imported by
+May import: api.errors, api.serving (output_length, service), api.http,
+api.conversation, zerohop.engine's client-side types, zerohop.gateway. Imported by
 the surfaces (anthropic, openai, responses, grpc), never by them the other way.
 """

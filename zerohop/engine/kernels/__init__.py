@@ -10,6 +10,8 @@ a process killed mid-build leaves the file behind, and every later load would wa
 forever. So each load holds an flock on a sibling `build.lock` (never removed) around
 torch's: the kernel drops an flock when its holder dies, so whoever holds ours knows no
 live zerohop is building there, and a `lock` file it finds is stale and safe to remove.
+
+Imports nothing of zerohop.
 """
 
 from __future__ import annotations
