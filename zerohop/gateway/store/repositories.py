@@ -62,8 +62,8 @@ class KeyRepository(_Repository):
         """A new key: its secret (shown once, never stored) and its record."""
         return self._database().create_key(
             tenant, name=name, expires=expires, models=models, priority=priority,
-            limits=limits or Limits(), budget=budget, admin=admin, inference=inference,
-            created_by=created_by,
+            limits=Limits() if limits is None else limits, budget=budget, admin=admin,
+            inference=inference, created_by=created_by,
         )  # fmt: skip
 
     def update_key(self, key_id: str, **changes: Unpack[KeyChanges]) -> KeyRecord:
