@@ -15,13 +15,11 @@ cold every time):
   affinity_unbounded  the same, with the load bound off (prefix affinity alone);
   round_robin  the same replicas, `RoundRobinPolicy()`: each request to the next replica;
   single       one replica: the reference hit rate (every turn finds its own prefix).
-Each replica is `zerohop serve MODEL --no-gateway --grpc-port 0 --num-threads --threads (1)
---max-queue-wait --max-queue-wait (0)` on 127.0.0.1 and a free port, with an XDG_DATA_HOME of
-its own, ready once GET /ready is 200; one warm-up request goes to each (a user-only prompt, so
-no system-prompt block is cached). --max-queue-wait 0 turns the replicas' overload refusal off:
-on a slow CPU, 8 cold ~1,500-token prompts queue past the server's default 30 s, and a refused
-(529) request fails over to a replica without its prefix (or, with one replica, fails), which
-would measure load shedding, not placement; pass --max-queue-wait 30 to see that.
+Each replica is `zerohop serve MODEL --no-gateway --num-threads --threads (1) --max-queue-wait
+0` (harness.zerohop_server, an XDG_DATA_HOME of its own), warmed by one user-only request.
+--max-queue-wait 0 turns overload refusal off: 8 cold ~1,500-token prompts queue past the
+default 30 s on a slow CPU, and a refused request fails over to a replica without its prefix,
+which would measure load shedding, not placement.
 
 Per request: TTFT (until the first content_block_delta), end-to-end time, and the usage.
 Per mode: prefix-cache hit rate = sum(cache_read_input_tokens) / sum(input_tokens +
