@@ -9,13 +9,15 @@ store.close()                     # once, when the server stops
 ```
 
 Opening is lazy so that a server starts while its store is down: the first call that needs
-the database opens it, and a call after a failed open tries again. The database serializes
-its own use (see `repositories`), so consumers share it without a lock of their own.
+the database opens it, and a call after a failed open tries again (the calls that waited for
+that open get its error, rather than each trying in turn). The database serializes its own
+use (see `repositories`), so consumers share it without a lock of their own.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from zerohop.gateway.store.open_store import Database, open_database
@@ -41,6 +43,7 @@ class Store:
         self._open, self._description = open_, description
         self._database: Database | None = None
         self._opening = threading.Lock()
+        self._failed: tuple[float, Exception] | None = None  # the last failed open: when, why
         self.keys = KeyRepository(self.database)
         self.ledger = LedgerRepository(self.database)
         self.usage = UsageRepository(self.database)
@@ -64,9 +67,18 @@ class Store:
         database = self._database
         if database is not None:
             return database
+        asked = time.monotonic()
         with self._opening:
-            if self._database is None:
+            if self._database is not None:
+                return self._database
+            if self._failed is not None and self._failed[0] >= asked:
+                raise self._failed[1]  # an open tried while this call waited failed
+            try:
                 self._database = self._open()
+            except Exception as exc:
+                self._failed = (time.monotonic(), exc)
+                raise
+            self._failed = None
             return self._database
 
     def describe(self) -> str:
