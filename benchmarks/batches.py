@@ -5,21 +5,16 @@ One `zerohop serve` on the default model (serve.py's engine options: --num-threa
 folder and --batches-db of its own, empty: open on loopback), driven through the official
 anthropic SDK. Phases, in order:
 
-  idle interactive  --samples (30) streamed Messages requests, one at a time (~90 tokens
-                    of text -> --interactive-max-tokens (32), greedy): TTFT (to the first
-                    text delta) and total time, p50/p90
-  idle batch        a --lines (2,000) batch of short distinct prompts (~45 tokens ->
-                    --batch-max-tokens (16)) on the otherwise idle server: lines per minute
-                    from its created_at to its ended_at, request_counts
-  loaded            the same-shaped batch (new prompts and custom_ids); once its first lines
-                    run, the interactive client sends one request at a time until the batch
-                    ends: TTFT p50/p90 / the idle p50 (target <= 1.2x), batch lines/min /
-                    the idle batch's
-  idle after        --samples interactive requests again, to see how far the machine drifted
-  crash             on a second, fresh server: a --crash-lines (500) batch, kill -9 of the
-                    server's whole process group (API and engine processes) once a quarter
-                    of its lines are done, a restart on the same stores, then its results:
-                    every custom_id exactly once, all succeeded
+  idle interactive  --samples (30) streamed requests, one at a time (~90 tokens ->
+                    --interactive-max-tokens (32)): TTFT, TPOT and total time, p50/p90
+  idle batch        a --lines (2,000) batch (~45 tokens -> --batch-max-tokens (16) a line)
+                    on the otherwise idle server: lines per minute, request_counts
+  loaded            the same-shaped batch; while it runs the interactive client sends one
+                    request at a time: each figure / the idle one's, lines/min / idle's
+  idle after        --samples interactive requests again: how far the machine drifted
+  crash             a fresh server: a --crash-lines (500) batch, kill -9 of the server's
+                    process group at a quarter done, a restart on the same stores, then every
+                    custom_id exactly once, all succeeded
 
 Lines running at once come from `zerohop_batch_lines{state="running"}` in GET /metrics,
 sampled every 0.25 s. Written to bench-results/batches.json; server logs beside it.
@@ -35,23 +30,19 @@ import collections
 import contextlib
 import os
 import random
-import signal
 import sqlite3
 import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anthropic
-import psutil
 from _common import PASSAGE, ROOT, model_path, print_table, write_json
-from _procstat import tree
-from harness.zerohop_server import SERVED_MODEL_NAME, ZerohopServer
+from harness.zerohop_server import SERVED_MODEL_NAME, ZerohopServer, metric_by_label
 
 WORDS = PASSAGE.split()
 INTERACTIVE_WORDS, BATCH_WORDS = 64, 24  # ~92 and ~47 tokens (the chat template adds ~25)
@@ -110,26 +101,8 @@ class BatchServer(ZerohopServer):
 
     def batch_lines(self) -> dict[str, float]:
         """`zerohop_batch_lines` by state, summed over tenants (all batches of the server)."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10.0) as r:
-            text = r.read().decode()
-        out: dict[str, float] = collections.defaultdict(float)
-        for line in text.splitlines():
-            if line.startswith("zerohop_batch_lines{"):
-                labels, _, value = line.rpartition(" ")
-                out[labels.split('state="', 1)[1].split('"', 1)[0]] += float(value)
-        return out
-
-    def kill9(self) -> list[int]:
-        """SIGKILL to the whole process group; the pids it held, once all are gone."""
-        pids = tree(self.process.pid)
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        deadline = time.monotonic() + 10.0
-        while any(psutil.pid_exists(p) for p in pids[1:]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if left := [p for p in pids[1:] if psutil.pid_exists(p)]:
-            raise RuntimeError(f"processes {left} outlived kill -9 of the server's group")
-        return pids
+        lines = metric_by_label(self.url + "/metrics", "zerohop_batch_lines", "state")
+        return collections.defaultdict(float, lines)
 
 
 def start(args: argparse.Namespace, model: Path, state: Path, name: str) -> BatchServer:
@@ -149,18 +122,12 @@ def prompt(rng: random.Random, words: int) -> str:
 
 
 def batch_requests(rng: random.Random, prefix: str, lines: int, max_tokens: int) -> list[dict]:
-    return [
-        {
-            "custom_id": f"{prefix}-{i}",
-            "params": {
-                "model": SERVED_MODEL_NAME,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "messages": [{"role": "user", "content": prompt(rng, BATCH_WORDS)}],
-            },
-        }
-        for i in range(lines)
-    ]
+    def params() -> dict[str, Any]:
+        messages = [{"role": "user", "content": prompt(rng, BATCH_WORDS)}]
+        return {"model": SERVED_MODEL_NAME, "max_tokens": max_tokens, "temperature": 0,
+                "messages": messages}  # fmt: skip
+
+    return [{"custom_id": f"{prefix}-{i}", "params": params()} for i in range(lines)]
 
 
 # -- the interactive client -----------------------------------------------------------------
@@ -402,7 +369,7 @@ def kill_mid_batch(
         if watch.over:
             raise RuntimeError(f"the crash batch ended before {target} lines were done")
         watch.stop()
-        pids = server.kill9()
+        pids = server.kill_group()
     finally:
         server.stop()  # (when killed, nothing left to stop)
     return watch.batch_id, pids, line_states(server.batches_db, watch.batch_id)

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import psutil
 from _procstat import machine_busy_s, tree
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
@@ -100,6 +101,19 @@ class Proc:
     def children(self) -> list[int]:
         """Every process under this one, read when asked (an engine starts after its front)."""
         return tree(self.pid)[1:]
+
+    def kill_group(self, wait: float = 10.0) -> list[int]:
+        """SIGKILL to the whole process group (a crash of every process at once); the pids it
+        held, once all are gone."""
+        pids = tree(self.pid)
+        os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + wait
+        while any(psutil.pid_exists(p) for p in pids[1:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left := [p for p in pids[1:] if psutil.pid_exists(p)]:
+            raise RuntimeError(f"processes {left} outlived kill -9 of {self.name}'s group")
+        return pids
 
     def command(self) -> str:
         return shlex.join(self.cmd)

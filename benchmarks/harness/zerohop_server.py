@@ -76,6 +76,21 @@ def metric_total(url: str, name: str) -> float:
     )
 
 
+def metric_by_label(url: str, name: str, label: str) -> dict[str, float]:
+    """Counter or gauge `name` on a Prometheus page, summed by the value of `label`."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for row in text.splitlines():
+        if row.startswith(name + "{") and f'{label}="' in row:
+            labels, _, value = row.rpartition(" ")
+            key = labels.split(f'{label}="', 1)[1].split('"', 1)[0]
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def make_key(db: Path, tenant: str = "bench") -> str:
     """A fresh key store at `db` with one tenant and one key, both with every limit and a
     budget, all too generous to refuse anything; returns the key."""
