@@ -36,7 +36,9 @@ class LiveSampler:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self.admin.gateway.live.run(self.stats))
+        live = self.admin.gateway.live
+        assert isinstance(live, LiveLoad)  # attach_operator made it
+        self._task = asyncio.create_task(live.run(self.stats))
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zerohop.admin.sessions import Session, SessionStore
 from zerohop.gateway.auth import AuthenticationError, InvalidKeyConfiguration
 from zerohop.gateway.keys.identity import Identity, KeyRef
+
+if TYPE_CHECKING:
+    from zerohop.batches.store import AnyBatchStore
+    from zerohop.gateway.gateway import Gateway
 
 T = TypeVar("T")
 
@@ -50,12 +54,23 @@ def checked(check: Callable[..., T], *args: Any) -> T:
 
 
 @dataclass(slots=True)
+class AdminRequest:
+    """One admin API request, as the route's view reads it."""
+
+    method: str
+    identity: Identity
+    query: dict[str, list[str]]
+    params: dict[str, str] = field(default_factory=dict)
+    body: Any = None  # the JSON object sent (methods with a body)
+
+
+@dataclass(slots=True)
 class AdminContext:
-    gateway: Any  # zerohop.gateway.gateway.Gateway
+    gateway: Gateway
     service: Any = None  # zerohop.admin.service.AdminService
     sessions: SessionStore = field(default_factory=SessionStore)
     secure_cookies: bool = False  # --secure-cookies: Secure even on a plain-HTTP request
-    batches: Any = None  # zerohop.batches.store.BatchStore where batches are served
+    batches: AnyBatchStore | None = None  # where batches are served
 
     def admin_identity(self, token: str | None) -> Identity:
         """The admin key `token` is, or AdminError: 401 no key or an unknown one, 403 a key

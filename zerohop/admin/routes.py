@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from zerohop.admin import views
-from zerohop.admin.context import AdminContext, AdminError, invalid
+from zerohop.admin.context import AdminContext, AdminError, AdminRequest, invalid
 from zerohop.admin.origin import cross_site
 from zerohop.admin.refusal_audit import audit_error
 from zerohop.admin.sessions import SessionsUnavailable, session_cookie
@@ -41,15 +40,6 @@ log = logging.getLogger(__name__)
 PREFIXES = ("/v1/organizations/", "/v1/admin/")
 MAX_BODY = 64 * 1024
 SAFE_METHODS = ("GET", "HEAD")
-
-
-@dataclass(slots=True)
-class AdminRequest:
-    method: str
-    identity: Identity
-    query: dict[str, list[str]]
-    params: dict[str, str] = field(default_factory=dict)
-    body: Any = None  # the JSON object sent (methods with a body)
 
 
 Handler = Callable[[AdminContext, AdminRequest], Awaitable[tuple[int, Any]]]

@@ -71,7 +71,7 @@ def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
 
 def usage_report(q: UsageQuery, rows: list[UsageRow]) -> dict[str, Any]:
     """The report's JSON."""
-    buckets: dict[int, dict[tuple, list[int]]] = {}
+    buckets: dict[int, dict[tuple[str, ...], list[int]]] = {}
     for row in rows:
         if not _wanted(q, row):
             continue
@@ -96,7 +96,7 @@ def _wanted(q: UsageQuery, row: UsageRow) -> bool:
     )
 
 
-def _result(q: UsageQuery, group: tuple, counts: list[int]) -> dict[str, Any]:
+def _result(q: UsageQuery, group: tuple[str, ...], counts: list[int]) -> dict[str, Any]:
     values = dict(zip(USAGE_COUNTS, counts, strict=True))
     named = dict(zip(q.group_by, group, strict=True))
     return {

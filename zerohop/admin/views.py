@@ -8,7 +8,7 @@ from typing import Any
 
 from zerohop.admin import wire
 from zerohop.admin.budgets import HOUR, budgets_report
-from zerohop.admin.context import AdminContext, checked, invalid, not_found
+from zerohop.admin.context import AdminContext, AdminRequest, checked, invalid, not_found
 from zerohop.admin.usage_report import (
     integer,
     one,
@@ -17,6 +17,7 @@ from zerohop.admin.usage_report import (
     time_range,
     usage_report,
 )
+from zerohop.api.load.live_load import LiveLoad
 from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger
 from zerohop.gateway.keys.identity import Budget
 from zerohop.gateway.store.usage_tables import UsageRow
@@ -25,7 +26,7 @@ Answer = tuple[int, Any]
 Subject = tuple[str, str, Budget]  # (kind, name, budget) of a budget's holder
 
 
-def _param(req: Any, name: str) -> str | None:
+def _param(req: AdminRequest, name: str) -> str | None:
     """A query parameter given at most once (400 otherwise)."""
     return checked(one, req.query, name)
 
@@ -33,7 +34,7 @@ def _param(req: Any, name: str) -> str | None:
 # -- Anthropic's shapes -----------------------------------------------------------------------
 
 
-async def list_api_keys(admin: AdminContext, req: Any) -> Answer:
+async def list_api_keys(admin: AdminContext, req: AdminRequest) -> Answer:
     limit = checked(_limit, _param(req, "limit"))
     status, tenant = _param(req, "status"), _param(req, "workspace_id")
     if status is not None and status not in wire.LIST_STATUSES:
@@ -58,9 +59,9 @@ def _limit(text: str | None) -> int:
 
 
 def _page(
-    shown: list[tuple[int, dict]], place: dict[str, int], limit: int,
+    shown: list[tuple[int, dict[str, Any]]], place: dict[str, int], limit: int,
     after: str | None, before: str | None,
-) -> dict:  # fmt: skip
+) -> dict[str, Any]:  # fmt: skip
     """A page of `shown` ((place in the whole list, key)) after or before a cursor key,
     found by its place in the whole list, so a cursor that no longer matches the filter
     (revoked between pages) still pages on, as Anthropic's do."""
@@ -84,11 +85,11 @@ def _page(
     }
 
 
-async def get_api_key(admin: AdminContext, req: Any) -> Answer:
+async def get_api_key(admin: AdminContext, req: AdminRequest) -> Answer:
     return 200, wire.api_key(await admin.service.key(req.params["id"]))
 
 
-async def update_api_key(admin: AdminContext, req: Any) -> Answer:
+async def update_api_key(admin: AdminContext, req: AdminRequest) -> Answer:
     unknown = set(req.body) - {"name", "status"}
     if unknown:  # Anthropic's route: the rest is /v1/admin/keys/{id}
         raise invalid(f"unknown field {sorted(unknown)[0]!r}: this route sets name and status")
@@ -96,7 +97,7 @@ async def update_api_key(admin: AdminContext, req: Any) -> Answer:
     return 200, wire.api_key(record)
 
 
-async def messages_usage(admin: AdminContext, req: Any) -> Answer:
+async def messages_usage(admin: AdminContext, req: AdminRequest) -> Answer:
     query = checked(parse_usage_query, req.query)
     usage = admin.service.usage
     rows = await admin.service.run(lambda: usage.buckets(query.width, query.since, query.until))
@@ -106,34 +107,34 @@ async def messages_usage(admin: AdminContext, req: Any) -> Answer:
 # -- zerohop's own ----------------------------------------------------------------------------
 
 
-async def me(admin: AdminContext, req: Any) -> Answer:
+async def me(admin: AdminContext, req: AdminRequest) -> Answer:
     identity = req.identity
     return 200, {"key_id": identity.key_id, "tenant": identity.tenant.name, "name": identity.name}
 
 
-async def list_tenants(admin: AdminContext, req: Any) -> Answer:
+async def list_tenants(admin: AdminContext, req: AdminRequest) -> Answer:
     return 200, {"data": await admin.service.tenants()}
 
 
-async def get_tenant(admin: AdminContext, req: Any) -> Answer:
+async def get_tenant(admin: AdminContext, req: AdminRequest) -> Answer:
     return 200, await admin.service.tenant(req.params["name"])
 
 
-async def put_tenant(admin: AdminContext, req: Any) -> Answer:
+async def put_tenant(admin: AdminContext, req: AdminRequest) -> Answer:
     return 200, await admin.service.put_tenant(req.identity, req.params["name"], req.body)
 
 
-async def create_key(admin: AdminContext, req: Any) -> Answer:
+async def create_key(admin: AdminContext, req: AdminRequest) -> Answer:
     secret, record = await admin.service.create_key(req.identity, req.body)
     return 201, {"secret": secret, "api_key": wire.api_key(record)}
 
 
-async def update_key(admin: AdminContext, req: Any) -> Answer:
+async def update_key(admin: AdminContext, req: AdminRequest) -> Answer:
     record = await admin.service.update_key(req.identity, req.params["id"], req.body)
     return 200, wire.api_key(record)
 
 
-async def budgets(admin: AdminContext, req: Any) -> Answer:
+async def budgets(admin: AdminContext, req: AdminRequest) -> Answer:
     now = time.time()
     minute = int(now // 60 * 60)
 
@@ -154,14 +155,14 @@ async def budgets(admin: AdminContext, req: Any) -> Answer:
     return 200, budgets_report(subjects, spent, last_hour, now)
 
 
-async def refusals(admin: AdminContext, req: Any) -> Answer:
+async def refusals(admin: AdminContext, req: AdminRequest) -> Answer:
     since, until = checked(time_range, req.query, 86400.0)
     usage = admin.service.usage
     rows = await admin.service.run(lambda: usage.refusals(since, until))
     return 200, refusals_report(rows)
 
 
-async def audit_search(admin: AdminContext, req: Any) -> Answer:
+async def audit_search(admin: AdminContext, req: AdminRequest) -> Answer:
     from zerohop.gateway.audit.search import parse_query, search
 
     log = _audit_log(admin)
@@ -170,7 +171,7 @@ async def audit_search(admin: AdminContext, req: Any) -> Answer:
     return 200, {"data": page.records, "has_more": page.has_more, "next_before": page.next_before}
 
 
-async def audit_verify(admin: AdminContext, req: Any) -> Answer:
+async def audit_verify(admin: AdminContext, req: AdminRequest) -> Answer:
     from zerohop.gateway.audit.log import verify
 
     log = _audit_log(admin)
@@ -191,16 +192,17 @@ def _audit_log(admin: AdminContext) -> Any:
     return log
 
 
-async def live(admin: AdminContext, req: Any) -> Answer:
-    if admin.gateway.live is None:
+async def live(admin: AdminContext, req: AdminRequest) -> Answer:
+    live = admin.gateway.live
+    if not isinstance(live, LiveLoad):  # None, or another observer: no window kept
         raise not_found("live load is not kept on this server")
-    seconds = checked(_seconds, _param(req, "seconds"), admin.gateway.live)
+    seconds = checked(_seconds, _param(req, "seconds"), live)
     since = _param(req, "since")
     since_t = None if since is None else checked(wire.parse_time, since, "since")
-    return 200, admin.gateway.live.window(seconds, since_t)
+    return 200, live.window(seconds, since_t)
 
 
-def _seconds(text: str | None, live: Any) -> int:
+def _seconds(text: str | None, live: LiveLoad) -> int:
     capacity = live.capacity
     seconds = capacity if text is None else integer(text, "seconds")
     if not 1 <= seconds <= capacity:
@@ -208,7 +210,7 @@ def _seconds(text: str | None, live: Any) -> int:
     return seconds
 
 
-async def batches(admin: AdminContext, req: Any) -> Answer:
+async def batches(admin: AdminContext, req: AdminRequest) -> Answer:
     store = admin.batches
     if store is None:
         raise not_found("this server serves no batches")

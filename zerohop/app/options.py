@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from zerohop.api.http.asgi import BodyDeadline
 from zerohop.api.http.guard import GuardLimits
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING
 from zerohop.api.serving.service import DEFAULT_MAX_BODY_BYTES
+from zerohop.engine.base.options import EngineOptions
 from zerohop.engine.process.supervisor import RestartPolicy
 from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
 from zerohop.gateway.server_keys import DEFAULT_ROTATION
@@ -34,7 +35,7 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_seconds: float = 30.0
     engine: str = "zerohop"  # or "vllm": vLLM's AsyncLLM (zerohop.engine.vllm)
-    engine_options: dict[str, Any] | None = None
+    engine_options: EngineOptions | None = None
     gateway: GatewayOptions = field(default_factory=lambda: GatewayOptions())
     guard: GuardLimits = field(default_factory=GuardLimits)
     keep_alive_timeout: float = 5.0

@@ -30,7 +30,7 @@ from zerohop.gateway.gateway import Call, GatewayError
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
-ErrorShape = Callable[[ApiError, str], dict]
+ErrorShape = Callable[[ApiError, str], dict[str, Any]]
 Routes = dict[tuple[str, str], tuple[Handler, ErrorShape]]
 SURFACES: dict[ErrorShape, str] = {anthropic_body: "anthropic", openai_body: "openai"}
 OPENAI_PATHS = (
@@ -148,7 +148,7 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         rate_headers = anthropic_rate_headers if shape is anthropic_body else openai_rate_headers
         status, error_type = 0, None
 
-        async def tracking_send(message: dict) -> None:
+        async def tracking_send(message: dict[str, Any]) -> None:  # an ASGI message
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -71,7 +72,7 @@ class DrainingServer(uvicorn.Server):
         self.on_listening = on_listening  # called with the bound HTTP port once listening
         self.on_drain: list[Callable[[bool], None]] = []  # each signal: hook(second signal?)
 
-    async def startup(self, sockets: list | None = None) -> None:
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self.on_listening is not None:
             # As uvicorn reports it for port 0: the first listening socket's port.

@@ -19,14 +19,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from zerohop.api.errors import ApiError
 from zerohop.batches.line_call import Answer, RunLine, call_line, line_call
 from zerohop.batches.records import CANCELED, ERRORED, SUCCEEDED, RequestCounts, WaitingLine
 from zerohop.batches.results import api_of, end_batch, refused
 from zerohop.batches.store import AnyBatchStore
+from zerohop.engine.base.outputs import EngineStatsDict
+from zerohop.engine.client import Queued
 from zerohop.engine.sched.fair_share import BACKGROUND
 from zerohop.engine.sched.step_times import StepCurve
 from zerohop.gateway.gateway import Call
@@ -39,6 +41,18 @@ TICK = 1.0  # seconds between housekeeping passes (expiry, ending batches, count
 RAMP = 0.05  # seconds between starts while lines wait and there is room
 LOOKAHEAD = 2  # own lines waiting in the engine unstarted, at most
 MAX_ENGINE_ATTEMPTS = 3  # a line the engine lost this often is errored, not run again
+
+
+class EngineView(Protocol):
+    """What the runner reads of the engine (the EngineClient): its step times and queue."""
+
+    @property
+    def latest_stats(self) -> EngineStatsDict | None: ...
+
+    @property
+    def queued(self) -> Mapping[str, Queued]: ...
+
+
 # A line's caller as it may call the model now, from its key id and (for a signed key) the
 # snapshot its batch keeps; None once it may not.
 IdentityFor = Callable[[str, dict[str, Any] | None], Identity | None]
@@ -48,7 +62,7 @@ class BatchRunner:
     def __init__(
         self,
         store: AnyBatchStore,
-        engine: object,
+        engine: EngineView,
         identity_for: IdentityFor,
         cap: int,
         step_target: float = 0.0,
@@ -151,8 +165,8 @@ class BatchRunner:
         target by its measured step times. Where a step's cost grows with its rows (a CPU),
         more lines would add little throughput and make every step longer, which an
         interactive request arriving during one waits for."""
-        stats = getattr(self.engine, "latest_stats", None) or {}
-        curve = StepCurve.from_rows((stats.get("step_times") or {}).get("decode") or [])
+        stats = self.engine.latest_stats
+        curve = StepCurve.from_rows([] if stats is None else stats["step_times"].get("decode", []))
         if curve is None or self.step_target <= 0:
             return self.cap
         return max(1, curve.largest_within(self.step_target, self.cap))
@@ -163,7 +177,7 @@ class BatchRunner:
         return sum(1 for call in calls if call is None or call.first_delta_at is None)
 
     def _engine_has_room(self) -> bool:
-        queued = getattr(self.engine, "queued", None) or {}
+        queued = self.engine.queued
         # Interactive or batch-class work waits: leave it the room.
         return not any(request.priority < BACKGROUND for request in list(queued.values()))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from zerohop.cli.arg_types import OneLineParser
 from zerohop.cli.engine_flags import default_engine_threads as default_engine_threads
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     from zerohop.cli.errors import failure_line
 
     args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.func  # argparse's Namespace: untyped
     try:
-        return args.func(args)
+        return command(args)
     except Exception as exc:  # a refusal or an outside failure: one line (cli_errors)
         line = failure_line(exc, getattr(args, "keys_db", None))
         if line is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, TypeAlias
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -75,3 +75,7 @@ NONNEGATIVE_NUMBER = number(0.0)  # >= 0
 POSITIVE_NUMBER = number(0.0, above=True)
 SHARE = share
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")  # tools/parsers.py
+
+
+# The subcommands of `zerohop` (each command module adds its own parser to them).
+Subcommands: TypeAlias = "argparse._SubParsersAction[OneLineParser]"

@@ -7,6 +7,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from zerohop.cli.arg_types import Subcommands
 from zerohop.gateway.audit.heads import ChainHead, read_head, read_heads
 from zerohop.gateway.audit.log import verify
 from zerohop.gateway.store.sqlite import default_db_path
@@ -17,7 +18,7 @@ PROG = "zerohop audit verify"
 BESIDE = "keys.db"
 
 
-def add_audit_parser(sub: argparse._SubParsersAction) -> None:
+def add_audit_parser(sub: Subcommands) -> None:
     p = sub.add_parser("audit", help="check an audit log", description="Audit log tools.")
     asub = p.add_subparsers(dest="audit_command", required=True)
     v = asub.add_parser(

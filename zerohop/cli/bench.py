@@ -6,15 +6,16 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zerohop.bench import ENDPOINTS
+from zerohop.cli.arg_types import Subcommands
 
 if TYPE_CHECKING:
     from zerohop.bench.load_types import BenchConfig
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+def add_bench_parser(sub: Subcommands) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmark a running server (TTFT, TPOT, ITL, E2E, throughput, goodput)",
@@ -98,7 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     reports = [run_one(args, rate, slo) for rate in rates]
     for report in reports:
         print(format_report(report))
-    result: dict = reports[0] if len(reports) == 1 else {"runs": reports}
+    result: dict[str, Any] = reports[0] if len(reports) == 1 else {"runs": reports}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -109,7 +110,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(r["summary"]["failed"] == 0 for r in reports) else 1
 
 
-def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> dict:
+def run_one(
+    args: argparse.Namespace, rate: float | None, slo: dict[str, float] | None
+) -> dict[str, Any]:
     from zerohop.bench.load import run_benchmark
     from zerohop.bench.load_types import BenchConfig
 
@@ -145,7 +148,7 @@ def run_one(args: argparse.Namespace, rate: float | None, slo: dict | None) -> d
     return _with_progress(cfg, run_benchmark)
 
 
-def _with_progress(cfg: BenchConfig, run: Callable[..., dict]) -> dict:
+def _with_progress(cfg: BenchConfig, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     label = "closed loop" if cfg.request_rate is None else f"{cfg.request_rate:g} req/s"
@@ -181,7 +184,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _saved_runs(path: Path) -> list[dict]:
+def _saved_runs(path: Path) -> list[dict[str, Any]]:
     """The runs a `zerohop bench --out` file holds; ValueError naming the file if none."""
     try:
         saved = json.loads(path.read_text())
@@ -189,14 +192,17 @@ def _saved_runs(path: Path) -> list[dict]:
         raise ValueError(f"{path}: not a saved bench run ({exc})") from None
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: not a saved bench run (no JSON object)")
-    return saved.get("runs", [saved])
+    runs = saved.get("runs", [saved])
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        raise ValueError(f"{path}: not a saved bench run (its runs are not JSON objects)")
+    return runs
 
 
-def _plot(prefix: Path, runs: dict[str, list[dict]]) -> list[Path]:
+def _plot(prefix: Path, runs: dict[str, list[dict[str, Any]]]) -> list[Path]:
     """The CDFs of every run, and the rate curves where a label has a sweep."""
     from zerohop.bench.plots import latency_cdfs, rate_curves
 
-    def label(name: str, report: dict) -> str:
+    def label(name: str, report: dict[str, Any]) -> str:
         rate = report["summary"].get("request_rate")
         return name if rate is None else f"{name} @ {rate:g}/s"
 

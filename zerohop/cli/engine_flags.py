@@ -11,6 +11,7 @@ from zerohop.cli.arg_types import (
     POSITIVE_INT,
     POSITIVE_NUMBER,
 )
+from zerohop.engine.base.options import EngineOptions
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +138,8 @@ def _token_weights(text: str) -> tuple[float, float]:
     return weights[0], weights[1]
 
 
-def engine_options(args: argparse.Namespace) -> dict:
-    return {
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    options: EngineOptions = {
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "inter_token_target": args.inter_token_target,
@@ -156,8 +157,13 @@ def engine_options(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "num_kv_blocks": args.num_kv_blocks,
         "step_delay": args.debug_step_delay,
-        **(args.speculative_config or {}),
     }
+    speculative: dict[str, int] | None = args.speculative_config
+    if speculative:
+        options["num_speculative_tokens"] = speculative["num_speculative_tokens"]
+        options["prompt_lookup_min"] = speculative["prompt_lookup_min"]
+        options["prompt_lookup_max"] = speculative["prompt_lookup_max"]
+    return options
 
 
 MODEL_HELP = (

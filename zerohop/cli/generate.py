@@ -9,6 +9,7 @@ from zerohop.cli.arg_types import (
     NONNEGATIVE_INT,
     NONNEGATIVE_NUMBER,
     POSITIVE_INT,
+    Subcommands,
 )
 from zerohop.cli.engine_flags import (
     MODEL_HELP,
@@ -43,7 +44,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_generate_parser(sub: argparse._SubParsersAction) -> None:
+def add_generate_parser(sub: Subcommands) -> None:
     gen = sub.add_parser("generate", help="generate text offline from one prompt")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", help=MODEL_HELP)

@@ -19,10 +19,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from zerohop.cli.arg_types import Subcommands
 from zerohop.cli.keys_args import (
     BUDGET_HELP,
     NO_BUDGET,
@@ -58,7 +60,11 @@ _FLAG_OF_COLUMN = {f.name: f.flag for f in LIMIT_FIELDS} | {
 }
 
 
-def add_keys_parser(sub: argparse._SubParsersAction) -> None:
+# One `zerohop keys` action on the store it opened.
+KeysCommand = Callable[[Database, argparse.Namespace], int]
+
+
+def add_keys_parser(sub: Subcommands) -> None:
     keys = sub.add_parser("keys", help="manage API keys, tenants and their limits and budgets")
     actions = keys.add_subparsers(dest="keys_command", required=True)
 
@@ -108,7 +114,9 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     keygen.set_defaults(func=cmd_keygen)
 
 
-def _action(actions: Any, name: str, help_text: str, func: Any) -> argparse.ArgumentParser:
+def _action(
+    actions: Subcommands, name: str, help_text: str, func: KeysCommand
+) -> argparse.ArgumentParser:
     parser = actions.add_parser(name, help=help_text)
     parser.add_argument(
         "--keys-db", type=Path, default=None, help=f"the key store (default {default_db_path()})"
@@ -134,7 +142,7 @@ def _key_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority", choices=PRIORITY_CLASSES, help="priority class")
 
 
-def _run(func: Any, args: argparse.Namespace) -> int:
+def _run(func: KeysCommand, args: argparse.Namespace) -> int:
     if args.keys_db is not None and args.store is not None:
         print("zerohop keys: --keys-db and --store name two stores: give one", file=sys.stderr)
         return 2

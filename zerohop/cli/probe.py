@@ -10,10 +10,12 @@ import json
 import sys
 from pathlib import Path
 
+from zerohop.cli.arg_types import Subcommands
+
 PROBE_ENDPOINTS = ("openai-chat", "openai-completions", "anthropic-messages")
 
 
-def add_probe_parser(sub: argparse._SubParsersAction) -> None:
+def add_probe_parser(sub: Subcommands) -> None:
     p = sub.add_parser(
         "probe",
         help="time one streamed request (DNS, connect, TLS, TTFB, TTFT, gaps), find buffering",

@@ -8,12 +8,14 @@ import argparse
 import asyncio
 import os
 from pathlib import Path
+from typing import Literal
 
 from zerohop.cli.arg_types import (
     NONNEGATIVE_NUMBER,
     PORT,
     POSITIVE_INT,
     TOOL_CALL_PARSERS,
+    Subcommands,
     number,
 )
 from zerohop.cli.engine_choice import (
@@ -34,6 +36,9 @@ from zerohop.cli.serve_flags import (
     add_protection_options,
     add_supervision_options,
 )
+
+# The engine flags whose zerohop default gives way to vLLM's own under --engine vllm.
+VllmDefault = Literal["block_size", "max_num_seqs", "max_num_batched_tokens"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -58,7 +63,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Flags left at zerohop's defaults take vLLM's own (a vLLM user expects those: its
         # CPU build, for one, needs blocks of a multiple of 32 tokens).
         defaults = _serve_defaults()
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        names: tuple[VllmDefault, ...] = ("block_size", "max_num_seqs", "max_num_batched_tokens")
+        for name in names:
             if getattr(args, name) == defaults[name]:
                 options.pop(name)
     else:
@@ -141,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return asyncio.run(serve(serve_options))
 
 
-def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+def add_serve_parser(sub: Subcommands) -> None:
     srv = sub.add_parser(
         "serve",
         help="serve a model over HTTP (Anthropic + OpenAI APIs) and gRPC",

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from zerohop.cli.arg_types import Subcommands
 from zerohop.gateway.store.pg_schema import SCHEMA_VERSION
 from zerohop.gateway.store.spec import STORE_ENV, StoreSpec, StoreUnavailable, store_text
 
@@ -29,7 +30,7 @@ _STATUS = {
 }
 
 
-def add_store_parser(sub: argparse._SubParsersAction) -> None:
+def add_store_parser(sub: Subcommands) -> None:
     store = sub.add_parser("store", help="the fleet's PostgreSQL key store: migrate, status")
     actions = store.add_subparsers(dest="store_command", required=True)
     for name, help_text, func in (

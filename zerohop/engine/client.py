@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, Unpack
 
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.sample.sampling_params import SamplingParams
 
 
@@ -49,12 +50,12 @@ class EngineLife(Protocol):
     """One engine's life: serves until it dies or is shut down."""
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         """vocab_size, max_model_len, block_size, engine (its name when not zerohop's), ..."""
 
     @property
-    def latest_stats(self) -> dict[str, Any] | None:
-        """EngineStats as a dict, after the latest step."""
+    def latest_stats(self) -> EngineStatsDict | None:
+        """The engine's counters after the latest step."""
 
     @property
     def dead(self) -> str | None:
@@ -78,9 +79,9 @@ class EngineLife(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    async def call(self, name: str) -> Any: ...
+    async def call(self, name: str) -> EngineStatsDict | None: ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> EngineStatsDict: ...
 
     async def wait_closed(self) -> str: ...
 
@@ -91,7 +92,7 @@ class EngineStarter(Protocol):
     """Starts one engine life on a model within `start_timeout` seconds (else raises)."""
 
     async def __call__(
-        self, model_path: str, start_timeout: float, **engine_options: Any
+        self, model_path: str, start_timeout: float, **engine_options: Unpack[EngineOptions]
     ) -> EngineLife: ...
 
 
@@ -106,10 +107,10 @@ class EngineClient(Protocol):
     def dead(self) -> str | None: ...
 
     @property
-    def info(self) -> dict[str, Any]: ...
+    def info(self) -> EngineInfo: ...
 
     @property
-    def latest_stats(self) -> dict[str, Any] | None: ...
+    def latest_stats(self) -> EngineStatsDict | None: ...
 
     @property
     def queued(self) -> dict[str, Queued]: ...
@@ -130,8 +131,8 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    async def call(self, name: str) -> Any: ...
+    async def call(self, name: str) -> EngineStatsDict | None: ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> EngineStatsDict: ...
 
     async def shutdown(self, timeout: float = 10.0) -> None: ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,8 +65,13 @@ class EngineConfig:
     # "prefill": ...}, StepTimes.table()): the supervisor's restart passes them, and the start
     # skips its calibration (the machine and model have not changed).
     step_times: dict[str, list[list[float]]] | None = None
+    # vLLM's own engine arguments (EngineOptions.vllm_args): refused here, they are for
+    # --engine vllm (the options' one key that is not this engine's).
+    vllm_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.vllm_args:
+            raise ValueError("vllm_args are vLLM's engine arguments: serve with --engine vllm")
         assert self.block_size > 0 and self.max_num_seqs > 0
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")

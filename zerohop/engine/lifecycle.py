@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
 
 import torch
 
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.base.outputs import EngineStats, RequestDelta
 from zerohop.engine.config import EngineConfig
+from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.decoder import CausalLM
 from zerohop.engine.runner import ModelRunner
 from zerohop.engine.sample.logits_processors import check_token_ids
@@ -26,6 +26,7 @@ from zerohop.engine.sched.sequence import Sequence
 from zerohop.engine.sched.speculative import Speculator
 from zerohop.engine.structured.constraints import Constraints
 from zerohop.engine.text.detokenizer import IncrementalDetokenizer
+from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.engine.throughput import ThroughputMeter, quantiles
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ class RequestBook:
     (engine.py) builds the parts these attributes name."""
 
     config: EngineConfig
-    model_config: Any
-    tokenizer: Any
+    model_config: ModelConfig
+    tokenizer: Tokenizer
     model: CausalLM
     max_model_len: int
     pool: BlockPool

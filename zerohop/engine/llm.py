@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Unpack
 
+from zerohop.engine.base.options import EngineOptions
 from zerohop.engine.base.outputs import RequestDelta
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.engine import LLMEngine
@@ -50,7 +52,7 @@ class LLM:
         self,
         model_path: str | Path,
         policy: SchedulingPolicy | None = None,
-        **engine_options,
+        **engine_options: Unpack[EngineOptions],
     ) -> None:
         self.engine = LLMEngine(model_path, EngineConfig(**engine_options), policy)
         self._ids = itertools.count()

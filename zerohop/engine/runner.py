@@ -33,7 +33,8 @@ class ModelRunner:
     def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
         cfg = model.config
         per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
-        return per_token * block_size * model.dtype.itemsize
+        itemsize: int = model.dtype.itemsize  # torch is skipped by mypy: its values are Any
+        return per_token * block_size * itemsize
 
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Run the step; return logits [len(completing chunks), vocab] in `chunks` order.

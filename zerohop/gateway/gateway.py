@@ -121,7 +121,7 @@ class Call:
     status: int | None = None
     error_type: str | None = None
     refusal: str | None = None  # the refusal's message (the admin API's refusals report)
-    prompt_text: Any = None  # only kept with --audit-content
+    prompt_text: str | None = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
     queue_timing: Any = None  # zerohop.api.load.queue_timing.QueueTiming: set at admission
 

@@ -2,7 +2,7 @@
 
 Two sources. The API process records each request once, when it ends
 (`GatewayMetrics.request_finished`), and each refusal (`refused`); the engine process's
-counters arrive as the `EngineStats` dict of `await engine.stats()` and are passed to
+counters arrive as the `EngineStatsDict` of `await engine.stats()` and are passed to
 `render`, which turns them into gauges and counters at scrape time. Other parts of the
 server add their own collectors with `register` (the HTTP connection guard's counters,
 `zerohop.api.http.guard.GuardMetrics`), so one registry holds every metric `/metrics` shows.
@@ -37,9 +37,9 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import TypedDict
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -123,6 +123,21 @@ class _Section(Collector):
         return self._collect()
 
 
+class EngineCounters(TypedDict):
+    """The engine's counters /metrics shows: keys of the engine's `EngineStatsDict`
+    (zerohop.engine.base.outputs), which passes here by its keys, unimported."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    blocks_in_use: int
+    requests_added: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+
+
 class GatewayMetrics:
     """All of one server's metrics; `render()` is the body of `GET /metrics`.
 
@@ -157,7 +172,7 @@ class GatewayMetrics:
         self._itl = _Histogram(ITL_BUCKETS)
         self._e2e = _Histogram(E2E_BUCKETS)
         self._queue = _Histogram(QUEUE_BUCKETS)
-        self._engine: Mapping[str, Any] | None = None
+        self._engine: EngineCounters | None = None
         self._request_section = _Section(self._collect_requests)
         self._engine_section = _Section(self._collect_engine)
         self._cached_body = b""
@@ -229,11 +244,11 @@ class GatewayMetrics:
 
     # -- exposition --------------------------------------------------------------------
 
-    def render(self, engine_stats: Mapping[str, Any] | None) -> tuple[bytes, str]:
+    def render(self, engine_stats: EngineCounters | None) -> tuple[bytes, str]:
         """The `/metrics` body and its content type, with the engine's gauges and the
         registered collectors' metrics as of now.
 
-        `engine_stats` is `await engine.stats()` (an `EngineStats` as a dict). None (the
+        `engine_stats` is `await engine.stats()` (or its latest_stats). None (the
         engine did not answer) leaves the engine's metrics out rather than report stale
         values; the request metrics are always there. The body is the classic text format
         (what prometheus-client's own handlers send by default), hence its content type.
@@ -339,13 +354,13 @@ class GatewayMetrics:
             "Prompt tokens found in the prefix cache.",
             value=s["prefix_hit_tokens"],
         )
-        for name, doc, key in (
+        for name, doc, count in (
             ("zerohop_spec_decode_draft_tokens", "Tokens proposed by prompt lookup.",
-             "spec_draft_tokens"),
+             s.get("spec_draft_tokens", 0)),
             ("zerohop_spec_decode_accepted_tokens", "Proposed tokens the model agreed with.",
-             "spec_accepted_tokens"),
+             s.get("spec_accepted_tokens", 0)),
         ):  # fmt: skip
-            yield CounterMetricFamily(name, doc, value=s.get(key, 0))
+            yield CounterMetricFamily(name, doc, value=count)
         # vLLM's names and labels, for the Gateway API Inference Extension's endpoint picker.
         labels, values = ("model_name", "engine"), (self.model_name, "0")
         for name, doc, value in (

@@ -192,8 +192,8 @@ class Generation:
 
     def _step_seconds(self) -> float:
         """The time of the engine's latest step (the one whose deltas are coming in)."""
-        stats = self.ctx.engine.latest_stats or {}
-        return float(stats.get("step_seconds", 0.0))
+        stats = self.ctx.engine.latest_stats
+        return 0.0 if stats is None else stats["step_seconds"]
 
     def _read(self, delta: RequestDelta, tokens: int) -> list[Event]:
         factory = self.request.readers

@@ -23,6 +23,7 @@ also its own predicted wait, `zerohop-predicted-queue-wait-ms`, and the wait it 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ class QueueSource(Protocol):
     def queued(self) -> dict[str, Queued]: ...
 
     @property
-    def latest_stats(self) -> dict[str, Any] | None: ...
+    def latest_stats(self) -> Mapping[str, Any] | None: ...  # an EngineStatsDict
 
 
 class AdmissionControl:
@@ -81,7 +82,7 @@ class AdmissionControl:
         self.max_waiting = max_waiting or None
         self.fair_share = fair_share  # the engine's policy: vtc (True) or fcfs
         self.correction = WaitCorrection()
-        self._stats: dict[str, Any] | None = None
+        self._stats: Mapping[str, Any] | None = None
         self._engine_view: EngineView | None = None
 
     def load(self, request: Queued | None = None) -> Load:
@@ -103,7 +104,7 @@ class AdmissionControl:
             kv_usage=int(stats.get("blocks_in_use", 0)) / blocks,  # blocks live requests hold
         )
 
-    def _view(self, stats: dict[str, Any]) -> EngineView | None:
+    def _view(self, stats: Mapping[str, Any]) -> EngineView | None:
         """The engine's batch as its latest stats say, parsed once per step's stats."""
         if stats is not self._stats:
             self._stats, self._engine_view = stats, EngineView.from_stats(stats)

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 import torch
 
@@ -96,12 +97,17 @@ def load() -> ModuleType:
         log.warning("building zerohop's CPU kernels into %s (once, ~30 s)", build_dir)
     try:
         with build_lock(build_dir):
-            return load_extension(
-                name="zerohop_qgemm",
-                sources=[str(SOURCE)],
-                extra_cflags=_compiler_flags(),
-                build_directory=str(build_dir),
-                verbose=False,
+            # torch's loader returns the built module; torch is skipped by mypy (its types
+            # are Any here), so the cast says what it is.
+            return cast(
+                ModuleType,
+                load_extension(
+                    name="zerohop_qgemm",
+                    sources=[str(SOURCE)],
+                    extra_cflags=_compiler_flags(),
+                    build_directory=str(build_dir),
+                    verbose=False,
+                ),
             )
     except (OSError, RuntimeError, ImportError, SystemExit) as exc:
         raise KernelsUnavailable(f"building the CPU kernels failed: {exc}") from exc
@@ -131,11 +137,12 @@ def _remove_stale_lock(build_dir: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def cpu_kernel(name: str, device: torch.device, dtype: torch.dtype) -> Callable | None:
+def cpu_kernel(name: str, device: torch.device, dtype: torch.dtype) -> Callable[..., Any] | None:
     """One of the kernels, for float32 on CPU when they are built; else None."""
     if device.type != "cpu" or dtype != torch.float32 or not available():
         return None
-    return getattr(load(), name)
+    kernel: Callable[..., Any] = getattr(load(), name)  # a function of the built module
+    return kernel
 
 
 @cache  # one build attempt, and one warning, per process

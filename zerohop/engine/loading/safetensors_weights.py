@@ -12,6 +12,7 @@ import mmap
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +55,9 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, _view(mapping, data_start, info, path, name)
 
 
-def _view(mapping: mmap.mmap, data_start: int, info: dict, path: Path, name: str) -> torch.Tensor:
+def _view(
+    mapping: mmap.mmap, data_start: int, info: dict[str, Any], path: Path, name: str
+) -> torch.Tensor:
     dtype = _DTYPES.get(info.get("dtype", ""))
     if dtype is None:
         raise ModelLoadError(f"{path}: tensor '{name}' has unsupported dtype {info.get('dtype')}")

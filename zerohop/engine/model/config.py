@@ -108,7 +108,7 @@ def _architecture(raw: dict[str, Any], source: str) -> str:
     archs = raw.get("architectures") or []
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
-            return arch
+            return str(arch)
     raise ModelLoadError(
         f"{source}: field 'architectures' is {archs!r};"
         f" supported: {', '.join(SUPPORTED_ARCHITECTURES)}"

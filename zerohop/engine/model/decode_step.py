@@ -6,7 +6,7 @@ norms, weights the kernels do not hold) takes the Python fused pass.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 
 class DecodeStep:
-    def __init__(self, model: CausalLM, step) -> None:
+    def __init__(self, model: CausalLM, step: Any) -> None:
         self.model = model
-        self.run = step  # the C++ DecodeStep
+        self.run = step  # the C++ DecodeStep (the built kernels module's: untyped)
 
     def supports(self, num_tokens: int, attn: AttentionBatch) -> bool:
         decode = attn.decode
@@ -52,7 +52,7 @@ def build_decode_step(
 
     ops = load()
 
-    def product(linear: Linear):
+    def product(linear: Linear) -> Any:  # the C++ Product
         weight = kernel_weight(linear)
         if weight is None:
             raise LookupError

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -21,5 +22,5 @@ class FusedOps:
     set_decode_rows: Callable[[int], None]
 
     @classmethod
-    def from_kernels(cls, module) -> FusedOps:
+    def from_kernels(cls, module: ModuleType) -> FusedOps:
         return cls(module.rms_norm, module.rotate, module.silu_mul, module.set_decode_rows)

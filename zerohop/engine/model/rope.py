@@ -44,7 +44,12 @@ class RotaryEmbedding:
     """A cos/sin table for every position, indexed per token at run time."""
 
     def __init__(
-        self, head_dim: int, max_positions: int, rope: RopeConfig, dtype: torch.dtype, device
+        self,
+        head_dim: int,
+        max_positions: int,
+        rope: RopeConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         inv_freq = inverse_frequencies(head_dim, rope)
         positions = torch.arange(max_positions, dtype=torch.float32)

@@ -19,10 +19,11 @@ import subprocess
 import sys
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Unpack
 
 from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
 from zerohop.engine.process.messages import (
     Abort,
@@ -54,31 +55,34 @@ DEFAULT_START_TIMEOUT = 600.0
 
 @dataclass(slots=True)
 class _Stream:
-    queue: asyncio.Queue
+    queue: asyncio.Queue[RequestDelta | Exception]
     finished: bool = False
 
 
 class AsyncEngine:
     def __init__(self) -> None:
-        self.info: dict[str, Any] = {}
-        # The engine's counters (EngineStats as a dict) after its latest step: current
-        # within one step, and read without asking the engine process (which answers calls
-        # only between steps, seconds apart during a long prefill).
-        self.latest_stats: dict[str, Any] | None = None
+        self.info: EngineInfo = {}  # the engine process's, once it is ready
+        # The engine's counters after its latest step: current within one step, and read
+        # without asking the engine process (which answers calls only between steps, seconds
+        # apart during a long prefill).
+        self.latest_stats: EngineStatsDict | None = None
         self.dead: str | None = None
         self._streams: dict[str, _Stream] = {}
         # Requests sent whose first delta has not come back: the queue as this side sees it,
         # current to the moment (the engine's own counters are a step old).
         self.queued: dict[str, Queued] = {}
-        self._calls: dict[int, asyncio.Future] = {}
+        self._calls: dict[int, asyncio.Future[EngineStatsDict | None]] = {}
         self._call_ids = itertools.count()
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._reader_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
-        cls, model_path: str, start_timeout: float = DEFAULT_START_TIMEOUT, **engine_options: Any
+        cls,
+        model_path: str,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        **engine_options: Unpack[EngineOptions],
     ) -> AsyncEngine:
         """Spawn the engine process and wait until it has loaded and warmed up the model:
         at most `start_timeout` seconds, after which the process is killed and the start
@@ -195,18 +199,21 @@ class AsyncEngine:
         if not self.dead:
             self._send(Abort(request_id))
 
-    async def call(self, name: str) -> Any:
-        """Ask the engine process for something (`stats`)."""
+    async def call(self, name: str) -> EngineStatsDict | None:
+        """Ask the engine process for something (`stats`; None: it has no such call)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         call_id = next(self._call_ids)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[EngineStatsDict | None] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         self._send(Call(call_id, name))
         return await future
 
-    async def stats(self) -> dict[str, Any]:
-        return await self.call("stats")
+    async def stats(self) -> EngineStatsDict:
+        stats = await self.call("stats")
+        if stats is None:
+            raise RuntimeError("the engine process does not answer 'stats'")
+        return stats
 
     def _send(self, message: ToEngine) -> None:
         assert self._writer is not None

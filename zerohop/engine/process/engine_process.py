@@ -10,7 +10,6 @@ loop goes on. Only a broken engine (see `engine.MAX_FAILED_STEPS`) ends it with 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import sys
@@ -19,7 +18,7 @@ import traceback
 from typing import Any
 
 from zerohop.engine.base.errors import InvalidRequestError
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.config import EngineConfig
 from zerohop.engine.engine import LLMEngine
 from zerohop.engine.lifecycle import REQUEST_FAILED
@@ -84,7 +83,7 @@ def _read_start_message(channel: FrameSocket) -> Start:
             return start
 
 
-def engine_info(engine: LLMEngine) -> dict[str, Any]:
+def engine_info(engine: LLMEngine) -> EngineInfo:
     return {
         "max_model_len": engine.max_model_len,
         "vocab_size": engine.model_config.vocab_size,
@@ -113,7 +112,7 @@ def _serve(engine: LLMEngine, channel: FrameSocket) -> None:
         if engine.has_unfinished() and engine.background_hold() == 0:
             deltas = engine.step()
             if deltas:
-                _send(channel, Deltas(deltas, dataclasses.asdict(engine.stats())))
+                _send(channel, Deltas(deltas, engine.stats().as_dict()))
             if engine.config.step_delay:
                 time.sleep(engine.config.step_delay)
 
@@ -166,9 +165,9 @@ def _add(engine: LLMEngine, channel: FrameSocket, message: Add) -> None:
         _send(channel, Deltas([failed]))
 
 
-def _call(engine: LLMEngine, name: str) -> Any:
+def _call(engine: LLMEngine, name: str) -> EngineStatsDict | None:
     if name == "stats":
-        return dataclasses.asdict(engine.stats())
+        return engine.stats().as_dict()
     return None
 
 

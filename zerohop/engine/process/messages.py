@@ -12,10 +12,12 @@ the wrong way, raises `ValueError`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.client import RequestOptions
 from zerohop.engine.process.wire import (
     delta_from_wire,
@@ -31,7 +33,7 @@ from zerohop.engine.sample.sampling_params import SamplingParams
 @dataclass(slots=True, frozen=True)
 class Start:
     model_path: str
-    engine_options: dict[str, Any]  # EngineConfig's fields
+    engine_options: EngineOptions
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,13 +62,13 @@ class Shutdown:
 
 @dataclass(slots=True, frozen=True)
 class Ready:
-    info: dict[str, Any]
+    info: EngineInfo
 
 
 @dataclass(slots=True, frozen=True)
 class Deltas:
     deltas: list[RequestDelta]
-    stats: dict[str, Any] | None = None  # EngineStats' fields after the step
+    stats: EngineStatsDict | None = None  # the engine's counters after the step
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +87,7 @@ class Rejected:
 @dataclass(slots=True, frozen=True)
 class Reply:
     call_id: int
-    value: Any = None
+    value: EngineStatsDict | None = None  # a "stats" call's; None: a name of no call
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,15 +157,18 @@ def from_engine(values: Any) -> FromEngine:
     return message
 
 
-def _add(request_id: str, prompt: list[int], params: dict, options: dict) -> Add:
+def _add(
+    request_id: str, prompt: list[int], params: dict[str, Any], options: dict[str, Any]
+) -> Add:
     return Add(request_id, prompt, params_from_wire(params), options_from_wire(options))
 
 
-def _deltas(deltas: list[list[Any]], stats: dict[str, Any] | None = None) -> Deltas:
+def _deltas(deltas: list[list[Any]], stats: EngineStatsDict | None = None) -> Deltas:
     return Deltas([delta_from_wire(d) for d in deltas], stats)
 
 
-_DECODERS: dict[str, Any] = {
+# Each kind's decoder, called with the frame's items (msgpack's values: untyped until here).
+_DECODERS: dict[str, Callable[..., Message]] = {
     "start": Start,
     "add": _add,
     "abort": Abort,

@@ -25,9 +25,10 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Unpack
 
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.client import (
     DEFAULT_OPTIONS,
     EngineLife,
@@ -67,7 +68,7 @@ class EngineSupervisor:
         self,
         engine: EngineLife,
         model_path: str,
-        engine_options: dict[str, Any],
+        engine_options: EngineOptions,
         policy: RestartPolicy,
         start_seconds: float,
         starter: EngineStarter = AsyncEngine.start,
@@ -90,7 +91,7 @@ class EngineSupervisor:
         model_path: str,
         policy: RestartPolicy | None = None,
         starter: EngineStarter = AsyncEngine.start,
-        **engine_options: Any,
+        **engine_options: Unpack[EngineOptions],
     ) -> EngineSupervisor:
         """Start the first engine life with `starter` (zerohop's engine process by default,
         `zerohop.engine.vllm.engine.VllmEngine.start` for vLLM's); its failure is raised
@@ -110,11 +111,11 @@ class EngineSupervisor:
         return self.gave_up or self.engine.dead
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         return self.engine.info
 
     @property
-    def latest_stats(self) -> dict[str, Any] | None:
+    def latest_stats(self) -> EngineStatsDict | None:
         return self.engine.latest_stats
 
     @property
@@ -147,10 +148,10 @@ class EngineSupervisor:
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
-    async def call(self, name: str) -> Any:
+    async def call(self, name: str) -> EngineStatsDict | None:
         return await self.engine.call(name)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> EngineStatsDict:
         return await self.engine.stats()
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -208,11 +209,14 @@ class EngineSupervisor:
         self._give_up(f"{why}; the last: {reason.strip()}")
         return None
 
-    def _restart_options(self) -> dict[str, Any]:
+    def _restart_options(self) -> EngineOptions:
         """The engine's options, with the step times its first start measured: a restart
         on the same machine and model need not calibrate again."""
+        options = self.engine_options.copy()
         measured = self.engine.info.get("step_times")
-        return {**self.engine_options, **({"step_times": measured} if measured else {})}
+        if measured:
+            options["step_times"] = measured
+        return options
 
     def _crash_loop(self, failures_in_a_row: int) -> str | None:
         """Why restarting again is no use, or None."""

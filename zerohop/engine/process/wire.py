@@ -8,8 +8,9 @@ from __future__ import annotations
 import select
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import fields, replace
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -24,7 +25,7 @@ _OPTION_FIELDS = [f.name for f in fields(RequestOptions)]
 
 
 def pack(message: Any) -> bytes:
-    payload = msgpack.packb(message, use_bin_type=True)
+    payload = cast(bytes, msgpack.packb(message, use_bin_type=True))  # msgpack has no types
     return HEADER.pack(len(payload)) + payload
 
 
@@ -32,31 +33,31 @@ def unpack(payload: bytes) -> Any:
     return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
 
-def delta_to_wire(delta: RequestDelta) -> list:
+def delta_to_wire(delta: RequestDelta) -> list[Any]:
     return [getattr(delta, name) for name in _DELTA_FIELDS]
 
 
-def delta_from_wire(values: list) -> RequestDelta:
+def delta_from_wire(values: list[Any]) -> RequestDelta:
     delta = RequestDelta(*values)
     if delta.new_logprobs is not None:
         delta.new_logprobs = [{int(k): v for k, v in d.items()} for d in delta.new_logprobs]
     return delta
 
 
-def options_to_wire(options: RequestOptions) -> dict:
+def options_to_wire(options: RequestOptions) -> dict[str, Any]:
     return {name: getattr(options, name) for name in _OPTION_FIELDS}
 
 
-def options_from_wire(values: dict) -> RequestOptions:
+def options_from_wire(values: dict[str, Any]) -> RequestOptions:
     options = RequestOptions(**values)
     return replace(options, continues=tuple(options.continues))
 
 
-def params_to_wire(params: SamplingParams) -> dict:
+def params_to_wire(params: SamplingParams) -> dict[str, Any]:
     return {name: getattr(params, name) for name in _PARAM_FIELDS}
 
 
-def params_from_wire(values: dict) -> SamplingParams:
+def params_from_wire(values: dict[str, Any]) -> SamplingParams:
     return SamplingParams(**values)
 
 
@@ -92,10 +93,10 @@ class FrameSocket:
     def _complete_frame_buffered(self) -> bool:
         if len(self.buffer) < HEADER.size:
             return False
-        (size,) = HEADER.unpack_from(self.buffer)
+        size = int(HEADER.unpack_from(self.buffer)[0])
         return len(self.buffer) >= HEADER.size + size
 
-    def _frames(self):
+    def _frames(self) -> Iterator[Any]:
         while self._complete_frame_buffered():
             (size,) = HEADER.unpack_from(self.buffer)
             payload = bytes(self.buffer[HEADER.size : HEADER.size + size])

@@ -98,7 +98,7 @@ class VTCPolicy(SchedulingPolicy):
             candidates, key=lambda s: (s.priority, self.counters.get(s.tenant, 0.0), s.arrival)
         )
 
-    def prompt_order(self, seq: Sequence) -> tuple:
+    def prompt_order(self, seq: Sequence) -> tuple[float, ...]:
         """Prompt chunks by class, then the tenant served least, then arrival: fair share
         governs a step's prompt budget as it governs admission, so a light tenant's prompt
         is computed before a flooding tenant's running prompts take the step."""

@@ -62,7 +62,7 @@ class SchedulingPolicy(ABC):
         so that it starts now, or None to let it wait for a slot (the default)."""
         return None
 
-    def prompt_order(self, seq: Sequence) -> tuple:
+    def prompt_order(self, seq: Sequence) -> tuple[float, ...]:
         """The order prompt chunks take a step's prompt budget in, running or waiting (the
         smaller first); the default: arrival."""
         return (seq.arrival,)

@@ -316,7 +316,7 @@ class Scheduler:
             1 for s in self.running if _is_decode(s) and include(s) and id(s) not in scheduled
         )
 
-    def _prompt_order(self, seq: Sequence, in_policy: bool = False) -> tuple:
+    def _prompt_order(self, seq: Sequence, in_policy: bool = False) -> tuple[float, ...]:
         """The policy's prompt order; its failure is that request's alone."""
         try:
             return self.policy.prompt_order(seq)

@@ -19,6 +19,7 @@ from zerohop.engine.structured.compiler import GrammarCompiler
 from zerohop.engine.structured.masking import GrammarMask
 
 if TYPE_CHECKING:
+    import llguidance
     import torch
 
     from zerohop.engine.sched.sequence import Sequence
@@ -31,7 +32,7 @@ REFUSED_TOKEN = "the sampled token does not fit the request's constraint"
 @dataclass(slots=True)
 class _Compiling:
     seq: Sequence
-    future: Future
+    future: Future[llguidance.LLMatcher]
     continues: list[int]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -125,7 +126,7 @@ def check_grammar(grammar: str) -> None:
 _SOURCE_LINE = re.compile(r"\d+ \| ")
 
 
-def _checked(build, what: str) -> str:
+def _checked(build: Callable[[], str], what: str) -> str:
     try:
         grammar = build()
     except (ValueError, TypeError, RuntimeError) as exc:

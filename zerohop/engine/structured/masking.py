@@ -51,4 +51,6 @@ class GrammarMask:
 
 
 def _kernel_fits(logits: torch.Tensor) -> bool:
-    return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(1) == 1
+    return bool(
+        logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(1) == 1
+    )

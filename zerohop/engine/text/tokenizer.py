@@ -7,6 +7,7 @@ same folder, without importing transformers.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from tokenizers import Tokenizer as BackendTokenizer
 from zerohop.engine.base.errors import InvalidRequestError, ModelLoadError
 
 # The named special tokens transformers passes to chat templates, in its order.
+# One chat message as the template reads it: role, content and whatever else a template may
+# use (tool_calls, thinking, ...), JSON-shaped, so its values are Any.
+ChatMessage = dict[str, Any]
 SPECIAL_TOKEN_NAMES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -103,7 +107,7 @@ class Tokenizer:
         return self._backend.id_to_token(token_id)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+        self, messages: list[ChatMessage], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
         if self._compiled is None:
             raise InvalidRequestError(
@@ -119,7 +123,7 @@ class Tokenizer:
             raise InvalidRequestError(f"chat template error: {exc}") from exc
 
     def encode_chat(
-        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+        self, messages: list[ChatMessage], add_generation_prompt: bool = True, **extra: Any
     ) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt, **extra)
         return self.encode(text, add_special_tokens=False)
@@ -133,9 +137,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: not a JSON object")
+    return value
 
 
 def _read_chat_template(folder: Path, config: dict[str, Any]) -> str | None:
@@ -182,7 +189,7 @@ def _as_id_list(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _normalize_messages(messages: list[dict]) -> list[dict]:
+def _normalize_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     """Drop None values and alias reasoning fields, as transformers does before rendering."""
     out = []
     for message in messages:
@@ -216,7 +223,7 @@ class _GenerationTag(Extension):
         call = self.call_method("_render_body")
         return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
-    def _render_body(self, caller: Any) -> str:
+    def _render_body(self, caller: Callable[[], str]) -> str:
         return caller()
 
 

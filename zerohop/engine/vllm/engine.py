@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Unpack
 
 from vllm.inputs import TokensPrompt
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -24,7 +24,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
 from zerohop.engine.base.errors import EngineDeadError, InvalidRequestError
-from zerohop.engine.base.outputs import RequestDelta
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo, EngineStatsDict, RequestDelta
 from zerohop.engine.client import DEFAULT_OPTIONS, Queued, RequestOptions
 from zerohop.engine.sample.sampling_params import SamplingParams
 from zerohop.engine.sched.request_options import check_request_options
@@ -41,7 +42,7 @@ _WATCH_INTERVAL = 0.5  # seconds between checks that the EngineCore lives
 class VllmEngine:
     def __init__(self, llm: AsyncLLM, setup: VllmSetup, stats: StepStats) -> None:
         self._llm, self._setup, self._stats = llm, setup, stats
-        self.info: dict[str, Any] = setup.info(llm)
+        self.info: EngineInfo = setup.info(llm)
         self.dead: str | None = None
         self.queued: dict[str, Queued] = {}
         self._internal_ids: dict[str, str] = {}  # ours -> vLLM's (it adds a suffix)
@@ -50,7 +51,7 @@ class VllmEngine:
 
     @classmethod
     async def start(
-        cls, model_path: str, start_timeout: float, **engine_options: Any
+        cls, model_path: str, start_timeout: float, **engine_options: Unpack[EngineOptions]
     ) -> VllmEngine:
         """Start vLLM's engine on `model_path` (a GGUF file is exported to a Hugging Face
         folder once): at most `start_timeout` seconds."""
@@ -78,7 +79,7 @@ class VllmEngine:
         return cls(llm, setup, stats)
 
     @property
-    def latest_stats(self) -> dict[str, Any] | None:
+    def latest_stats(self) -> EngineStatsDict | None:
         return self._stats.latest
 
     @property
@@ -163,15 +164,18 @@ class VllmEngine:
             task = asyncio.get_running_loop().create_task(self._llm.abort(internal, internal=True))
             task.add_done_callback(_log_failure)
 
-    async def call(self, name: str) -> Any:
+    async def call(self, name: str) -> EngineStatsDict | None:
         if name == "stats":
             return await self.stats()
         raise InvalidRequestError(f"the vLLM engine has no call {name!r}")
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> EngineStatsDict:
         if self.dead:
             raise EngineDeadError(self.dead)
-        return dict(self._stats.latest or {})
+        latest = self._stats.latest
+        if latest is None:  # configured when the engine was built: not before start returns
+            raise EngineDeadError("vLLM's engine has not reported its configuration")
+        return latest.copy()
 
     async def wait_closed(self) -> str:
         await self._closed.wait()

@@ -23,6 +23,8 @@ from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from zerohop.engine import omp
+from zerohop.engine.base.options import EngineOptions
+from zerohop.engine.base.outputs import EngineInfo
 
 SCHEDULER_CLS = "zerohop.engine.vllm.scheduler.FairShareScheduler"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -36,15 +38,16 @@ class VllmSetup:
     thinking_supported: bool
 
     @classmethod
-    def from_options(cls, model_path: str, options: dict[str, Any]) -> VllmSetup:
+    def from_options(cls, model_path: str, options: EngineOptions) -> VllmSetup:
         """Blocking (a GGUF file's first export takes seconds): call it off the loop."""
         from zerohop.models.hf_export import hf_folder_for
 
         model_dir = hf_folder_for(Path(model_path))
         thinking = _has_think_tokens(model_dir)
         environment = scheduler_environment(options)
-        if options.get("num_threads"):  # vLLM's CPU build binds its threads to these CPUs
-            environment["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{options['num_threads'] - 1}"
+        threads = options.get("num_threads")
+        if threads:  # vLLM's CPU build binds its threads to these CPUs
+            environment["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
         os.environ.update(environment)  # vLLM's EngineCore process inherits it
         omp.vllm_environment()
         try:
@@ -53,7 +56,7 @@ class VllmSetup:
             raise ValueError(f"not an argument of vLLM's engine: {exc}") from None
         return cls(args, model_dir, thinking)
 
-    def info(self, llm: AsyncLLM) -> dict[str, Any]:
+    def info(self, llm: AsyncLLM) -> EngineInfo:
         config = llm.vllm_config
         return {
             "engine": "vllm",
@@ -64,7 +67,7 @@ class VllmSetup:
         }
 
 
-def engine_arguments(model_dir: str, options: dict[str, Any], thinking: bool) -> dict[str, Any]:
+def engine_arguments(model_dir: str, options: EngineOptions, thinking: bool) -> dict[str, Any]:
     """AsyncEngineArgs' fields from zerohop's engine options and vLLM's own (`vllm_args`)."""
     args: dict[str, Any] = {
         "model": model_dir,
@@ -94,8 +97,8 @@ def engine_arguments(model_dir: str, options: dict[str, Any], thinking: bool) ->
         args["speculative_config"] = {
             "method": "ngram",
             "num_speculative_tokens": options["num_speculative_tokens"],
-            "prompt_lookup_min": options["prompt_lookup_min"],
-            "prompt_lookup_max": options["prompt_lookup_max"],
+            "prompt_lookup_min": options.get("prompt_lookup_min", 2),  # EngineConfig's defaults
+            "prompt_lookup_max": options.get("prompt_lookup_max", 4),
         }
     if thinking:
         args["reasoning_config"] = ReasoningConfig(
@@ -106,7 +109,7 @@ def engine_arguments(model_dir: str, options: dict[str, Any], thinking: bool) ->
     return args
 
 
-def scheduler_environment(options: dict[str, Any]) -> dict[str, str]:
+def scheduler_environment(options: EngineOptions) -> dict[str, str]:
     """The scheduler class's settings, for vLLM's EngineCore process (it inherits them)."""
     from zerohop.engine.vllm import scheduler
 

@@ -10,14 +10,13 @@ is busy: the queue-wait model prices the queue with them on either engine.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
-from zerohop.engine.base.outputs import EngineStats
+from zerohop.engine.base.outputs import EngineStats, EngineStatsDict
 from zerohop.engine.throughput import ThroughputMeter
 
 # Two steps further apart than this were not back to back (the engine idled between them):
@@ -32,7 +31,7 @@ class StepStats:
     calls `record` in the API process once per step, which at one stream is once per token."""
 
     def __init__(self) -> None:
-        self._latest: dict[str, Any] | None = None
+        self._latest: EngineStatsDict | None = None
         self.requests_added = 0
         self._base: EngineStats | None = None
         self._meter = ThroughputMeter()
@@ -55,7 +54,7 @@ class StepStats:
         )
 
     @property
-    def latest(self) -> dict[str, Any] | None:
+    def latest(self) -> EngineStatsDict | None:
         base = self._base
         if base is None:
             return None
@@ -63,7 +62,7 @@ class StepStats:
             base.requests_added = self.requests_added
             base.tokens_per_second = self._meter.tokens_per_second()
             base.step_times = self._meter.step_times.table()
-            self._latest = dataclasses.asdict(base)
+            self._latest = base.as_dict()
         return self._latest
 
     def record(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> None:
