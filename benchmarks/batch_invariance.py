@@ -39,7 +39,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -150,14 +149,14 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def run_child(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_child(tree: Any, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--prompts", str(args.prompts),
            "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
            "--formats", args.formats]  # fmt: skip
-    env = {**os.environ, "ZEROHOP_CHECKOUT": str(checkout), "PYTHONPATH": str(checkout)}
-    done = subprocess.run(cmd, env=env, cwd=checkout, capture_output=True, text=True, check=False)
+    env = tree.env(ZEROHOP_CHECKOUT=str(tree.path))
+    done = subprocess.run(cmd, env=env, cwd=tree.path, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"the measurement in {checkout} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"the measurement in {tree.path} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -169,36 +168,22 @@ def print_round(label: str, figures: dict[str, Any]) -> None:
                   f" {f['alone_tok_s']}, together {f['together_tok_s']}")  # fmt: skip
 
 
-def worktree(ref: str, folder: Path) -> Path:
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref],
-                   check=True, capture_output=True)  # fmt: skip
-    return folder
-
-
 def main() -> None:
     args = parse_args()
     if args.child:
         child(args)
         return
+    from harness import ab  # the parent only: a child imports its own tree's zerohop
+
     rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="zerohop-baseline-") as tmp:
-        base = worktree(args.baseline, Path(tmp) / "base") if args.baseline else None
-        try:
-            for r in range(args.rounds if base else 1):
-                print(f"round {r + 1}:")
-                order = [("current", ROOT), ("baseline", base)] if base else [("current", ROOT)]
-                if r % 2:
-                    order.reverse()
-                for label, checkout in order:
-                    assert checkout is not None
-                    figures = run_child(checkout, args)
-                    print_round(label, figures)
-                    rounds.append({"round": r + 1, "label": label, "figures": figures})
-        finally:
-            if base is not None:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                               check=False, capture_output=True)  # fmt: skip
-    if base:
+    with ab.trees(args.baseline) as sides:
+        for r, tree in ab.alternating(args.rounds if args.baseline else 1, sides):
+            label = "baseline" if tree.commit else "current"
+            print(f"round {r + 1}: {tree.name}")
+            figures = run_child(tree, args)
+            print_round(label, figures)
+            rounds.append({"round": r + 1, "label": label, "figures": figures})
+    if args.baseline:
         print_ratios(rounds)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()  # fmt: skip

@@ -30,24 +30,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
 from _common import ROOT, TextPrompts, model_path, open_model, print_table, write_json
+from harness.zerohop_server import SERVED_MODEL_NAME, ZerohopServer
 
-SERVED_MODEL_NAME = "bench"
 PREDICTED = "zerohop-predicted-queue-wait-ms"
 ACTUAL = "zerohop-actual-queue-wait-ms"
 
@@ -82,56 +76,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # -- the server ---------------------------------------------------------------------------------
 
 
-class Server:
-    """`zerohop serve MODEL` on a port it binds itself, with its own data folder."""
-
-    def __init__(self, args: argparse.Namespace, model: Path, workdir: Path) -> None:
-        self.port_file = workdir / "ports.json"
-        self.log = workdir / "server.log"
-        cmd = [
-            sys.executable, "-m", "zerohop", "serve", str(model),
-            "--port", "0", "--grpc-port", "0", "--port-file", str(self.port_file),
-            "--served-model-name", SERVED_MODEL_NAME, "--num-threads", str(args.threads),
-            "--quantization", args.quantization, "--max-queue-wait", str(args.max_queue_wait),
-            # The overload's client opens a connection per request in flight, all from here.
-            "--max-connections-per-address", "8192", "--max-connections", "8192",
-        ]  # fmt: skip
-        env = {**os.environ, "XDG_DATA_HOME": str(workdir / "data")}
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env
-            )
-        self.url = ""
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early; log: {self.log}")
-            if not self.url and self.port_file.exists():
-                ports = json.loads(self.port_file.read_text())
-                self.url = f"http://127.0.0.1:{ports['http']}"
-            if self.url and _status(self.url + "/ready") == 200:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready after {timeout}s; log: {self.log}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as r:
-            return r.status
-    except OSError:
-        return 0
+def start_server(args: argparse.Namespace, model: Path, workdir: Path) -> ZerohopServer:
+    """`zerohop serve MODEL` with a data folder of its own."""
+    flags = [
+        "--num-threads", str(args.threads), "--quantization", args.quantization,
+        "--max-queue-wait", str(args.max_queue_wait),
+        # The overload's client opens a connection per request in flight, all from here.
+        "--max-connections-per-address", "8192", "--max-connections", "8192",
+    ]  # fmt: skip
+    log = workdir / "server.log"
+    return ZerohopServer(model, flags, log, XDG_DATA_HOME=str(workdir / "data"))
 
 
 # -- one request --------------------------------------------------------------------------------
@@ -331,13 +285,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     model = model_path(args.model_dir)
     prompts = Prompts(model, args.input_tokens)
-    with tempfile.TemporaryDirectory(prefix="zerohop-queue-wait-") as tmp:
-        server = Server(args, model, Path(tmp))
-        try:
-            server.wait_ready()
-            report = asyncio.run(run(args, server.url, prompts))
-        finally:
-            server.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="zerohop-queue-wait-") as tmp,
+        start_server(args, model, Path(tmp)) as server,
+    ):
+        report = asyncio.run(run(args, server.url, prompts))
     print_report(report)
     write_json(args.out, report)
     print(f"wrote {args.out}")
