@@ -30,7 +30,7 @@ TTFT mean / p50 / p90 (all turns, turns >= 2); requests per replica and the affi
 oversubscribed by 3 replicas, the same way for affinity and round robin).
 
     .venv/bin/python benchmarks/affinity.py            # the default model (SmolLM2-135M)
-    .venv/bin/python benchmarks/affinity.py --tiny     # a tiny random model: a smoke run
+    .venv/bin/python benchmarks/affinity.py --tiny     # tests/fixtures' tiny Llama: a smoke run
     .venv/bin/python benchmarks/affinity.py --model PATH [--system-words 600] [--turns 4]
 
 Prints two tables and writes bench-results/affinity.json (--out); server logs go to
@@ -81,33 +81,18 @@ Policy = zc.AffinityPolicy | zc.RoundRobinPolicy
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     model = p.add_mutually_exclusive_group()
-    model.add_argument(
-        "--model", default=None, help="a .gguf file or a Hugging Face folder (default: "
-        "zerohop's default model), or `standard` / `tiny` as benchmarks/serve.py takes them",
-    )  # fmt: skip
-    model.add_argument(
-        "--tiny", action="store_true",
-        help="build a tiny random Llama (tests/fixtures/tiny_models.py) into a temp dir and "
-        f"use it: a quick smoke run (--system-words defaults to {TINY_SYSTEM_WORDS} then)",
-    )  # fmt: skip
+    model.add_argument("--model", default=None, help="a path, `standard` or `tiny`")
+    model.add_argument("--tiny", action="store_true", help="a tiny random Llama: a smoke run")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, run in this order")
     p.add_argument("--replicas", type=int, default=3, help="replicas of the affinity/RR modes")
     p.add_argument("--threads", type=int, default=1, help="engine threads of each replica")
     p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=None, help="default: all conversations")
     p.add_argument("--turns", type=int, default=4, help="user turns per conversation")
-    p.add_argument(
-        "--system-words", type=int, default=None,
-        help=f"words of each system prompt (default {DEFAULT_SYSTEM_WORDS}, ~1,500 tokens of "
-        "the default model)",
-    )  # fmt: skip
+    p.add_argument("--system-words", type=int, default=None, help=f"{DEFAULT_SYSTEM_WORDS}")
     p.add_argument("--max-tokens", type=int, default=8, help="answer length of every turn")
     p.add_argument("--seed", type=int, default=0, help="of the prompts (the same in all modes)")
-    p.add_argument(
-        "--max-queue-wait", type=float, default=0.0,
-        help="each replica's --max-queue-wait in seconds (0: never refuse; the server's "
-        "default is 30)",
-    )  # fmt: skip
+    p.add_argument("--max-queue-wait", type=float, default=0.0, help="0: never refuse")
     p.add_argument("--zerohop-args", default="", help="appended to every `zerohop serve`")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "affinity.json")
     args = p.parse_args(argv)
