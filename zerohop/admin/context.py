@@ -8,49 +8,21 @@ ends the session in the store on that error).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from zerohop.admin.errors import AdminError as AdminError  # re-exported
+from zerohop.admin.errors import checked as checked
+from zerohop.admin.errors import invalid as invalid
+from zerohop.admin.errors import not_found as not_found
 from zerohop.admin.sessions import Session, SessionStore
 from zerohop.gateway.auth import AuthenticationError, InvalidKeyConfiguration
 from zerohop.gateway.keys.identity import Identity, KeyRef
 
 if TYPE_CHECKING:
+    from zerohop.admin.service import AdminService
     from zerohop.batches.store import AnyBatchStore
     from zerohop.gateway.gateway import Gateway
-
-T = TypeVar("T")
-
-
-class AdminError(Exception):
-    """An admin request refused: HTTP `status`, Anthropic's error `type`, a message. One
-    refused for who sent it has a `reason` and the `key` presented, when known: it is
-    audited (`zerohop.admin.refusal_audit`)."""
-
-    def __init__(
-        self, status: int, kind: str, message: str, *, reason: str | None = None,
-        key: KeyRef | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
-        self.reason, self.key = reason, key
-
-
-def not_found(message: str) -> AdminError:
-    return AdminError(404, "not_found_error", message)
-
-
-def invalid(message: str) -> AdminError:
-    return AdminError(400, "invalid_request_error", message)
-
-
-def checked(check: Callable[..., T], *args: Any) -> T:
-    """`check(*args)`, its ValueError (a value the caller sent) answered as a 400."""
-    try:
-        return check(*args)
-    except ValueError as exc:
-        raise invalid(str(exc)) from None
 
 
 @dataclass(slots=True)
@@ -67,7 +39,7 @@ class AdminRequest:
 @dataclass(slots=True)
 class AdminContext:
     gateway: Gateway
-    service: Any = None  # zerohop.admin.service.AdminService
+    service: AdminService | None = None  # the admin API's (attach_operator gives it)
     sessions: SessionStore = field(default_factory=SessionStore)
     secure_cookies: bool = False  # --secure-cookies: Secure even on a plain-HTTP request
     batches: AnyBatchStore | None = None  # where batches are served

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zerohop.admin import wire
-from zerohop.admin.context import checked, invalid, not_found
+from zerohop.admin.errors import checked, invalid, not_found
 from zerohop.api.serving.service import new_request_id
 from zerohop.gateway.keys.identity import Identity, Limits
 from zerohop.gateway.store.repositories import KeyRepository

@@ -9,6 +9,7 @@ from typing import Any
 from zerohop.admin import wire
 from zerohop.admin.budgets import HOUR, budgets_report
 from zerohop.admin.context import AdminContext, AdminRequest, checked, invalid, not_found
+from zerohop.admin.service import AdminService
 from zerohop.admin.usage_report import (
     integer,
     one,
@@ -26,6 +27,12 @@ Answer = tuple[int, Any]
 Subject = tuple[str, str, Budget]  # (kind, name, budget) of a budget's holder
 
 
+def _service(admin: AdminContext) -> AdminService:
+    if admin.service is None:  # an AdminContext made without one (the console's tests)
+        raise not_found("this server does not serve the admin API")
+    return admin.service
+
+
 def _param(req: AdminRequest, name: str) -> str | None:
     """A query parameter given at most once (400 otherwise)."""
     return checked(one, req.query, name)
@@ -40,7 +47,7 @@ async def list_api_keys(admin: AdminContext, req: AdminRequest) -> Answer:
     if status is not None and status not in wire.LIST_STATUSES:
         raise invalid(f"status must be one of {', '.join(wire.LIST_STATUSES)}, not {status!r}")
     now = time.time()
-    ordered = sorted(await admin.service.keys(), key=lambda r: (-r.created, r.key_id))
+    ordered = sorted(await _service(admin).keys(), key=lambda r: (-r.created, r.key_id))
     shown = [
         (i, wire.api_key(r, now))
         for i, r in enumerate(ordered)
@@ -86,21 +93,22 @@ def _page(
 
 
 async def get_api_key(admin: AdminContext, req: AdminRequest) -> Answer:
-    return 200, wire.api_key(await admin.service.key(req.params["id"]))
+    return 200, wire.api_key(await _service(admin).key(req.params["id"]))
 
 
 async def update_api_key(admin: AdminContext, req: AdminRequest) -> Answer:
     unknown = set(req.body) - {"name", "status"}
     if unknown:  # Anthropic's route: the rest is /v1/admin/keys/{id}
         raise invalid(f"unknown field {sorted(unknown)[0]!r}: this route sets name and status")
-    record = await admin.service.update_key(req.identity, req.params["id"], req.body)
+    record = await _service(admin).update_key(req.identity, req.params["id"], req.body)
     return 200, wire.api_key(record)
 
 
 async def messages_usage(admin: AdminContext, req: AdminRequest) -> Answer:
     query = checked(parse_usage_query, req.query)
-    usage = admin.service.usage
-    rows = await admin.service.run(lambda: usage.buckets(query.width, query.since, query.until))
+    service = _service(admin)
+    usage = service.usage
+    rows = await service.run(lambda: usage.buckets(query.width, query.since, query.until))
     return 200, usage_report(query, rows)
 
 
@@ -113,24 +121,24 @@ async def me(admin: AdminContext, req: AdminRequest) -> Answer:
 
 
 async def list_tenants(admin: AdminContext, req: AdminRequest) -> Answer:
-    return 200, {"data": await admin.service.tenants()}
+    return 200, {"data": await _service(admin).tenants()}
 
 
 async def get_tenant(admin: AdminContext, req: AdminRequest) -> Answer:
-    return 200, await admin.service.tenant(req.params["name"])
+    return 200, await _service(admin).tenant(req.params["name"])
 
 
 async def put_tenant(admin: AdminContext, req: AdminRequest) -> Answer:
-    return 200, await admin.service.put_tenant(req.identity, req.params["name"], req.body)
+    return 200, await _service(admin).put_tenant(req.identity, req.params["name"], req.body)
 
 
 async def create_key(admin: AdminContext, req: AdminRequest) -> Answer:
-    secret, record = await admin.service.create_key(req.identity, req.body)
+    secret, record = await _service(admin).create_key(req.identity, req.body)
     return 201, {"secret": secret, "api_key": wire.api_key(record)}
 
 
 async def update_key(admin: AdminContext, req: AdminRequest) -> Answer:
-    record = await admin.service.update_key(req.identity, req.params["id"], req.body)
+    record = await _service(admin).update_key(req.identity, req.params["id"], req.body)
     return 200, wire.api_key(record)
 
 
@@ -138,7 +146,7 @@ async def budgets(admin: AdminContext, req: AdminRequest) -> Answer:
     now = time.time()
     minute = int(now // 60 * 60)
 
-    service = admin.service
+    service = _service(admin)
 
     def read() -> tuple[list[Subject], dict[tuple[str, str], int], list[UsageRow]]:
         keys = service.stored_keys
@@ -157,8 +165,9 @@ async def budgets(admin: AdminContext, req: AdminRequest) -> Answer:
 
 async def refusals(admin: AdminContext, req: AdminRequest) -> Answer:
     since, until = checked(time_range, req.query, 86400.0)
-    usage = admin.service.usage
-    rows = await admin.service.run(lambda: usage.refusals(since, until))
+    service = _service(admin)
+    usage = service.usage
+    rows = await service.run(lambda: usage.refusals(since, until))
     return 200, refusals_report(rows)
 
 
