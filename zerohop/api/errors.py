@@ -95,7 +95,7 @@ def error_kind(error: ApiError) -> ErrorKind:
     return ErrorKind.INVALID_REQUEST if error.status < 500 else ErrorKind.INTERNAL
 
 
-def anthropic_body(error: ApiError, request_id: str) -> dict:
+def anthropic_body(error: ApiError, request_id: str) -> dict[str, Any]:
     kind = ANTHROPIC_TYPES.get(error.status, "api_error")
     inner: dict[str, Any] = {"type": kind, "message": error.message}
     if error.details is not None:
@@ -103,7 +103,7 @@ def anthropic_body(error: ApiError, request_id: str) -> dict:
     return {"type": "error", "error": inner, "request_id": request_id}
 
 
-def openai_body(error: ApiError, request_id: str) -> dict:
+def openai_body(error: ApiError, request_id: str) -> dict[str, Any]:
     kind = OPENAI_TYPES.get(error.status, "server_error")
     if error.code == "insufficient_quota":  # OpenAI's type for a spent quota (not retried)
         kind = "insufficient_quota"

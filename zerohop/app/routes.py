@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zerohop.admin import routes as admin_routes
+from zerohop.admin.context import AdminContext
 from zerohop.api.anthropic import messages as anthropic
 from zerohop.api.errors import ApiError, anthropic_body, error_kind, openai_body
 from zerohop.api.http.asgi import (
@@ -24,6 +25,7 @@ from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
 from zerohop.api.serving import model_list
 from zerohop.api.serving.service import ServingContext, api_error, new_request_id
+from zerohop.app.services import Services
 from zerohop.engine.base.errors import EngineDeadError
 from zerohop.gateway.gateway import Call, GatewayError
 
@@ -48,19 +50,25 @@ _NOT_READY = b'{"status":"unavailable"}'
 _FAILED = b'{"status":"failed"}'
 
 
-def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+def create_app(
+    ctx: ServingContext, services: Services | None = None
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    services = services or Services()
+    admin, batches = services.admin, services.batches
     routes: Routes = {
-        **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx).items()},
+        **{k: (h, anthropic_body) for k, h in anthropic.routes(ctx, services.threads).items()},
         **{k: (h, openai_body) for k, h in openai.routes(ctx).items()},
-        **{k: (h, openai_body) for k, h in responses.routes(ctx).items()},
+        **{k: (h, openai_body) for k, h in responses.routes(ctx, services.responses).items()},
         **{k: (h, openai_body) for k, h in model_list.routes(ctx).items()},
     }
-    if ctx.batches is not None:  # mounted only where a batch store runs
+    if batches is not None:  # mounted only where a batch store runs
         from zerohop.batches import openai_routes
         from zerohop.batches import routes as batch_routes
 
-        routes.update({k: (h, anthropic_body) for k, h in batch_routes.anthropic(ctx).items()})
-        routes.update({k: (h, openai_body) for k, h in openai_routes.openai(ctx).items()})
+        routes.update(
+            {k: (h, anthropic_body) for k, h in batch_routes.anthropic(ctx, batches).items()}
+        )
+        routes.update({k: (h, openai_body) for k, h in openai_routes.openai(ctx, batches).items()})
     paths = {path for _, path in routes}
     templates = [(method, path.split("/")) for method, path in routes if "{" in path]
 
@@ -98,8 +106,8 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
             error = ApiError(431, f"request headers are larger than {ctx.max_header_bytes} bytes")
             _, shape = _route_miss(scope["method"], path, True)
             return await _send_error(send, error, shape, request_id)
-        if ctx.admin is not None and (admin_routes.is_admin_path(path) or _console(path)):
-            return await _operator(scope, receive, send)
+        if admin is not None and (admin_routes.is_admin_path(path) or _console(path)):
+            return await _operator(scope, receive, send, admin)
         key = (scope["method"], path)
         if key not in routes and templates:
             key = _match(templates, scope, key)
@@ -117,13 +125,13 @@ def create_app(ctx: ServingContext) -> Callable[[Scope, Receive, Send], Awaitabl
         call = Call(request_id, SURFACES[shape], client, scope.get("http_version"))
         await _handle(scope, receive, send, handler, shape, call)
 
-    async def _operator(scope: Scope, receive: Receive, send: Send) -> None:
+    async def _operator(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
         """The admin API and the console (zerohop.admin, zerohop.console)."""
         if _console(scope["path"]):
             from zerohop.console.routes import handle
 
-            return await handle(scope, receive, send, ctx.admin)
-        await admin_routes.handle(scope, receive, send, ctx.admin)
+            return await handle(scope, receive, send, admin)
+        await admin_routes.handle(scope, receive, send, admin)
 
     async def run_line(scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         """A batch line through the route an HTTP request to its path takes, as the identity

@@ -34,6 +34,7 @@ from zerohop.api.serving.service import ServingContext
 from zerohop.app.gateway_start import build_gateway, check_open_mode
 from zerohop.app.options import BatchOptions, GatewayOptions, ServeOptions
 from zerohop.app.routes import create_app
+from zerohop.app.services import Services
 from zerohop.app.stores import (
     open_batches,
     open_responses,
@@ -168,28 +169,29 @@ async def serve(options: ServeOptions) -> int:
         ),
     )
     sampler = None
+    services = Services()
     if gateway is not None:
         from zerohop.admin.attach import LiveSampler, attach_operator
 
         secure = options.secure_cookies or options.tls_cert is not None
-        ctx.admin = attach_operator(gateway, secure_cookies=secure)
-        sampler = LiveSampler(ctx.admin, lambda: engine.latest_stats)
+        services.admin = attach_operator(gateway, secure_cookies=secure)
+        sampler = LiveSampler(services.admin, lambda: engine.latest_stats)
     store = process_store(gateway)  # opened on first use, closed once below
-    ctx.threads = open_threads(store)
-    ctx.responses = open_responses(store)
+    services.threads = open_threads(store)
+    services.responses = open_responses(store)
     ctx.thoughts = open_thought_signatures(options, store)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
-        ctx.batches = open_batches(options, engine, gateway)
+        services.batches = batches = open_batches(options, engine, gateway)
     except Exception:
         await engine.shutdown()
         raise
-    if ctx.admin is not None and ctx.batches is not None:
-        ctx.admin.batches = ctx.batches.store
-    app = create_app(ctx)
-    if ctx.batches is not None:
-        ctx.batches.run_line = app.run_line  # type: ignore[attr-defined]
+    if services.admin is not None and batches is not None:
+        services.admin.batches = batches.store
+    app = create_app(ctx, services)
+    if batches is not None:
+        batches.run_line = app.run_line  # type: ignore[attr-defined]
     config = _uvicorn_config(options, app)
     config.load()
     guard = ConnectionGuard(options.guard)
@@ -203,10 +205,10 @@ async def serve(options: ServeOptions) -> int:
             from zerohop.gateway.audit.metrics import AuditMetrics
 
             gateway.metrics.register(AuditMetrics(gateway.audit))
-        if ctx.batches is not None:
+        if batches is not None:
             from zerohop.batches.metrics import BatchMetrics
 
-            gateway.metrics.register(BatchMetrics(ctx.batches))
+            gateway.metrics.register(BatchMetrics(batches))
     grpc_server = grpc_port = None
 
     def listening(http_port: int) -> None:
@@ -235,14 +237,14 @@ async def serve(options: ServeOptions) -> int:
             gateway.start_watching()
         if sampler is not None:
             sampler.start()
-        if ctx.batches is not None:
-            ctx.batches.start()
+        if batches is not None:
+            batches.start()
         await server.serve()
     finally:
         ctx.draining = True
-        if ctx.batches is not None:  # its running lines go back to waiting
-            await ctx.batches.stop()
-            ctx.batches.store.close()
+        if batches is not None:  # its running lines go back to waiting
+            await batches.stop()
+            batches.store.close()
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerohop.app.options import ServeOptions
 from zerohop.engine.process.supervisor import EngineSupervisor
 from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.store.sqlite import default_db_path
 from zerohop.gateway.store.store import Store
+
+if TYPE_CHECKING:  # imported where each is opened, only when it runs
+    from zerohop.api.anthropic.threads import Threads
+    from zerohop.api.responses.stored import StoredResponses
+    from zerohop.batches.runner import BatchRunner
 
 log = logging.getLogger("zerohop")
 
@@ -23,14 +28,14 @@ def process_store(gateway: Gateway | None) -> Store:
     return gateway.store if gateway is not None else Store.in_memory()
 
 
-def open_threads(store: Store) -> Any:
+def open_threads(store: Store) -> Threads:
     """The Anthropic surface's message threads, in the store."""
     from zerohop.api.anthropic.threads import Threads
 
     return Threads(store.threads)
 
 
-def open_responses(store: Store) -> Any:
+def open_responses(store: Store) -> StoredResponses:
     """The Responses API's stored responses, in the store."""
     from zerohop.api.responses.stored import StoredResponses
 
@@ -57,7 +62,9 @@ def open_thought_signatures(options: ServeOptions, store: Store) -> Any:
     return ThoughtSignatures(keys, strict=options.strict_thought_signatures)
 
 
-def open_batches(options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None):
+def open_batches(
+    options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None
+) -> BatchRunner | None:
     """The batch store (recovering what a crash left running) and its runner, or None."""
     b = options.batches
     if not b.enabled:

@@ -8,11 +8,10 @@ waits on SQLite or the disk.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zerohop.api.errors import ApiError
-from zerohop.api.http.asgi import Receive, Scope, Send, read_json_body, send_json
+from zerohop.api.http.asgi import Handler, Receive, Scope, Send, read_json_body, send_json
 from zerohop.api.serving.service import ServingContext
 from zerohop.batches import openai_wire as wire
 from zerohop.batches.multipart import read_upload
@@ -31,13 +30,12 @@ from zerohop.batches.store import AnyBatchStore
 from zerohop.gateway.gateway import Call
 from zerohop.gateway.keys.identity import Identity
 
-Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 CONTENT_CHUNK = 2**20  # bytes of a file's content sent at a time
 UPLOAD_PURPOSES = ("batch",)  # what this server keeps files for
 
 
-def openai(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
-    files, batches = Files(ctx), Batches(ctx)
+def openai(ctx: ServingContext, runner: BatchRunner) -> dict[tuple[str, str], Handler]:
+    files, batches = Files(ctx, runner), Batches(ctx, runner)
     return retryable_outages({
         ("POST", "/v1/files"): files.create,
         ("GET", "/v1/files"): files.list,
@@ -52,9 +50,9 @@ def openai(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
 
 
 class Files:
-    def __init__(self, ctx: ServingContext) -> None:
+    def __init__(self, ctx: ServingContext, runner: BatchRunner) -> None:
         self.ctx = ctx
-        self.store: AnyBatchStore = ctx.batches.store
+        self.store: AnyBatchStore = runner.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         upload = await read_upload(scope, receive, self.ctx.max_file_bytes, self.ctx.body_deadline)
@@ -116,9 +114,9 @@ class Files:
 
 
 class Batches:
-    def __init__(self, ctx: ServingContext) -> None:
+    def __init__(self, ctx: ServingContext, runner: BatchRunner) -> None:
         self.ctx = ctx
-        self.runner: BatchRunner = ctx.batches
+        self.runner = runner
         self.store: AnyBatchStore = self.runner.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:

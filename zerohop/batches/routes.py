@@ -9,14 +9,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from zerohop.api.errors import ApiError
-from zerohop.api.http.asgi import Receive, Scope, Send, header, read_json_body, send_json
+from zerohop.api.http.asgi import (
+    Handler,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_json_body,
+    send_json,
+)
 from zerohop.api.serving.service import ServingContext
 from zerohop.batches import wire
 from zerohop.batches.anthropic_input import parse_create
@@ -29,12 +37,12 @@ from zerohop.gateway.keys.identity_snapshot import snapshot
 from zerohop.gateway.store.spec import StoreUnavailable
 
 log = logging.getLogger(__name__)
-Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
+
 BASE = "/v1/messages/batches"
 
 
-def anthropic(ctx: ServingContext) -> dict[tuple[str, str], Handler]:
-    routes = MessageBatches(ctx)
+def anthropic(ctx: ServingContext, runner: BatchRunner) -> dict[tuple[str, str], Handler]:
+    routes = MessageBatches(ctx, runner)
     return retryable_outages({
         ("POST", BASE): routes.create,
         ("GET", BASE): routes.list,
@@ -64,9 +72,9 @@ def _outage_is_503(handler: Handler) -> Handler:
 
 
 class MessageBatches:
-    def __init__(self, ctx: ServingContext) -> None:
+    def __init__(self, ctx: ServingContext, runner: BatchRunner) -> None:
         self.ctx = ctx
-        self.runner: BatchRunner = ctx.batches
+        self.runner = runner
         self.store: AnyBatchStore = self.runner.store
 
     async def create(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:

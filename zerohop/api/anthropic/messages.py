@@ -53,7 +53,7 @@ from zerohop.api.anthropic.schema import (
     decode_count_tokens,
     decode_messages,
 )
-from zerohop.api.anthropic.threads import ThreadTurn, thread_error
+from zerohop.api.anthropic.threads import Threads, ThreadTurn, thread_error
 from zerohop.api.anthropic.turns import conversation, thought_signatures
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.reasoning import has_reasoning_format
@@ -63,6 +63,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
+    Handler,
     Receive,
     Scope,
     Send,
@@ -80,8 +81,8 @@ from zerohop.gateway.gateway import Call
 log = logging.getLogger(__name__)
 
 
-def routes(ctx: ServingContext) -> dict:
-    surface = AnthropicSurface(ctx)
+def routes(ctx: ServingContext, threads: Threads | None = None) -> dict[tuple[str, str], Handler]:
+    surface = AnthropicSurface(ctx, threads)
     return {
         ("POST", "/v1/messages"): surface.messages,
         ("POST", "/v1/messages/count_tokens"): surface.count_tokens,
@@ -89,8 +90,10 @@ def routes(ctx: ServingContext) -> dict:
 
 
 class AnthropicSurface:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
+    """`threads`: where message threads are kept; None: a request's `thread` is refused."""
+
+    def __init__(self, ctx: ServingContext, threads: Threads | None = None) -> None:
+        self.ctx, self.threads = ctx, threads
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         request = decode_count_tokens(await self._body(scope, receive))
@@ -138,11 +141,11 @@ class AnthropicSurface:
         """The request with its thread's turns before it, and its turn (anthropic/threads.py)."""
         if request.thread is None:
             return request, None
-        if self.ctx.threads is None:
+        if self.threads is None:
             raise thread_error(
                 400, "thread_unsupported_request", "thread: not enabled on this server"
             )
-        return await self.ctx.threads.begin(request, body, call.identity.tenant.name)
+        return await self.threads.begin(request, body, call.identity.tenant.name)
 
     async def _generate(
         self,

@@ -23,7 +23,7 @@ that anthropic/turns.py can name them in its 400.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -392,6 +392,7 @@ _COUNT_TOKENS = msgspec.json.Decoder(CountTokensRequest)
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"`(?P<name>[^`]+)`")
 _NULL = re.compile(r"^Expected `[^`]*`, got `null`$")  # a required field sent as null
+T = TypeVar("T")
 _INVALID_TAG = re.compile(r"^Invalid value '(?P<value>[^']*)'$")
 
 
@@ -403,7 +404,7 @@ def decode_count_tokens(body: bytes) -> CountTokensRequest:
     return _decode(_COUNT_TOKENS, body)
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+def _decode(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:

@@ -23,7 +23,7 @@ class ChatRenderer(Protocol):
     def chat_template(self) -> str | None: ...
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str: ...
 
 

@@ -26,7 +26,7 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
         self.path = path
 
     async def intercept_service(
-        self, continuation: Callable, details: grpc.HandlerCallDetails
+        self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None:
@@ -39,7 +39,7 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
         }
         return handler._replace(**wrapped)
 
-    def _wrap(self, behavior: Callable, method: str) -> Callable:
+    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         if inspect.isasyncgenfunction(behavior):
             return self._wrap_generator(behavior, method)
         if not inspect.iscoroutinefunction(behavior):
@@ -56,8 +56,8 @@ class _GrpcErrors(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _wrap_generator(self, behavior: Callable, method: str) -> Callable:
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
+    def _wrap_generator(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
                 async for message in behavior(request, _Recording(context, self._writer(method))):
                     yield message
@@ -97,7 +97,9 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "", *args: Any, **kwargs: Any):
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", *args: Any, **kwargs: Any
+    ) -> None:
         self._record(code, details)
         await self._context.abort(code, details, *args, **kwargs)
 

@@ -193,7 +193,7 @@ def _metadata_key(context: grpc.aio.ServicerContext) -> str | None:
     """The key from `x-api-key` or `authorization: Bearer ...` metadata."""
     metadata = dict(context.invocation_metadata() or ())
     if key := metadata.get("x-api-key"):
-        return key
+        return str(key)
     scheme, _, token = (metadata.get("authorization") or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
 
@@ -316,7 +316,7 @@ class ReadinessHealth(health_aio.HealthServicer):
         super().__init__()
         self.ctx = ctx
         self.services = ("", *services)
-        self._follower: asyncio.Task | None = None
+        self._follower: asyncio.Task[None] | None = None
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
@@ -352,7 +352,7 @@ class GrpcDrain:
     def __init__(self, server: grpc.aio.Server, grace: float) -> None:
         self.server = server
         self.grace = grace
-        self._stops: list[asyncio.Future] = []
+        self._stops: list[asyncio.Future[None]] = []
 
     def begin(self, now: bool = False) -> None:
         # grpc.aio allows a second stop during the first: the smaller grace wins.

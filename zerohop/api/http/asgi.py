@@ -14,10 +14,13 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.gateway.gateway import Call
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+# A surface's route: the request and the gateway's record of it.
+Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 Headers = Sequence[tuple[bytes, bytes]]
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
@@ -36,7 +39,7 @@ class ClientDisconnected(Exception):
 def header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value
+            return bytes(value)
     return None
 
 
@@ -157,7 +160,7 @@ async def end_stream(send: Send, data: bytes = b"") -> None:
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-def on_disconnect(receive: Receive, callback: Callable[[], None]) -> asyncio.Task:
+def on_disconnect(receive: Receive, callback: Callable[[], None]) -> asyncio.Task[None]:
     """Call `callback` when the client goes away; cancel the task once the response is done.
 
     `send()` to a departed client returns silently on every server: `http.disconnect`

@@ -17,13 +17,15 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 ENV = "ZEROHOP_ERROR_RECORD"
 _STREAM_ERROR_MARKS = (b'"error"', b"event: error")
 
-App = Callable[[dict, Callable, Callable], Awaitable[None]]
+Message = dict[str, Any]
+App = Callable[[Message, Callable[..., Any], Callable[..., Any]], Awaitable[None]]
 
 
 def record_path() -> Path | None:
@@ -53,12 +55,14 @@ def recording_app(app: App) -> App:
     if path is None:
         return app
 
-    async def recorded(scope: dict, receive: Callable, send: Callable) -> None:
+    async def recorded(
+        scope: Message, receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         response = _Response(path, f"{scope['method']} {scope['path']}")
 
-        async def watched(message: dict) -> None:
+        async def watched(message: Message) -> None:
             response.saw(message)
             await send(message)
 
@@ -79,7 +83,7 @@ class _Response:
         self.status = 0
         self.body: bytearray | None = None  # an error body not yet recorded
 
-    def saw(self, message: dict) -> None:
+    def saw(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.body = bytearray() if self.status >= 400 else None

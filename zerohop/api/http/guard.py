@@ -70,10 +70,10 @@ class ConnectionGuard:
 
     limits: GuardLimits
     open: int = 0
-    per_address: Counter = field(default_factory=Counter)
-    refused: Counter = field(default_factory=Counter)  # reason -> connections refused
+    per_address: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)  # reason -> connections refused
     closed_slow: int = 0  # connections closed by the head deadline
-    closed_abusive: Counter = field(default_factory=Counter)  # reason -> HTTP/2 GOAWAYs
+    closed_abusive: Counter[str] = field(default_factory=Counter)  # reason -> HTTP/2 GOAWAYs
     streams_refused: int = 0  # HTTP/2 streams over the per-connection cap
 
     def admit(self, address: str | None) -> str | None:

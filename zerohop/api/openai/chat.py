@@ -27,6 +27,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
+    Handler,
     Receive,
     Scope,
     Send,
@@ -58,7 +59,6 @@ from zerohop.gateway.gateway import Call
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Scope, Receive, Send, Call], Awaitable[None]]
 T = TypeVar("T")
 
 # Variables the render sets itself (zerohop.engine.text.tokenizer.apply_chat_template), or the

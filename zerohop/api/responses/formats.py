@@ -5,6 +5,7 @@ level (the Responses shape; Chat Completions nests them under `json_schema`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from zerohop.api.errors import ApiError
@@ -40,7 +41,7 @@ def text_grammar(fmt: dict[str, Any] | None) -> str | None:
     return _compiled(lambda: g.json_schema_grammar(schema))
 
 
-def _compiled(build: Any) -> str:
+def _compiled(build: Callable[[], str]) -> str:
     try:
         return build()
     except InvalidRequestError as exc:

@@ -47,6 +47,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
+    Handler,
     Receive,
     Scope,
     Send,
@@ -73,8 +74,10 @@ ONE = BASE + "/{response_id}"
 RUNNING = ("queued", "in_progress")
 
 
-def routes(ctx: ServingContext) -> dict:
-    surface = ResponsesSurface(ctx)
+def routes(
+    ctx: ServingContext, stored: StoredResponses | None = None
+) -> dict[tuple[str, str], Handler]:
+    surface = ResponsesSurface(ctx, stored)
     return {
         ("POST", BASE): surface.create,
         ("POST", BASE + "/input_tokens"): surface.input_tokens,
@@ -86,13 +89,12 @@ def routes(ctx: ServingContext) -> dict:
 
 
 class ResponsesSurface:
-    def __init__(self, ctx: ServingContext) -> None:
-        self.ctx = ctx
-        self._running: dict[str, str] = {}  # response id -> engine request id (background)
+    """`store`: where responses are kept; None: none is (a `store: true` request is answered
+    and forgotten, `background` is refused)."""
 
-    @property
-    def store(self) -> StoredResponses | None:
-        return self.ctx.responses
+    def __init__(self, ctx: ServingContext, store: StoredResponses | None = None) -> None:
+        self.ctx, self.store = ctx, store
+        self._running: dict[str, str] = {}  # response id -> engine request id (background)
 
     # -- create ----------------------------------------------------------------------------
 

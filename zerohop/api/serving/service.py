@@ -121,12 +121,8 @@ class ServingContext:
     runs: SharedRuns = field(default_factory=SharedRuns)  # identical requests attach to one
     admission: AdmissionControl | None = None  # overload refusals and load headers
     tool_call_parser: str | None = None  # --tool-call-parser; None or auto: by template
-    batches: Any = None  # zerohop.batches.runtime.BatchRuntime, or None: no batch routes
     max_batch_bytes: int = 256 * 2**20  # a Message Batches create body (the API's limit)
     max_file_bytes: int = 200 * 2**20  # an OpenAI batch input file (the API's limit)
-    admin: Any = None  # zerohop.admin.context.AdminContext: the admin API and /console
-    threads: Any = None  # zerohop.api.anthropic.threads.Threads; None: `thread` is refused
-    responses: Any = None  # zerohop.api.responses.stored.StoredResponses; None: none kept
     # Thinking blocks' signatures; by default a key of this process's own (server.py: the
     # key store's).
     thoughts: ThoughtSignatures = field(default_factory=ThoughtSignatures)
@@ -146,7 +142,7 @@ class ServingContext:
     @property
     def vocab_size(self) -> int:
         """The model's vocabulary (token ids a prompt may hold), not the tokenizer's."""
-        return self.engine.info["vocab_size"]
+        return int(self.engine.info["vocab_size"])
 
     @property
     def ready(self) -> bool:
