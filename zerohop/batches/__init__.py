@@ -5,6 +5,7 @@ file contents beside it on disk), so a restart resumes a batch where it was. Eac
 as an ordinary request (same keys, limits, budget and audit) in the scheduler's background
 class, on capacity interactive work leaves.
 
-Imports api (errors, http, serving), gateway and engine.sched's request classes; imported by
-admin and app.
+Imports api (errors, http, serving), gateway and the engine's client-side types (its client's
+queue figures, engine.base's stats, engine.sched's request classes and step times); imported
+by admin and app.
 """
