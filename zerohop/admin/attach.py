@@ -33,7 +33,7 @@ class LiveSampler:
 
     def __init__(self, admin: AdminContext, stats: Callable[[], Any]) -> None:
         self.admin, self.stats = admin, stats
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         live = self.admin.gateway.live

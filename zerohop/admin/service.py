@@ -104,7 +104,7 @@ class AdminService:
                 return tenant
         raise not_found(f"no tenant {name!r}")
 
-    async def put_tenant(self, actor: Identity, name: str, body: dict[str, Any]) -> dict:
+    async def put_tenant(self, actor: Identity, name: str, body: dict[str, Any]) -> dict[str, Any]:
         name = checked(wire.name_field, name, "tenant name")
         before = await self.run(lambda: self.stored_keys.tenant(name))
         tenant = checked(wire.tenant_update, body, name, before)
@@ -115,7 +115,7 @@ class AdminService:
     # -- what every change does ---------------------------------------------------------------
 
     async def _changed(
-        self, actor: Identity, action: str, target: str, before, after, status: int = 200
+        self, actor: Identity, action: str, target: str, before: Any, after: Any, status: int = 200
     ) -> None:
         self.audit(actor, action, target, _shown(before), _shown(after), status)
         version = await self.run(self.stored_keys.version)
@@ -124,7 +124,7 @@ class AdminService:
             await asyncio.sleep(0.05)
 
     def audit(
-        self, actor: Identity, action: str, target: str, before, after, status: int = 200
+        self, actor: Identity, action: str, target: str, before: Any, after: Any, status: int = 200
     ) -> None:
         log.info("admin: %s %s %s", actor.key_id, action, target)
         audit = self.gateway.audit

@@ -17,7 +17,9 @@ from zerohop.gateway.store.store import Store
 if TYPE_CHECKING:  # imported where each is opened, only when it runs
     from zerohop.api.anthropic.threads import Threads
     from zerohop.api.responses.stored import StoredResponses
-    from zerohop.batches.runner import BatchRunner
+    from zerohop.batches.runner import BatchRunner, IdentityFor
+    from zerohop.batches.store import AnyBatchStore
+    from zerohop.gateway.keys.identity import Identity
 
 log = logging.getLogger("zerohop")
 
@@ -85,7 +87,7 @@ def open_batches(
     return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
 
 
-def _batch_store(options: ServeOptions, gateway: Gateway | None):
+def _batch_store(options: ServeOptions, gateway: Gateway | None) -> AnyBatchStore:
     """The fleet store's batch tables when the keys are the fleet's (every replica serves
     every batch), else this server's own SQLite file."""
     from zerohop.batches.store import BatchStore
@@ -102,12 +104,12 @@ def _batch_store(options: ServeOptions, gateway: Gateway | None):
     return BatchStore(options.batches.db or keys_db.parent / "batches.db")
 
 
-def _model_identity(gateway: Gateway):
+def _model_identity(gateway: Gateway) -> IdentityFor:
     """A batch line's key as the store has it now (a signed key: as its batch's snapshot
     may serve now), None once it may not call the model."""
     from zerohop.gateway.keys.identity_snapshot import signed_identity_now
 
-    def identity_for(key_id: str, snapshot: dict | None):
+    def identity_for(key_id: str, snapshot: dict[str, Any] | None) -> Identity | None:
         if snapshot is not None:
             verifier = gateway.auth.verifier
             if verifier is not None:

@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from zerohop.gateway.keys.identity import ANONYMOUS, Identity, KeyRef
 from zerohop.gateway.store.repositories import KeyRepository
@@ -36,6 +36,7 @@ from zerohop.gateway.store.sqlite import hash_secret
 from zerohop.gateway.store.store import Store
 
 if TYPE_CHECKING:
+    from zerohop.gateway.keys.signed_tokens import SignedKeyVerifier
     from zerohop.gateway.store.key_snapshot import LocalCopy
     from zerohop.gateway.store.pg_key_feed import KeyFeed
     from zerohop.gateway.store.rows import KeyRows
@@ -89,12 +90,12 @@ class Authenticator:
     def __init__(
         self,
         store: StoreSpec | Path,
-        verifier: Any | None = None,
+        verifier: SignedKeyVerifier | None = None,
         local_copy: LocalCopy | None = None,
         keys: KeyRepository | None = None,
     ) -> None:
         self.spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
-        self.verifier = verifier  # a signed_keys.SignedKeyVerifier, or None
+        self.verifier = verifier
         self.local_copy = local_copy  # PostgreSQL only
         self._keys = _NOT_LOADED
         self._own_store: Store | None = None
@@ -102,7 +103,7 @@ class Authenticator:
             self._own_store = Store.of(self.spec)
             keys = self._own_store.keys
         self.repository = keys
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.feed: KeyFeed | None = None  # PostgreSQL only, once watching
 
     @property

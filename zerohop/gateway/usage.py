@@ -109,7 +109,9 @@ class UsageRecorder:
         self.flushes += 1
         return True
 
-    def _keep(self, usage: dict[UsageKey, list[int]], refusals: dict[RefusalKey, list]) -> None:
+    def _keep(
+        self, usage: dict[UsageKey, list[int]], refusals: dict[RefusalKey, list[Any]]
+    ) -> None:
         with self._lock:
             for key, counts in usage.items():
                 mine = self._usage.setdefault(key, [0] * len(counts))

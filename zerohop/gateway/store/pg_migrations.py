@@ -81,7 +81,7 @@ def schema_version(conn: psycopg.Connection) -> int:
     """The highest applied step; 0 for a store never migrated."""
     if _scalar(conn, "SELECT to_regclass('zerohop_schema')") is None:
         return 0
-    return _scalar(conn, "SELECT coalesce(max(version), 0) FROM zerohop_schema")
+    return int(_scalar(conn, "SELECT coalesce(max(version), 0) FROM zerohop_schema"))
 
 
 def _scalar(conn: psycopg.Connection, sql: str) -> Any:
