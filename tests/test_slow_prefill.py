@@ -1,6 +1,6 @@
 """Streams that survive a slow prefill (issue 38), over real sockets on one live server.
 
-The server prefills in chunks of 32 tokens and sleeps 0.1 s after each engine step, so a
+The server prefills in chunks of 32 tokens and sleeps 0.05 s after each engine step, so a
 prompt of several hundred tokens spans many steps: the stream starts at admission and pings
 while it is prefilled. Nothing asserts a duration: only the order of what arrives, and the
 engine's counters (GET /engine/stats, /metrics).
@@ -27,7 +27,7 @@ CHUNK = 32  # --max-num-batched-tokens: a prompt's prefill takes one step per CH
 @pytest.fixture(scope="module")
 def server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("slow_prefill") / "server.log"
-    args = ["--debug-step-delay", "0.1", "--max-num-batched-tokens", str(CHUNK)]
+    args = ["--debug-step-delay", "0.05", "--max-num-batched-tokens", str(CHUNK)]
     args += ["--stream-ping-interval", "0.05", "--openai-ping-interval", "0.05"]
     srv = LiveServer(llama_dir, extra_args=args).start(log)
     yield srv
