@@ -19,10 +19,16 @@ from zerohop.api.http.error_record import ENV as ERROR_RECORD_ENV
 TinyModelFactory = Callable[[str], Path]
 
 # The `slow` tests, which `pytest -m "not slow"` skips (`make test` and CI run them all): the
-# real default model (every test served by the `default_server` fixture), the five-replica
-# fleet (every test on the `fleet` fixture) and the engine soak of 1000 random requests.
+# real default model (every test served by the `default_server` fixture, and its export to a
+# Hugging Face folder), the five-replica fleet (every test on the `fleet` fixture) and the
+# engine soak of 1000 random requests.
 SLOW_FIXTURES = frozenset({"default_server", "default_engine_server", "fleet"})
-SLOW_TESTS = frozenset({"test_no_block_leaks_after_1000_random_requests"})
+SLOW_TESTS = frozenset(
+    {
+        "test_no_block_leaks_after_1000_random_requests",
+        "test_the_default_model_exports",  # the real default model's export: ~26 s here
+    }
+)
 
 
 # The `server` tests, which `make test-fast` (`-m "not server and not slow"`) leaves out: a
