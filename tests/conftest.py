@@ -138,11 +138,13 @@ def llama_dir(tiny_model: TinyModelFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def live_server(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One `zerohop serve` subprocess on the tiny llama, shared by the API tests."""
+    """One `zerohop serve` subprocess on the tiny llama, shared by the API tests. Its drain on
+    SIGTERM is short: no test of it drains, and a stream one left open would otherwise hold
+    the session's end for the default 30 s (LiveServer.stop warns of a slow stop)."""
     from tests.live_server import LiveServer
 
     log = tmp_path_factory.mktemp("server") / "server.log"
-    server = LiveServer(llama_dir).start(log)
+    server = LiveServer(llama_dir, ["--drain-seconds", "3"]).start(log)
     yield server
     server.stop()
 

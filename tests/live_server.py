@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import pytest
 
 MODEL_NAME = "tiny-llama"
 FAST_LOOP_ENV = "ZEROHOP_TEST_FAST"  # set by `make test-fast`: no test here starts a server
+SLOW_STOP = 10.0  # seconds: a stop that takes longer is warned about (idle: ~1.3 s here)
 
 
 def free_port() -> int:
@@ -111,12 +113,21 @@ class LiveServer:
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else None
+        started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
         try:
-            return self.process.wait(timeout)
+            code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            return self.process.wait()
+            code = self.process.wait()
+        took = time.monotonic() - started
+        if took > SLOW_STOP:  # said, so that a suite's lost half-minute has a name
+            warnings.warn(
+                f"`zerohop serve` took {took:.0f} s to exit after SIGTERM (exit {code}): a"
+                f" stream a test left open drains for --drain-seconds; see {self.log_path}",
+                stacklevel=2,
+            )
+        return code
 
 
 @contextmanager
