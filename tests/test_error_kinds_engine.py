@@ -98,10 +98,13 @@ def expected_answer(surface: str) -> int | grpc.StatusCode:
 @pytest.fixture(scope="module")
 def full(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A replica whose one running slot and one waiting place are taken by long requests."""
-    flags = ["--max-num-seqs", "1", "--max-waiting", "1", "--debug-step-delay", "0.05"]
+    flags = ["--max-num-seqs", "1", "--max-waiting", "1", "--debug-step-delay", "0.05",
+             "--drain-seconds", "1"]  # fmt: skip
     server, audit, keys = serve(llama_dir, tmp_path_factory.mktemp("full"), flags)
-    holders = [in_thread(lambda: ask(server, "chat", keys["hold"]["key"])) for _ in range(2)]
-    wait_for(server, running=1, waiting=1)
+    holders = []
+    for waiting in (0, 1):  # one after the other: two at once could refuse the second
+        holders.append(in_thread(lambda: ask(server, "chat", keys["hold"]["key"])))
+        wait_for(server, running=1, waiting=waiting)
     yield server, audit, keys
     server.stop()
     for thread, _ in holders:
