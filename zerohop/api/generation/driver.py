@@ -11,10 +11,11 @@ engine and ends it with `ClientDisconnected`, recorded as 499 on every surface.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from zerohop.api.conversation.events import Event, OutputReader, Text
@@ -41,6 +42,7 @@ from zerohop.gateway.gateway import Call
 # The overload status of each API, for an abort the server made (a drain, shedding).
 _OVERLOAD_STATUS: dict[Api, int] = {"messages": 529}
 _OPENAI_PING_APIS: frozenset[Api] = frozenset({"chat", "completions"})
+_PING = Ping()
 
 
 @dataclass(slots=True)
@@ -73,6 +75,8 @@ class Generation:
         self.readers: dict[int, OutputReader] = {}
         self.unfinished = request.params.n
         self._pings: Pings[RequestDelta] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._keep_text = False  # --audit-content: the answer is kept for the audit record
         self._gone = False
 
     @property
@@ -95,11 +99,38 @@ class Generation:
                     raise event.error
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
+        # One generator from the engine's deltas to the encoder: each layer costs every token.
         started = False
         try:
-            async for event in self._run():
-                started = True
-                yield event
+            deltas = await self._start()
+            try:
+                # aclosing: closing this generator closes the engine's at once, which aborts
+                # the request, instead of whenever the garbage collector finalizes it.
+                async with contextlib.aclosing(deltas):
+                    source: AsyncGenerator[RequestDelta | None, None] = deltas
+                    if self.stream:
+                        first = await anext(deltas)
+                        usage = Usage(len(self.request.prompt), cached_tokens=first.cached_tokens)
+                        # An engine that does not announce: its failure still precedes the stream.
+                        step = None if first.admitted else self._step(first)
+                        started = True
+                        yield Admitted(usage)
+                        if step is not None:
+                            yield step
+                        self._pings = Pings(deltas, self._ping_interval())
+                        source = self._pings.items()
+                    async with contextlib.aclosing(source):
+                        async for item in source:
+                            if item is None:
+                                yield _PING
+                                continue
+                            step = self._step(item)
+                            started = True
+                            yield step
+                            if self.done:
+                                return
+            finally:
+                self._end()
         except InvalidRequestError as exc:
             error = ApiError(400, str(exc))
         except EngineDeadError:
@@ -112,50 +143,29 @@ class Generation:
             raise error
         yield Failed(error)
 
-    async def _run(self) -> AsyncGenerator[GenerationEvent, None]:
+    async def _start(self) -> AsyncGenerator[RequestDelta, None]:
+        """The output-length policy and admission, then the engine's request."""
         ctx, call, request = self.ctx, self.call, self.request
         prompt = request.prompt
         max_tokens = ctx.output_limit(request.api, len(prompt), request.params.max_tokens)
         params = dataclasses.replace(request.params, max_tokens=max_tokens)
         options = engine_options(call, request.continues)
         params = await ctx.admit(call, prompt, params, options)
-        watcher = None if self.receive is None else on_disconnect(self.receive, self._client_gone)
+        if self.receive is not None:
+            self._watcher = on_disconnect(self.receive, self._client_gone)
         deltas = ctx.engine.generate(call.request_id, prompt, params, self.stream, options)
         if call.queue_timing is not None:
             call.queue_timing.sent()
-        if ctx.gateway is not None and ctx.gateway.audits_content:  # --audit-content
+        self._keep_text = ctx.gateway is not None and ctx.gateway.audits_content
+        if self._keep_text:  # --audit-content: the prompt as the model saw it, and the answer
             call.prompt_text = ctx.tokenizer.decode(prompt, skip_special_tokens=False)
-        try:
-            # aclosing: closing this generator closes the engine's at once, which aborts the
-            # request, instead of whenever the garbage collector finalizes it.
-            async with contextlib.aclosing(deltas):
-                async for event in self._follow(deltas):
-                    yield event
-                    if self.done:
-                        return
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            if ctx.gateway is not None:
-                ctx.gateway.release(call)
+        return deltas
 
-    async def _follow(self, deltas: AsyncIterator[RequestDelta]) -> AsyncIterator[GenerationEvent]:
-        if not self.stream:
-            async for delta in deltas:
-                yield self._step(delta)
-            return
-        first = await anext(deltas)
-        admitted = Admitted(Usage(len(self.request.prompt), cached_tokens=first.cached_tokens))
-        if first.admitted:
-            yield admitted
-        else:  # an engine that does not announce: its failure still precedes the stream
-            step = self._step(first)
-            yield admitted
-            yield step
-        self._pings = Pings(deltas, self._ping_interval())
-        async with contextlib.aclosing(self._pings.items()) as items:
-            async for item in items:
-                yield Ping() if item is None else self._step(item)
+    def _end(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.ctx.gateway is not None:
+            self.ctx.gateway.release(self.call)
 
     def _ping_interval(self) -> float:
         if self.request.api in _OPENAI_PING_APIS:
@@ -187,7 +197,7 @@ class Generation:
         if gateway is not None:
             now = time.monotonic()
             gateway.on_delta(call, len(delta.new_token_ids), delta.cached_tokens, now)
-            if gateway.audits_content:
+            if self._keep_text:
                 call.output_text.append(delta.new_text)
 
     def _step_seconds(self) -> float:
