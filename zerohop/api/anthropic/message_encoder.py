@@ -65,7 +65,6 @@ class MessageEncoder:
         self.thread: ThreadTurn | None = None  # its answer is kept (anthropic/threads.py)
         self.text: list[str] = []
         self.finish: Finish | None = None
-        self.usage: Usage | None = None
 
     # -- whole -----------------------------------------------------------------------------
 
@@ -91,7 +90,6 @@ class MessageEncoder:
     # -- streamed (generation/sse.py) ------------------------------------------------------
 
     def opening(self, admitted: Admitted) -> bytes:
-        self.usage = admitted.usage
         start = {**self.head(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = usage_body(admitted.usage)
         first = _BLOCK_START if self.blocks is None else self.blocks.opening() + PING

@@ -110,7 +110,7 @@ class Generation:
                     source: AsyncGenerator[RequestDelta | None, None] = deltas
                     if self.stream:
                         first = await anext(deltas)
-                        usage = Usage(len(self.request.prompt), cached_tokens=first.cached_tokens)
+                        usage = Usage(self.usage.prompt_tokens, cached_tokens=first.cached_tokens)
                         # An engine that does not announce: its failure still precedes the stream.
                         step = None if first.admitted else self._step(first)
                         started = True

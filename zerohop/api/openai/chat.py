@@ -159,18 +159,18 @@ class OpenAIApi:
         wanted = GenerationRequest("chat", planned.prompt, planned.params, readers, continues)
         generation = Generation(self.ctx, call, wanted, receive, stream=bool(request.stream))
         n, formatter = planned.params.n, self.logprob_formatter
+        rid = "chatcmpl-" + request_id.removeprefix("req_")
         if request.stream:
             options = request.stream_options
             usage = bool(options and options.include_usage)
             kind = ChatStream if readers is None else EventChatStream
-            rid = "chatcmpl-" + request_id.removeprefix("req_")
             stream = kind(request_id, rid, request.model, usage, formatter, n, top=top)
             stream.token_ids = bool(request.return_token_ids)
             await self._stream(generation, stream, scope, send)
         else:
             thinks = planned.in_thought is not None
             answer = ChatAnswer(n, top, formatter, thinks)
-            await self._whole(generation, answer, request.model, "chat.completion", send)
+            await self._whole(generation, answer, rid, request.model, "chat.completion", send)
 
     # -- completions -----------------------------------------------------------------------
 
@@ -208,10 +208,10 @@ class OpenAIApi:
         wanted = GenerationRequest("completions", prompt, params, None, continues)
         generation = Generation(self.ctx, call, wanted, receive, stream=bool(request.stream))
         formatter = self.logprob_formatter
+        rid = "cmpl-" + request_id.removeprefix("req_")
         if request.stream:
             options = request.stream_options
             usage = bool(options and options.include_usage)
-            rid = "cmpl-" + request_id.removeprefix("req_")
             stream = CompletionStream(
                 request_id, rid, request.model, usage, formatter, params.n, echo=echo
             )
@@ -219,7 +219,7 @@ class OpenAIApi:
             await self._stream(generation, stream, scope, send)
         else:
             answer = CompletionAnswer(params.n, echo, formatter)
-            await self._whole(generation, answer, request.model, "text_completion", send)
+            await self._whole(generation, answer, rid, request.model, "text_completion", send)
 
     # -- the response, streamed or whole ---------------------------------------------------
 
@@ -233,20 +233,19 @@ class OpenAIApi:
         self,
         generation: Generation,
         answer: ChatAnswer | CompletionAnswer,
+        rid: str,
         model: str,
         kind: str,
         send: Send,
     ) -> None:
         async for step in generation.steps():
             answer.add(step)
-        request_id = generation.call.request_id
-        prefix = "chatcmpl-" if kind == "chat.completion" else "cmpl-"
         body = {
-            "id": prefix + request_id.removeprefix("req_"),
+            "id": rid,
             "object": kind,
             "created": int(time.time()),
             "model": model,
             "choices": answer.body(),
             "usage": answer.usage_body(),
         }
-        await send_json(send, 200, body, request_id_headers(request_id))
+        await send_json(send, 200, body, request_id_headers(generation.call.request_id))

@@ -41,6 +41,7 @@ class ResponseEncoder:
         self.store: StoredResponses | None = None
         self.write = EventWriter(False)
         self.items = OutputItems(ready.tools, self.write, ready.choice.raw_call is not None)
+        # The generation's own usage, set by the surface: a failure reports the usage so far.
         self.usage = Usage(len(ready.planned.prompt))
 
     async def whole(self, generation: Generation) -> None:
@@ -55,7 +56,6 @@ class ResponseEncoder:
         return opening + self.write("response.in_progress", response=self.body)
 
     def step(self, step: Step) -> bytes:
-        self.usage = step.finish.usage if step.finish is not None else self.usage
         data = self.items.feed(step.output)
         if step.finish is not None:
             data += self._finish(step.finish)
