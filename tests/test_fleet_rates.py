@@ -1,4 +1,5 @@
-"""Per-minute limits shared by a fleet (zerohop.gateway.limits.fleet_shares) on a real PostgreSQL:
+"""Per-minute limits shared by a fleet (zerohop.gateway.limits.fleet_shares, its SQL in
+zerohop.gateway.store.rate_share_tables) on a real PostgreSQL:
 shares never sum past 1, follow demand, and three replicas flooding one key admit no more
 than one replica holding the whole limit would."""
 
@@ -14,9 +15,10 @@ import pytest
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
 from zerohop.gateway.keys.identity import Identity, Limits, Tenant
-from zerohop.gateway.limits import fleet_shares as fleet_rates
 from zerohop.gateway.limits.buckets import RateLimiter
-from zerohop.gateway.limits.fleet_shares import FleetRates, allocate
+from zerohop.gateway.limits.fleet_shares import FleetRates
+from zerohop.gateway.store.lease_repository import LeaseRepository
+from zerohop.gateway.store.rate_share_tables import allocate
 
 RPM = 60
 IDENTITY = Identity("zh-ratekey", Tenant("acme"), limits=Limits(rpm=RPM))
@@ -42,11 +44,13 @@ def test_concurrent_rebalancing_never_oversubscribes(postgres: PostgresServer) -
     url, failures = migrated_database(postgres), []
 
     def replica(name: str, demand: float) -> None:
+        leases = LeaseRepository(url)
         with psycopg.connect(url, autocommit=True) as conn:
             for step in range(60):
-                fleet_rates.rebalance(conn, name, "key:x", demand * (1 + step % 3), 30)
+                leases.rebalance(name, "key:x", demand * (1 + step % 3), 30)
                 if (total := _total_share(conn, "key:x")) > 1 + 1e-6:
                     failures.append(total)
+        leases.close()
 
     threads = [threading.Thread(target=replica, args=(f"r{i}", i + 0.5)) for i in range(5)]
     for t in threads:
@@ -64,14 +68,14 @@ async def _fleet_flood(url: str, seconds: float) -> tuple[int, dict[str, float]]
         limiter = RateLimiter()
         rates = FleetRates(limiter, wait=0.5)
         rates.bind(loop)
-        replicas.append((f"r{i}", limiter, rates, psycopg.connect(url, autocommit=True)))
+        replicas.append((f"r{i}", limiter, rates, LeaseRepository(url)))
     admitted = 0
     started = time.monotonic()
 
     async def beat() -> None:
         while time.monotonic() - started < seconds:
-            for name, _, rates, conn in replicas:
-                await asyncio.to_thread(rates.beat, conn, name, 30, time.monotonic())
+            for name, _, rates, leases in replicas:
+                await asyncio.to_thread(rates.beat, leases, name, 30, time.monotonic())
             await asyncio.sleep(0.2)
 
     beater = asyncio.create_task(beat())
@@ -83,8 +87,8 @@ async def _fleet_flood(url: str, seconds: float) -> tuple[int, dict[str, float]]
         await asyncio.sleep(0.05)
     await beater
     shares = {name: limiter.subjects()["key:zh-ratekey"].share for name, limiter, _, _ in replicas}
-    for *_, conn in replicas:
-        conn.close()
+    for *_, leases in replicas:
+        leases.close()
     return admitted, shares
 
 

@@ -5,7 +5,6 @@ use nearly all of it; with PostgreSQL stopped they serve inside their leases onl
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 import time
 
@@ -13,10 +12,11 @@ import psycopg
 
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
-from zerohop.gateway.budgets.lease_keeper import open_leased_ledger
+from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, open_leased_ledger
 from zerohop.gateway.budgets.leased_ledger import LeasedLedger, LeaseUnavailable
 from zerohop.gateway.budgets.sqlite_ledger import BudgetExhausted
 from zerohop.gateway.keys.identity import Budget, Identity, Tenant
+from zerohop.gateway.store.lease_repository import LeaseRepository
 
 BUDGET = 30_000
 PROMPT, MAX_TOKENS = 40, 60
@@ -27,11 +27,22 @@ def _identity(budget: int = BUDGET) -> Identity:
 
 
 def _fleet(url: str, n: int = 3, ttl: float = 6.0) -> list[LeasedLedger]:
-    connect = functools.partial(psycopg.connect, url, autocommit=True, connect_timeout=2)
-    ledgers = [open_leased_ledger(connect, ttl=ttl, heartbeat=0.2, horizon=2.0) for _ in range(n)]
+    ledgers = [
+        open_leased_ledger(LeaseRepository(url), ttl=ttl, heartbeat=0.2, horizon=2.0)
+        for _ in range(n)
+    ]
     for ledger in ledgers:
         ledger.start()
     return ledgers
+
+
+def _close(ledgers: list[LeasedLedger]) -> None:
+    """Each ledger (its leases returned), then its repository's connection."""
+    for ledger in ledgers:
+        ledger.close()
+        keeper = ledger.keeper
+        assert isinstance(keeper, LeaseKeeper)
+        keeper.leases.close()
 
 
 def _settled(url: str) -> tuple[int, int]:
@@ -83,8 +94,7 @@ def test_three_replicas_never_exceed_the_budget_and_use_nearly_all(
     try:
         seen = asyncio.run(asyncio.wait_for(_spend(ledgers, _identity(), 48), 60))
     finally:
-        for ledger in ledgers:
-            ledger.close()
+        _close(ledgers)
     settled, leased = _settled(url)
     assert leased == 0  # every lease returned on close
     assert seen["used"] == settled <= BUDGET
@@ -101,8 +111,7 @@ def test_the_end_of_a_budget_is_not_stranded_in_remainders(postgres: PostgresSer
     try:
         seen = asyncio.run(asyncio.wait_for(_spend(ledgers, _identity(5000), 48, use=0.5), 20))
     finally:
-        for ledger in ledgers:
-            ledger.close()
+        _close(ledgers)
     settled, _ = _settled(url)
     assert seen["exhausted"] == 48 and seen["used"] == settled
     assert settled > 5000 - (PROMPT + 1), seen  # less than one request's least is left
@@ -110,8 +119,7 @@ def test_the_end_of_a_budget_is_not_stranded_in_remainders(postgres: PostgresSer
 
 def test_store_down_serves_inside_leases_only(postgres: PostgresServer) -> None:
     url = migrated_database(postgres)
-    connect = functools.partial(psycopg.connect, url, autocommit=True, connect_timeout=2)
-    ledger = open_leased_ledger(connect, ttl=30.0, heartbeat=0.2, horizon=10.0)
+    ledger = open_leased_ledger(LeaseRepository(url), ttl=30.0, heartbeat=0.2, horizon=10.0)
     ledger.start()
     identity = _identity(100_000)
 
@@ -128,7 +136,7 @@ def test_store_down_serves_inside_leases_only(postgres: PostgresServer) -> None:
         warm, held, seen = asyncio.run(asyncio.wait_for(run(), 60))
     finally:
         postgres.start()
-        ledger.close()
+        _close([ledger])
     assert held >= 10 * (PROMPT + MAX_TOKENS)
     assert held - (PROMPT + MAX_TOKENS) < seen["used"] <= held  # what it held, no more
     assert seen["unavailable"] > 0  # beyond: refused as retryable, never admitted

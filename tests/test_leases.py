@@ -1,4 +1,4 @@
-"""Budget lease transactions (gateway/budgets/pg_leases.py) on a real PostgreSQL: grants stay
+"""Budget lease transactions (gateway/store/lease_tables.py) on a real PostgreSQL: grants stay
 within the budget whatever replicas and sweeps interleave, reports and returns are exact,
 and an expired lease is charged, not freed."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from tests.pg_fixtures import migrated_database
 from tests.postgres_server import PostgresServer
-from zerohop.gateway.budgets import pg_leases as leases
-from zerohop.gateway.budgets.pg_leases import LeaseChange
+from zerohop.gateway.store import lease_tables as leases
+from zerohop.gateway.store.lease_tables import LeaseChange
 
 SUBJECT, PERIOD = "tenant:acme", "total"
 

@@ -1,9 +1,9 @@
 """A replica joining its fleet: budgets as leases, rate limits as shares, and their metrics,
-all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`)."""
+all kept by one thread talking to the fleet's PostgreSQL (`serve --store URL`) through the
+store's lease repository (`Store.leases`)."""
 
 from __future__ import annotations
 
-import functools
 from importlib import metadata
 from typing import TYPE_CHECKING, Protocol
 
@@ -12,13 +12,11 @@ from zerohop.gateway.budgets.ledger import Ledger
 from zerohop.gateway.fleet_options import LeaseOptions
 from zerohop.gateway.limits.buckets import RateLimiter
 from zerohop.gateway.limits.fleet_shares import FleetRates
-from zerohop.gateway.store.postgres import connect
+from zerohop.gateway.store.lease_repository import LeaseRepository
 
 if TYPE_CHECKING:
     from zerohop.gateway.auth import Authenticator
     from zerohop.gateway.metrics import GatewayMetrics
-
-APPLICATION_NAME = "zerohop-leases"  # in pg_stat_activity
 
 
 class FleetMember(Protocol):
@@ -32,10 +30,11 @@ class FleetMember(Protocol):
     metrics: GatewayMetrics | None
 
 
-def join_fleet(gateway: FleetMember, url: str, options: LeaseOptions) -> None:
-    """Give `gateway` (a Gateway, not started yet) the fleet's ledger and rate shares."""
+def join_fleet(gateway: FleetMember, leases: LeaseRepository, options: LeaseOptions) -> None:
+    """Give `gateway` (a Gateway, not started yet) the fleet's ledger and rate shares, kept
+    through `leases` (the gateway's store's lease repository)."""
     ledger = open_leased_ledger(
-        functools.partial(connect, url, autocommit=True, application_name=APPLICATION_NAME),
+        leases,
         lease_wait=options.wait,
         horizon=options.horizon,
         ttl=options.ttl,

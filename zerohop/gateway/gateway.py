@@ -180,7 +180,7 @@ class Gateway:
 
         auth = Authenticator(spec, verifier, local_copy, keys=opened.keys)
         gateway = cls(auth, None, audit, metrics, ledger_failure, opened)
-        join_fleet(gateway, spec.url, leases or LeaseOptions())
+        join_fleet(gateway, opened.leases, leases or LeaseOptions())
         return gateway
 
     def start(self) -> None:

@@ -1,11 +1,13 @@
 """The thread that keeps a replica's budget leases: renew, top up, report, give back, sweep.
 
 Every `heartbeat` seconds it renews this replica and all its leases in one transaction and
-charges the leases of replicas that stopped renewing theirs (`leases.sweep`). Between
+charges the leases of replicas that stopped renewing theirs (`LeaseRepository.sweep`). Between
 heartbeats it wakes when the request path pokes it (a lease running low, a request waiting
 for a top-up) and changes each lease that needs it, one transaction per lease. While
 PostgreSQL cannot be reached it retries with a growing pause, and the replica serves inside
-the leases it holds until their local deadlines pass (`LocalLease.usable_until`).
+the leases it holds until their local deadlines pass (`LocalLease.usable_until`). Its
+transactions are the store's lease repository's (`zerohop.gateway.store.lease_repository`),
+on the connection that repository keeps for this thread.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from zerohop.gateway.budgets import pg_leases as leases
 from zerohop.gateway.budgets.leased_ledger import LeasedLedger, LocalLease, Waiter
 from zerohop.gateway.budgets.ledger import RateShares
-from zerohop.gateway.budgets.pg_leases import LeaseChange, LeaseReply
+from zerohop.gateway.store.lease_repository import LeaseRepository
+from zerohop.gateway.store.lease_tables import LeaseChange, LeaseReply
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -94,7 +96,7 @@ class LeaseKeeper:
     def __init__(
         self,
         ledger: LeasedLedger,
-        connect: Callable[[], psycopg.Connection],
+        leases: LeaseRepository,
         *,
         ttl: float,
         heartbeat: float,
@@ -102,7 +104,7 @@ class LeaseKeeper:
         version: str = "",
     ) -> None:
         self.ledger = ledger
-        self.connect = connect
+        self.leases = leases  # the store's; it keeps this thread's connection
         self.ttl, self.heartbeat = ttl, heartbeat
         self.margin = max(min(2.0, ttl / 4), ttl / 10)  # local deadline before PostgreSQL's
         self.replica_id = replica_id or new_replica_id()
@@ -110,7 +112,6 @@ class LeaseKeeper:
         self.stats = LeaseStats()
         self.rates: RateShares | None = None  # renewed with each heartbeat (share_rates)
         self.beat_at = time.monotonic()  # the last heartbeat PostgreSQL answered
-        self._conn: psycopg.Connection | None = None
         self._wake = threading.Event()
         self._stopping = False
         self._pause = 0.0
@@ -142,17 +143,16 @@ class LeaseKeeper:
         return max(1.0, self._next_attempt - time.monotonic())
 
     def close(self) -> None:
-        """Stop, then report every lease and give back what it holds (drain)."""
+        """Stop, then report every lease and give back what it holds (drain). The
+        repository's connection stays the store's to close."""
         self._stopping = True
         self.poke()
         if self._thread.is_alive():
             self._thread.join(timeout=10.0)
         try:
-            self._return_all(self._connection())
+            self._return_all()
         except psycopg.Error as exc:
             log.warning("leases: not returned (they expire in %.0f s): %s", self.ttl, exc)
-        if self._conn is not None:
-            self._conn.close()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -164,30 +164,21 @@ class LeaseKeeper:
             if self._stopping:
                 return
             try:
-                conn = self._connection()
                 if time.monotonic() >= next_beat:
-                    self._beat(conn)
+                    self._beat()
                     next_beat = time.monotonic() + self.heartbeat
-                self._tend(conn)
+                self._tend()
                 self._pause = 0.0
             except psycopg.Error as exc:
                 self._down(exc)
                 self._wake.wait(self._pause)
                 next_beat = 0.0
 
-    def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.connect()
-        return self._conn
-
     def _down(self, exc: psycopg.Error) -> None:
         if self.stats.up or not self.stats.last_error:
             log.warning("leases: the budget store is unreachable: %s", _first_line(exc))
         self.stats.up, self.stats.errors = False, self.stats.errors + 1
-        self.stats.last_error = _first_line(exc)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.stats.last_error = _first_line(exc)  # the repository closed its connection
         if self.rates is not None and time.monotonic() - self.beat_at > self.ttl - self.margin:
             self.rates.fall_back()
         self._pause = min(BACKOFF[1], max(BACKOFF[0], self._pause * 2))
@@ -206,11 +197,11 @@ class LeaseKeeper:
         self.stats.up = True
         return result
 
-    def _beat(self, conn: psycopg.Connection) -> None:
+    def _beat(self) -> None:
         sent = time.monotonic()
         beat = self._timed(
-            lambda: leases.heartbeat(
-                conn, self.replica_id, self.ttl, socket.gethostname(), self.version
+            lambda: self.leases.heartbeat(
+                self.replica_id, self.ttl, socket.gethostname(), self.version
             )
         )
         self.beat_at = sent
@@ -228,24 +219,24 @@ class LeaseKeeper:
                     self.ledger.replace(lease)
         if (rates := self.rates) is not None:
             rates.replicas = beat.replicas
-            self._timed(lambda: rates.beat(conn, self.replica_id, self.ttl, sent))
-        charged = self._timed(lambda: leases.sweep(conn))
+            self._timed(lambda: rates.beat(self.leases, self.replica_id, self.ttl, sent))
+        charged = self._timed(self.leases.sweep)
         if charged:
             self.stats.expiries += len(charged)
             log.info("leases: charged %d expired leases of stopped replicas", len(charged))
 
-    def _tend(self, conn: psycopg.Connection) -> None:
+    def _tend(self) -> None:
         if (rates := self.rates) is not None and rates.waiting():
             self._timed(
                 lambda: rates.beat(
-                    conn, self.replica_id, self.ttl, time.monotonic(), only_waiting=True
+                    self.leases, self.replica_id, self.ttl, time.monotonic(), only_waiting=True
                 )
             )
         for plan in self._plans():
             sent = time.monotonic()
             try:
                 change = functools.partial(
-                    leases.change, conn, self.replica_id, plan.change, self.ttl
+                    self.leases.change, self.replica_id, plan.change, self.ttl
                 )
                 reply = self._timed(change)
             except psycopg.Error:
@@ -344,7 +335,7 @@ class LeaseKeeper:
             lease.answered_at = time.monotonic()
             _wake_waiters(plan.waiters)
 
-    def _return_all(self, conn: psycopg.Connection) -> None:
+    def _return_all(self) -> None:
         with self.ledger.lock:
             held = [lease for lease in self.ledger.leases.values() if lease.lease_id is not None]
             for lease in held:
@@ -354,11 +345,9 @@ class LeaseKeeper:
             change = LeaseChange(
                 lease.subject, lease.period, lease.limit, lease.lease_id, spent=spent, close=True
             )
-            leases.change(conn, self.replica_id, change, self.ttl)
+            self.leases.change(self.replica_id, change, self.ttl)
             self.stats.returned_tokens += max(0, lease.granted - spent)
-        with conn.transaction():
-            conn.execute("DELETE FROM rate_shares WHERE replica_id = %s", (self.replica_id,))
-            conn.execute("DELETE FROM replicas WHERE replica_id = %s", (self.replica_id,))
+        self.leases.forget_replica(self.replica_id)
         log.info("leases: %d leases returned", len(held))
 
 
@@ -379,7 +368,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def open_leased_ledger(
-    connect: Callable[[], psycopg.Connection],
+    leases: LeaseRepository,
     *,
     lease_wait: float = 0.25,
     horizon: float = 10.0,
@@ -387,9 +376,9 @@ def open_leased_ledger(
     heartbeat: float | None = None,
     version: str = "",
 ) -> LeasedLedger:
-    """A fleet replica's ledger and its keeper (started by `ledger.start()`). `connect`
-    opens an autocommit connection to the store."""
+    """A fleet replica's ledger and its keeper (started by `ledger.start()`), whose
+    transactions are `leases`' (the store's lease repository, `Store.leases`)."""
     ledger = LeasedLedger(lease_wait, horizon)
     beat = heartbeat if heartbeat is not None else min(1.0, ttl / 4)
-    ledger.keeper = LeaseKeeper(ledger, connect, ttl=ttl, heartbeat=beat, version=version)
+    ledger.keeper = LeaseKeeper(ledger, leases, ttl=ttl, heartbeat=beat, version=version)
     return ledger

@@ -1,7 +1,7 @@
 """Token budgets across a fleet: each replica spends slices of the budgets leased to it.
 
-The fleet's ledger is in PostgreSQL (`zerohop.gateway.budgets.pg_leases`); a replica holds one lease
-per (subject, period) it serves and reserves requests against it in memory, with no
+The fleet's ledger is in PostgreSQL (`zerohop.gateway.store.lease_tables`); a replica holds one
+lease per (subject, period) it serves and reserves requests against it in memory, with no
 network on the request path. `LeaseKeeper` (a thread, `zerohop.gateway.budgets.lease_keeper`)
 renews the leases, tops them up before they run out, reports spend and gives back what
 an idle replica does not need. A request the local lease cannot cover waits for a top-up

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import psycopg
-
 from zerohop.gateway.budgets.sqlite_ledger import Reservation
 from zerohop.gateway.keys.identity import Identity
+from zerohop.gateway.store.lease_repository import LeaseRepository
 
 
 class Ledger(Protocol):
@@ -61,13 +60,13 @@ class Keeper(Protocol):
 
 class RateShares(Protocol):
     """A fleet's rate-limit shares (limits/fleet_shares.py), renewed with the keeper's
-    heartbeat on the keeper's connection."""
+    heartbeat through the keeper's lease repository."""
 
     replicas: int
 
     def beat(
         self,
-        conn: psycopg.Connection,
+        leases: LeaseRepository,
         replica_id: str,
         ttl: float,
         now: float,

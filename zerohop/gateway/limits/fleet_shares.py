@@ -5,7 +5,8 @@ For every limited key and tenant a replica serves, PostgreSQL holds its share w 
 row's lock. A replica's buckets hold w times the limit and refill at w times its rate
 (`limits.set_share`). At every heartbeat each replica reports its demand (what it was
 asked for lately, in parts of the limit: refused requests count, so a starved replica asks
-for more) and takes the share that demand earns it, out of what the others leave free:
+for more) and takes the share that demand earns it, out of what the others leave free
+(`zerohop.gateway.store.rate_share_tables`, through the store's lease repository):
 shares follow use within a couple of heartbeats, and a replica that stops asking gives its
 share back after IDLE seconds.
 
@@ -26,58 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import psycopg
-
 from zerohop.gateway.keys.identity import Identity
 from zerohop.gateway.limits import buckets as limits
 from zerohop.gateway.limits.buckets import RateLimiter, SubjectLimits
+from zerohop.gateway.store.lease_repository import LeaseRepository
 
-FLOOR = 0.05  # of each limit, split between the replicas using it: none ever starves
 IDLE = 60.0  # seconds without a request: the share goes back
 DEMAND_HALF_LIFE = 5.0  # seconds
 FORGET_AFTER = 60.0  # seconds an expired row is kept: the fleet's bucket was not idle
-
-
-def allocate(demands: dict[str, float], me: str) -> float:
-    """My share: a floor for each replica using the subject, the rest by demand."""
-    n = len(demands)
-    total = sum(demands.values())
-    if total <= 0:
-        return 1.0 / n
-    return FLOOR / n + (1.0 - FLOOR) * demands[me] / total
-
-
-def rebalance(
-    conn: psycopg.Connection, replica_id: str, subject: str, demand: float, ttl: float
-) -> tuple[float, bool]:
-    """Take the share `demand` earns, from what the others leave free; (share, fresh):
-    fresh when no replica had held a share lately (the fleet's bucket is full)."""
-    with conn.transaction():
-        conn.execute("INSERT INTO rate_subjects VALUES (%s) ON CONFLICT DO NOTHING", (subject,))
-        conn.execute("SELECT 1 FROM rate_subjects WHERE subject = %s FOR UPDATE", (subject,))
-        rows = conn.execute(
-            "SELECT replica_id, share, demand, expires_at > now() FROM rate_shares"
-            " WHERE subject = %s",
-            (subject,),
-        ).fetchall()
-        live = {r[0]: (r[1], r[2]) for r in rows if r[3] and r[0] != replica_id}
-        others = sum(share for share, _ in live.values())
-        demands = {r: d for r, (_, d) in live.items()} | {replica_id: demand}
-        share = max(0.0, min(allocate(demands, replica_id), 1.0 - others - 1e-9))
-        conn.execute(
-            "INSERT INTO rate_shares (subject, replica_id, share, demand, expires_at)"
-            " VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s))"
-            " ON CONFLICT (subject, replica_id) DO UPDATE SET share = excluded.share,"
-            " demand = excluded.demand, expires_at = excluded.expires_at",
-            (subject, replica_id, share, demand, ttl),
-        )
-    return share, not rows
-
-
-def give_back(conn: psycopg.Connection, replica_id: str, subject: str) -> None:
-    conn.execute(
-        "DELETE FROM rate_shares WHERE subject = %s AND replica_id = %s", (subject, replica_id)
-    )
 
 
 @dataclass(slots=True)
@@ -137,7 +94,7 @@ class FleetRates:
 
     def beat(
         self,
-        conn: psycopg.Connection,
+        leases: LeaseRepository,
         replica_id: str,
         ttl: float,
         now: float,
@@ -149,10 +106,11 @@ class FleetRates:
                 continue
             idle = now - state.asked_at > IDLE
             if idle and name in self._granted:
-                give_back(conn, replica_id, name)
+                leases.give_back_share(replica_id, name)
                 self._post(name, 0.0, False, forget=True)
             elif not idle or name in self._waiting:
-                share, fresh = rebalance(conn, replica_id, name, self._rate(name, state, now), ttl)
+                demand = self._rate(name, state, now)
+                share, fresh = leases.rebalance(replica_id, name, demand, ttl)
                 self._post(name, share, fresh and name not in self._granted)
 
     def fall_back(self) -> None:

@@ -8,7 +8,7 @@ still serve against a store at version v.
 Keys and tenants have the SQLite store's columns (`zerohop.gateway.store.sqlite.SCHEMA`), so
 `store_rows` reads a row of either; `change_version` stamps each row with the
 `keys_version` of the change that last wrote it. Budgets are held as leases (see
-`zerohop.gateway.budgets.pg_leases`): `budget_state` per (subject, period) has `settled` (spend
+`zerohop.gateway.store.lease_tables`): `budget_state` per (subject, period) has `settled` (spend
 reported final) and `leased` (granted to replicas and not yet reported), and every
 transaction that touches them keeps settled + leased <= the budget.
 """

@@ -11,7 +11,9 @@ store.close()                     # once, when the server stops
 Opening is lazy so that a server starts while its store is down: the first call that needs
 the database opens it, and a call after a failed open tries again (the calls that waited for
 that open get its error, rather than each trying in turn). The database serializes its own
-use (see `repositories`), so consumers share it without a lock of their own.
+use (see `repositories`), so consumers share it without a lock of their own. The one
+exception: a fleet's budget leases keep a connection of their own (`lease_repository` says
+why), which `close` closes too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from zerohop.gateway.store.lease_repository import LeaseRepository
 from zerohop.gateway.store.open_store import Database, open_database
 from zerohop.gateway.store.repositories import (
     KeyRepository,
@@ -39,7 +42,9 @@ IN_MEMORY = ":memory:"
 class Store:
     """One database, opened on first use, and its repositories."""
 
-    def __init__(self, open_: Opener, description: str = "the store") -> None:
+    def __init__(
+        self, open_: Opener, description: str = "the store", leases: LeaseRepository | None = None
+    ) -> None:
         self._open, self._description = open_, description
         self._database: Database | None = None
         self._opening = threading.Lock()
@@ -51,11 +56,14 @@ class Store:
         self.responses = ResponseRepository(self.database)
         self.sessions = SessionRepository(self.database)
         self.signing_keys = SigningKeyRepository(self.database)
+        # A fleet's budget leases and rate shares, on a connection of their own (see
+        # lease_repository); on a SQLite store a call raises NotAFleetStore.
+        self.leases = leases if leases is not None else LeaseRepository(None, description)
 
     @classmethod
     def of(cls, spec: StoreSpec) -> Store:
         """The store `spec` names (StoreUnavailable from a call while it cannot be opened)."""
-        return cls(lambda: open_database(spec), spec.describe())
+        return cls(lambda: open_database(spec), spec.describe(), LeaseRepository.of(spec))
 
     @classmethod
     def in_memory(cls) -> Store:
@@ -86,7 +94,9 @@ class Store:
         return self._description
 
     def close(self) -> None:
-        """Close the database if it was opened; a later call opens it again."""
+        """Close the database and the leases' connection if they were opened; a later call
+        opens them again."""
+        self.leases.close()
         with self._opening:
             database, self._database = self._database, None
         if database is not None:

@@ -1,4 +1,6 @@
-"""Budget leases in PostgreSQL: the transactions, one per lease change, and the sweep.
+"""Budget leases in PostgreSQL: the transactions, one per lease change, the heartbeat, the
+sweep and a replica's goodbye. `LeaseRepository` (lease_repository.py) runs them on its own
+connection, in autocommit mode as every connection given to this module.
 
 Per (subject, period), `budget_state.settled` is spend the replicas reported final and
 `leased` is what they were granted and have not reported yet (Σ granted − settled over the
@@ -21,9 +23,10 @@ slice is lost to its period, which is why slices are sized from recent spend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+if TYPE_CHECKING:
+    import psycopg
 
 SWEEP_BATCH = 100  # expired leases charged per sweep
 
@@ -55,8 +58,7 @@ class LeaseReply:
 
 
 def change(conn: psycopg.Connection, replica_id: str, c: LeaseChange, ttl: float) -> LeaseReply:
-    """Apply one lease change in one transaction (`conn` in autocommit mode, as every
-    connection given to this module); see the module's invariant."""
+    """Apply one lease change in one transaction; see the module's invariant."""
     with conn.transaction():
         conn.execute(
             "INSERT INTO budget_state (subject, period) VALUES (%s, %s) ON CONFLICT DO NOTHING",
@@ -172,9 +174,16 @@ def sweep(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
     with conn.transaction():
         conn.execute("DELETE FROM replicas WHERE expires_at < now()")
         # Kept a minute past expiry: a share granted meanwhile starts empty, as the fleet's
-        # bucket may still be spent (zerohop.gateway.limits.fleet_shares).
+        # bucket may still be spent (rate_share_tables.py).
         conn.execute("DELETE FROM rate_shares WHERE expires_at < now() - interval '60 s'")
     return charged
+
+
+def forget_replica(conn: psycopg.Connection, replica_id: str) -> None:
+    """A replica's goodbye, its leases returned: its rate shares and its row go now."""
+    with conn.transaction():
+        conn.execute("DELETE FROM rate_shares WHERE replica_id = %s", (replica_id,))
+        conn.execute("DELETE FROM replicas WHERE replica_id = %s", (replica_id,))
 
 
 def _charge(conn: psycopg.Connection, lease_id: int, subject: str, period: str) -> int | None:
