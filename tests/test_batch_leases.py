@@ -27,6 +27,8 @@ from zerohop.batches.store import (
     NewFile,
     NewLine,
 )
+from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 
 TTL = 30.0
 
@@ -38,10 +40,11 @@ def url(postgres: PostgresServer) -> str:
 
 @pytest.fixture
 def replicas(url: str) -> Iterator[tuple[PgBatchStore, PgBatchStore]]:
-    a, b = PgBatchStore(url, "replica-a", TTL), PgBatchStore(url, "replica-b", TTL)
-    yield a, b
-    a.close()
-    b.close()
+    """Two replicas' batch stores, each on its process's one store."""
+    stores = [Store.of(StoreSpec.parse(url)) for _ in range(2)]
+    yield PgBatchStore.of(stores[0], "replica-a", TTL), PgBatchStore.of(stores[1], "replica-b", TTL)
+    for store in stores:
+        store.close()
 
 
 def new_batch(store: BatchStore, lines: int = 2, endpoint: str = "/v1/messages") -> str:
@@ -55,7 +58,7 @@ def states(store: BatchStore, batch_id: str) -> list[str]:
 
 
 def test_any_replica_reads_a_batch_and_a_line_runs_on_one(
-    replicas: tuple[PgBatchStore, PgBatchStore],
+    replicas: tuple[PgBatchStore, PgBatchStore], url: str
 ) -> None:
     a, b = replicas
     batch_id = new_batch(a)
@@ -64,7 +67,7 @@ def test_any_replica_reads_a_batch_and_a_line_runs_on_one(
     assert a.mark_running(batch_id, 0)
     assert not b.mark_running(batch_id, 0), "taken by the other replica"
     assert [w.line.index for w in b.next_waiting(5)] == [1]
-    owner = sql(a.conn.url, f"SELECT lease_owner FROM lines WHERE batch_id = '{batch_id}'")
+    owner = sql(url, f"SELECT lease_owner FROM lines WHERE batch_id = '{batch_id}'")
     assert sorted(owner, key=str) == sorted([("replica-a",), (None,)], key=str)
 
 
@@ -106,7 +109,7 @@ def test_a_line_abandoned_too_often_is_errored(
 
 
 def test_a_batch_ends_once_whoever_races_to_end_it(
-    replicas: tuple[PgBatchStore, PgBatchStore],
+    replicas: tuple[PgBatchStore, PgBatchStore], url: str
 ) -> None:
     a, b = replicas
     batch_id = new_batch(a, lines=1)
@@ -127,26 +130,29 @@ def test_a_batch_ends_once_whoever_races_to_end_it(
     assert len(winners) == 1 and winners[0].status == ENDED
     output = b.file("acme", winners[0].output_file_id)
     assert a.read_file(output) in (b"replica-a", b"replica-b")
-    assert sql(a.conn.url, "SELECT count(*) FROM files") == [(1,)]
-    assert sql(a.conn.url, "SELECT count(*) FROM file_contents") == [(1,)]
+    assert sql(url, "SELECT count(*) FROM files") == [(1,)]
+    assert sql(url, "SELECT count(*) FROM file_contents") == [(1,)]
 
 
 def test_a_sqlite_store_errors_a_line_that_crashed_the_server_each_time(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "batches.db"
-    store = BatchStore(path)
+    process = Store.in_memory()
+    store = BatchStore.of(process, path)
     batch_id = new_batch(store, lines=2)
-    store.close()
+    process.close()
     for attempt in range(1, MAX_LINE_ATTEMPTS + 1):
-        store = BatchStore(path)  # the restart after the crash settles the running line
+        process = Store.in_memory()  # the restart after the crash settles the running line
+        store = BatchStore.of(process, path)
         assert store.line(batch_id, 0).state == WAITING, attempt
         assert store.mark_running(batch_id, 0)
-        store.close()  # and the server dies while it runs
-    store = BatchStore(path)
+        process.close()  # and the server dies while it runs
+    process = Store.in_memory()
+    store = BatchStore.of(process, path)
     assert store.recovered == 1
     assert states(store, batch_id) == [ERRORED, WAITING]
     assert store.line(batch_id, 0).result["body"]["type"] == "error"  # Anthropic's shape
     assert store.line(batch_id, 0).attempts == MAX_LINE_ATTEMPTS
     assert RUNNING not in states(store, batch_id)
-    store.close()
+    process.close()

@@ -39,23 +39,28 @@ from zerohop.batches.store import (
     new_batch_id,
     new_file_id,
 )
+from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore]:
+    """A batch store on its process's one store, which closes it."""
     opened: BatchStore
     if request.param == "sqlite":
-        opened = BatchStore(tmp_path / "batches.db")
+        process = Store.in_memory()
+        opened = BatchStore.of(process, tmp_path / "batches.db")
     else:
         from tests.pg_fixtures import migrated_database
         from zerohop.batches.pg_store import PgBatchStore
 
         url = migrated_database(request.getfixturevalue("postgres"))
-        opened = PgBatchStore(url, owner="replica-a")  # type: ignore[assignment]
+        process = Store.of(StoreSpec.parse(url))
+        opened = PgBatchStore.of(process, owner="replica-a")  # type: ignore[assignment]
     yield opened
-    opened.close()
+    process.close()
 
 
 def stored_contents(store: BatchStore) -> set[str]:
@@ -289,21 +294,23 @@ def test_lines_page_through_a_batch(store: BatchStore) -> None:
 
 
 def test_reopening_after_a_crash_runs_running_lines_again(tmp_path: Path) -> None:
-    crashed = BatchStore(tmp_path / "batches.db")
+    crashed_process = Store.in_memory()
+    crashed = BatchStore.of(crashed_process, tmp_path / "batches.db")
     batch_id = new_batch(crashed, lines=4)
     for index in (0, 1, 2):
         crashed.mark_running(batch_id, index)
     crashed.record_result(batch_id, 0, SUCCEEDED, {"message": {"id": "msg_0"}})
     # No close, no cleanup: the next process opens the file as the crash left it.
-    reopened = BatchStore(tmp_path / "batches.db")
+    process = Store.in_memory()
+    reopened = BatchStore.of(process, tmp_path / "batches.db")
     assert reopened.recovered == 2
     assert states(reopened, batch_id) == [SUCCEEDED, WAITING, WAITING, WAITING]
     assert reopened.line(batch_id, 0).result == {"message": {"id": "msg_0"}}
     assert not reopened.record_result(batch_id, 0, ERRORED, {})
     assert [w.line.index for w in reopened.next_waiting(10)] == [1, 2, 3]
     assert reopened.line(batch_id, 1).attempts == 1  # the lost run is counted
-    reopened.close()
-    crashed.close()
+    process.close()
+    crashed_process.close()
 
 
 CHILD = """
@@ -311,7 +318,8 @@ import os, signal, sys
 from collections.abc import Iterator
 from pathlib import Path
 from zerohop.batches.store import BatchStore, NewBatch, NewLine
-store = BatchStore(Path(sys.argv[1]))
+from zerohop.gateway.store.store import Store
+store = BatchStore.of(Store.in_memory(), Path(sys.argv[1]))
 spec = NewBatch("acme", "zh-acme", "openai", "/v1/chat/completions", model="tiny")
 batch = store.create_batch(spec, [NewLine(f"r{i}", {"i": i}) for i in range(3)])
 print(batch.id, flush=True)
@@ -336,9 +344,10 @@ def test_a_sigkilled_process_resumes_where_it_was(tmp_path: Path) -> None:
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     batch_id = child.stdout.strip()
-    store = BatchStore(db)
+    process = Store.in_memory()
+    store = BatchStore.of(process, db)
     assert store.recovered == 1
     assert states(store, batch_id) == [SUCCEEDED, WAITING, WAITING]
     assert store.line(batch_id, 0).result == {"status_code": 200}
     assert list(store.files_dir.iterdir()) == []  # unfinished and unknown contents swept
-    store.close()
+    process.close()

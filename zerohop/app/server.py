@@ -183,7 +183,7 @@ async def serve(options: ServeOptions) -> int:
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
     try:
-        services.batches = batches = open_batches(options, engine, gateway)
+        services.batches = batches = open_batches(options, engine, gateway, store)
     except Exception:
         await engine.shutdown()
         raise
@@ -242,9 +242,8 @@ async def serve(options: ServeOptions) -> int:
         await server.serve()
     finally:
         ctx.draining = True
-        if batches is not None:  # its running lines go back to waiting
+        if batches is not None:  # its running lines go back to waiting (closed with the store)
             await batches.stop()
-            batches.store.close()
         if grpc_server is not None:
             await grpc_server.finish()
         await engine.shutdown()

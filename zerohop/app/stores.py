@@ -1,6 +1,6 @@
 """What `zerohop serve` keeps in its store beside the keys: message threads, stored
 responses, thought-signing keys (each given its repository of the process's one store), and
-batches (their own store and runner)."""
+batches (their store, on the process store's database or file, and their runner)."""
 
 from __future__ import annotations
 
@@ -65,18 +65,19 @@ def open_thought_signatures(options: ServeOptions, store: Store) -> Any:
 
 
 def open_batches(
-    options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None
+    options: ServeOptions, engine: EngineSupervisor, gateway: Gateway | None, store: Store
 ) -> BatchRunner | None:
-    """The batch store (recovering what a crash left running) and its runner, or None."""
+    """The batch store in the process's `store` (recovering what a crash left running) and
+    its runner, or None."""
     b = options.batches
     if not b.enabled:
         return None
     from zerohop.batches.runner import BatchRunner
     from zerohop.gateway.keys.identity import ANONYMOUS
 
-    store = _batch_store(options, gateway)
-    if store.recovered:
-        log.info("batches: %d lines left running by the last process run again", store.recovered)
+    batches = _batch_store(options, gateway, store)
+    if batches.recovered:
+        log.info("batches: %d lines left running by the last process run again", batches.recovered)
     identity_for = _model_identity(gateway) if gateway is not None else lambda _, __: ANONYMOUS
     from zerohop.engine.config import EngineConfig
 
@@ -84,12 +85,13 @@ def open_batches(
     defaults = EngineConfig()
     max_num_seqs = engine_options.get("max_num_seqs") or defaults.max_num_seqs
     target = engine_options.get("inter_token_target", defaults.inter_token_target)
-    return BatchRunner(store, engine, identity_for, int(b.max_share * max_num_seqs), target)
+    return BatchRunner(batches, engine, identity_for, int(b.max_share * max_num_seqs), target)
 
 
-def _batch_store(options: ServeOptions, gateway: Gateway | None) -> AnyBatchStore:
-    """The fleet store's batch tables when the keys are the fleet's (every replica serves
-    every batch), else this server's own SQLite file."""
+def _batch_store(options: ServeOptions, gateway: Gateway | None, store: Store) -> AnyBatchStore:
+    """The batch tables in the fleet store's database, on its pool, when the keys are the
+    fleet's (every replica serves every batch), else this server's own SQLite file, opened
+    and closed by `store`."""
     from zerohop.batches.store import BatchStore
 
     if gateway is not None and gateway.auth.spec.kind == "postgresql":
@@ -98,10 +100,9 @@ def _batch_store(options: ServeOptions, gateway: Gateway | None) -> AnyBatchStor
 
         keeper = getattr(gateway.ledger, "keeper", None)
         owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
-        url = gateway.auth.spec.url
-        return PgBatchStore(url, owner or new_replica_id(), options.gateway.leases.ttl)
+        return PgBatchStore.of(store, owner or new_replica_id(), options.gateway.leases.ttl)
     keys_db = options.gateway.keys_db or default_db_path()
-    return BatchStore(options.batches.db or keys_db.parent / "batches.db")
+    return BatchStore.of(store, options.batches.db or keys_db.parent / "batches.db")
 
 
 def _model_identity(gateway: Gateway) -> IdentityFor:

@@ -2,26 +2,26 @@
 gives rows read by name or by position, as `sqlite3.Row`s are.
 
 The tables (batch_table, line_table, file_table) write their SQL once, in the subset both
-databases read alike. Reads run on a pooled connection in autocommit and return every row at
-once, so no connection is held after the call; a transaction (`transaction()`) holds one
-connection until it commits, or rolls back on an exception.
+databases read alike. The connections are the process store's (`Store.postgres_pool`, whose
+pool serves every repository): the batches open none of their own and close none. A read
+runs on a pooled connection, committed as it goes back, and returns every row at once, so
+no connection is held after the call; a transaction (`transaction()`) holds one connection
+until it commits, or rolls back on an exception.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from zerohop.gateway.store.postgres import conninfo_options
 from zerohop.gateway.store.spec import StoreUnavailable
+from zerohop.gateway.store.store import Store
 from zerohop.gateway.store.usage_tables import for_postgres
-
-POOL_MIN, POOL_MAX = 1, 4
-POOL_TIMEOUT = 5.0  # seconds a caller waits for a pooled connection
 
 
 class Row(tuple[Any, ...]):
@@ -60,61 +60,59 @@ class Rows:
 
 
 class Session:
-    """Statements on one connection (a transaction's, or an autocommit read's)."""
+    """Statements on one connection (a transaction's, or a single statement's). Its cursors
+    read tuples, whatever rows the pool's connections give by default."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        cursor = self._conn.execute(for_postgres(sql), tuple(params))
-        return _read(cursor)
+        with self._conn.cursor(row_factory=tuple_row) as cursor:
+            cursor.execute(for_postgres(sql), tuple(params))
+            return _read(cursor)
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Rows:
-        with self._conn.cursor() as cursor:
+        with self._conn.cursor(row_factory=tuple_row) as cursor:
             cursor.executemany(for_postgres(sql), [tuple(p) for p in params])
             return Rows([], cursor.rowcount)
 
 
 class PgDatabase:
-    """A small pool of connections to the fleet store, for the batch tables."""
+    """The batch tables' statements, on connections of the process store's pool."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._pool = ConnectionPool(
-            url,
-            min_size=POOL_MIN,
-            max_size=POOL_MAX,
-            timeout=POOL_TIMEOUT,
-            kwargs={"autocommit": True, **conninfo_options()},
-            open=False,
-        )
-        # Not waiting for a first connection: a replica starts (from its key snapshot) while
-        # the store is down, and its batch routes answer 503 until the store is back.
-        self._pool.open(wait=False)
+    def __init__(self, pool: Callable[[], ConnectionPool]) -> None:
+        # Asked for at each call, not once: a replica starts (from its key snapshot) while
+        # the store is down, and its batch routes answer 503 until the store opens.
+        self.pool = pool
+
+    @classmethod
+    def of(cls, store: Store) -> PgDatabase:
+        """The tables in `store`'s PostgreSQL database (TypeError from a call on SQLite)."""
+        return cls(store.postgres_pool)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        with self._reachable(), self._pool.connection() as conn:
+        with self._connection() as conn:
             return Session(conn).execute(sql, params)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        with self._reachable(), self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             yield Session(conn)
 
     @contextmanager
-    def _reachable(self) -> Iterator[None]:
-        """A connection that fails (or none within the pool's timeout) is StoreUnavailable,
-        its message one line with the password masked."""
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; one that fails (or none within the pool's timeout) is
+        StoreUnavailable, its message one line with the password masked."""
+        pool = self.pool()  # StoreUnavailable while the store cannot be opened
         try:
-            yield
+            with pool.connection() as conn:
+                yield conn
         except psycopg.OperationalError as exc:  # PoolTimeout is one too
-            raise StoreUnavailable.wrap(exc, self.url) from exc
-
-    def close(self) -> None:
-        self._pool.close()
+            url = pool.conninfo if isinstance(pool.conninfo, str) else ""
+            raise StoreUnavailable.wrap(exc, url) from exc
 
 
-def _read(cursor: psycopg.Cursor) -> Rows:
+def _read(cursor: psycopg.Cursor[Any]) -> Rows:
     if cursor.description is None:
         return Rows([], cursor.rowcount)
     names = {column.name: i for i, column in enumerate(cursor.description)}

@@ -16,7 +16,9 @@ SQL runs on both through zerohop.batches.pg_connection), with two differences:
   then came back) gets exactly one result.
 
 Opening the store changes nothing: lines running elsewhere are other replicas' business, and
-this replica's own from a previous run end by their leases.
+this replica's own from a previous run end by their leases. The store opens no connection of
+its own: it runs on the process store's pool (`PgBatchStore.of(store, ...)`), which the
+process store closes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from zerohop.batches.batch_table import BatchTable
 from zerohop.batches.pg_connection import PgDatabase, Session
 from zerohop.batches.records import RUNNING, WAITING, FileRecord, NewFile
 from zerohop.batches.schema import Statements
+from zerohop.gateway.store.store import Store
 
 LEASE_TTL = 60.0  # seconds a running line stays leased unrenewed
 # FileRecord.path of a file held in the database: a name, never a folder on this host.
@@ -40,12 +43,19 @@ IN_DATABASE = Path("fleet-store")
 class PgBatchStore(BatchTable):
     _waiting_again = "state = ?, started_at = NULL, lease_owner = NULL, lease_until = NULL"
 
-    def __init__(self, url: str, owner: str, lease_ttl: float = LEASE_TTL) -> None:
+    def __init__(self, database: PgDatabase, owner: str, lease_ttl: float = LEASE_TTL) -> None:
         self.owner, self.lease_ttl = owner, lease_ttl
         self.files_dir = IN_DATABASE
+        # One statement or transaction at a time: the batches take one connection of the
+        # pool they share with every repository, never starving those.
         self._lock = threading.RLock()
-        self.conn = PgDatabase(url)
+        self.conn = database
         self.recovered = 0
+
+    @classmethod
+    def of(cls, store: Store, owner: str, lease_ttl: float = LEASE_TTL) -> PgBatchStore:
+        """The batch tables in `store`'s PostgreSQL database, this replica being `owner`."""
+        return cls(PgDatabase.of(store), owner, lease_ttl)
 
     @contextmanager
     def _transaction(self) -> Iterator[Statements]:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import string
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Protocol
 
 from zerohop.batches.records import Api, BatchRecord, LineRecord, UnknownCursor
-from zerohop.gateway.store.sqlite import immediate_transaction, open_wal
+from zerohop.gateway.store.sqlite import immediate_transaction
 
 _BASE62 = string.digits + string.ascii_letters
 
@@ -70,10 +68,6 @@ def new_file_id() -> str:
     return "file-" + _base62(22)
 
 
-def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
-    return open_wal(path, SCHEMA, synchronous)
-
-
 class Statements(Protocol):
     """What the tables run their SQL on: a `sqlite3.Connection`, or the PostgreSQL one of
     zerohop.batches.pg_connection (the same `?` SQL, rows read by name or position)."""
@@ -99,14 +93,11 @@ class Result(Protocol):
 
 
 class Connection:
-    """One connection guarded by a lock; what each table's methods share."""
+    """One connection guarded by a lock; what each table's methods share. The process's one
+    store (zerohop.gateway.store.store.Store) opened it and closes it: a table never does."""
 
-    conn: Any  # Statements, and close()
+    conn: Any  # Statements
     _lock: threading.RLock
-
-    def close(self) -> None:
-        with self._lock:
-            self.conn.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[Statements]:

@@ -1,8 +1,12 @@
 """The batch store: batches, their lines and their files, in SQLite; file contents on disk.
 
 One SQLite file in WAL mode (`batches.db` beside the key store by default) and a folder
-beside it for file contents (`batches-files/`), one file per file id. The store is what makes
-a batch survive a restart, SIGTERM or kill -9 alike:
+beside it for file contents (`batches-files/`), one file per file id. The file is the
+process's one store's to open and close (`Store.batch_file`, through `BatchStore.of`): batches
+keep a file of their own rather than tables in the keys' file, because their writes (whole
+input files as lines, every line's result) must not hold the keys' connection lock, and
+operators have `--batches-db` and `batches.db` files already. The store is what makes a batch
+survive a restart, SIGTERM or kill -9 alike:
 
 - A batch and all its lines are written in one transaction: a batch exists whole or not at all.
 - A line is `waiting`, then `running` while a runner serves it, then finished (`succeeded`,
@@ -19,13 +23,12 @@ a batch survive a restart, SIGTERM or kill -9 alike:
 an OS crash or power loss can lose the last commits, and then a line at most runs again.
 
 Every read and change of a batch or file takes the tenant, so a key sees only its own
-tenant's; `None` (the runner, the finalizer) sees them all. One connection, guarded by a lock:
-callers on an event loop run these (short) calls with `asyncio.to_thread`.
+tenant's; `None` (the runner, the finalizer) sees them all. One connection, guarded by the
+file's lock: callers on an event loop run these (short) calls with `asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
@@ -62,7 +65,9 @@ from zerohop.batches.records import (
     UnknownCursor,
     WaitingLine,
 )
-from zerohop.batches.schema import SCHEMA, connect, new_batch_id, new_file_id
+from zerohop.batches.schema import SCHEMA, new_batch_id, new_file_id
+from zerohop.gateway.store.sqlite_file import SqliteFile
+from zerohop.gateway.store.store import Store
 
 if TYPE_CHECKING:
     from zerohop.batches.pg_store import PgBatchStore
@@ -72,21 +77,25 @@ __all__ = [
     "FINISHED", "IN_PROGRESS", "LINE_STATES", "OPEN", "RUNNING", "SCHEMA", "SUCCEEDED",
     "WAITING", "Api", "BatchNotEnded", "BatchRecord", "BatchStore", "DuplicateCustomId",
     "FileRecord", "LineRecord", "NewBatch", "NewFile", "NewLine", "Page", "RequestCounts",
-    "StoreError", "UnknownCursor", "WaitingLine", "connect", "new_batch_id", "new_file_id",
+    "StoreError", "UnknownCursor", "WaitingLine", "new_batch_id", "new_file_id",
 ]  # fmt: skip
 
 
 class BatchStore(BatchTable):
-    def __init__(
-        self, path: Path, files_dir: Path | None = None, synchronous: str = "NORMAL"
-    ) -> None:
-        self.path = path
-        self.files_dir = files_dir or path.with_name(path.stem + "-files")
+    def __init__(self, file: SqliteFile, files_dir: Path | None = None) -> None:
+        self.path = file.path
+        self.files_dir = files_dir or file.path.with_name(file.path.stem + "-files")
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
-        self.conn = connect(path, synchronous)
+        self._lock, self.conn = file.lock, file.conn
         self.recovered = self._recover()  # lines a crash left running, waiting again
         self._sweep_orphans()
+
+    @classmethod
+    def of(
+        cls, store: Store, path: Path, files_dir: Path | None = None, synchronous: str = "NORMAL"
+    ) -> BatchStore:
+        """The batches in the SQLite file at `path`, which `store` opens and closes."""
+        return cls(store.batch_file(path, SCHEMA, synchronous), files_dir)
 
     def _recover(self) -> int:
         with self._transaction() as conn:

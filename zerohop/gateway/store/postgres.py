@@ -51,7 +51,10 @@ from zerohop.gateway.store.sqlite import (
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken, ThreadTables
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow, UsageTables
 
-POOL_MIN, POOL_MAX = 1, 6  # one pool for every repository of the process (store.Store)
+# The process's one pool (store.Store): its repositories, which had 6, and the batch tables,
+# which had a pool of 4 of their own and now take one connection at a time here (their
+# store's lock); 8 keeps the repositories' 6 free while batches write, with one to spare.
+POOL_MIN, POOL_MAX = 1, 8
 POOL_TIMEOUT = 2.0  # seconds a caller waits for a pooled connection
 MIGRATE_HINT = "run `zerohop store migrate`"
 

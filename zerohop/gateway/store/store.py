@@ -14,6 +14,17 @@ that open get its error, rather than each trying in turn). The database serializ
 use (see `repositories`), so consumers share it without a lock of their own. The one
 exception: a fleet's budget leases keep a connection of their own (`lease_repository` says
 why), which `close` closes too.
+
+Batches (zerohop.batches, which the gateway never imports) get their database from the store
+too, and open no connection of their own:
+
+- On PostgreSQL, the batch tables are in the store's database, reached through its one pool
+  (`postgres_pool`); the store closes it.
+- On SQLite, batches keep their own file (`batch_file`, `--batches-db`, `batches.db` beside
+  the keys by default, file contents in `batches-files/` beside it): a batch writes whole
+  input files as lines and every line's result, traffic that must not hold the keys' one
+  connection lock, and operators' existing `batches.db` files stay where they are. The store
+  opens that file once per process and closes it with its own database.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerohop.gateway.store.lease_repository import LeaseRepository
 from zerohop.gateway.store.open_store import Database, open_database
@@ -35,6 +47,10 @@ from zerohop.gateway.store.repositories import (
     UsageRepository,
 )
 from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.sqlite_file import SqliteFile, SqliteFiles
+
+if TYPE_CHECKING:  # psycopg is imported only where a PostgreSQL store is opened
+    from psycopg_pool import ConnectionPool
 
 IN_MEMORY = ":memory:"
 
@@ -49,6 +65,7 @@ class Store:
         self._database: Database | None = None
         self._opening = threading.Lock()
         self._failed: tuple[float, Exception] | None = None  # the last failed open: when, why
+        self._files = SqliteFiles()
         self.keys = KeyRepository(self.database)
         self.ledger = LedgerRepository(self.database)
         self.usage = UsageRepository(self.database)
@@ -89,6 +106,21 @@ class Store:
             self._failed = None
             return self._database
 
+    def postgres_pool(self) -> ConnectionPool:
+        """The PostgreSQL store's one pool, for the batch tables in its database (opened now
+        unless it is already; TypeError on a SQLite store)."""
+        from zerohop.gateway.store.postgres import PostgresStore
+
+        database = self.database()
+        if not isinstance(database, PostgresStore):
+            raise TypeError(f"{self._description} is not a PostgreSQL store: it has no pool")
+        return database.pool
+
+    def batch_file(self, path: Path, schema: str, synchronous: str = "NORMAL") -> SqliteFile:
+        """The batches' SQLite file at `path`, opened with their `schema` on its first use
+        in this process, and closed by `close`."""
+        return self._files.open(path, schema, synchronous)
+
     def describe(self) -> str:
         """The store, for people (a password masked)."""
         return self._description
@@ -101,3 +133,4 @@ class Store:
             database, self._database = self._database, None
         if database is not None:
             database.close()
+        self._files.close()  # the SQLite files it opened beside the database
