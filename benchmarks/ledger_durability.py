@@ -34,7 +34,9 @@ from _common import ROOT, print_table, write_json
 from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger
 from zerohop.gateway.budgets.sqlite_writer import DURABILITIES
 from zerohop.gateway.keys.identity import Budget, Identity, Tenant
+from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 PROMPT, MAX_TOKENS, USED = 128, 64, 150
 OUT = ROOT / "bench-results" / "ledger_durability.json"
@@ -52,7 +54,8 @@ class Run:
 
 async def one_run(db: Path, durability: str, concurrency: int, requests: int) -> Run:
     KeyStore(db).close()  # a fresh store, as `zerohop keys create` leaves it
-    ledger = BudgetLedger(db, durability)  # type: ignore[arg-type]
+    store = Store.of(StoreSpec.sqlite(db))
+    ledger = BudgetLedger(store.ledger, durability)  # type: ignore[arg-type]
     ledger.start()
     identities = [
         Identity(f"zh-bench{i:03d}", Tenant(f"t{i}", budget=Budget(10**12)), budget=Budget(10**12))
@@ -74,6 +77,7 @@ async def one_run(db: Path, durability: str, concurrency: int, requests: int) ->
     start = time.perf_counter()
     await asyncio.gather(*(worker(identity) for identity in identities))
     await asyncio.to_thread(ledger.close)  # the last settlements written too
+    store.close()
     wall = time.perf_counter() - start
     check_spend(db, identities, requests)
     return Run(durability, concurrency, waits, wall, ledger.commits, requests)

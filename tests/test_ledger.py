@@ -45,7 +45,10 @@ from zerohop.gateway.budgets.sqlite_ledger import BudgetLedger, LedgerUnavailabl
 from zerohop.gateway.budgets.sqlite_writer import RETRY_SECONDS, LedgerWriter, SettleOp
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 from zerohop.gateway.keys.identity import Budget, Identity, Limits, Tenant
+from zerohop.gateway.store.repositories import LedgerRepository
+from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.sqlite import KeyStore
+from zerohop.gateway.store.store import Store
 
 FSIZE = resource.RLIMIT_FSIZE
 BUDGETED = Identity("zh-budget1", Tenant("t-budget"), budget=Budget(100_000))
@@ -98,10 +101,15 @@ async def await_until(check: Callable[[], Any], timeout: float = 5.0) -> Any:
     return value
 
 
+def ledger_of(db: Path) -> LedgerRepository:
+    """The ledger repository of the store on `db` (the process's one store, as served)."""
+    return Store.of(StoreSpec.sqlite(db)).ledger
+
+
 def fresh_ledger(tmp_path: Path, durability: str = "full") -> tuple[BudgetLedger, Path]:
     db = tmp_path / "keys.db"
     KeyStore(db).close()
-    ledger = BudgetLedger(db, durability)  # type: ignore[arg-type]
+    ledger = BudgetLedger(ledger_of(db), durability)  # type: ignore[arg-type]
     ledger.start()
     return ledger, db
 
@@ -233,7 +241,7 @@ def test_a_crash_before_the_settlement_leaves_the_reservation_counted(tmp_path: 
 
     asyncio.run(run())
     db = tmp_path / "keys.db"
-    restarted = BudgetLedger(db)
+    restarted = BudgetLedger(ledger_of(db))
     restarted.start()
     assert restarted.spent[(f"key:{BUDGETED.key_id}", "total")] == 110
     restarted.close()
@@ -245,7 +253,7 @@ def test_durability_sets_the_ledger_connection_synchronous(
     tmp_path: Path, durability: str, pragma: int
 ) -> None:
     db = tmp_path / "keys.db"
-    writer = LedgerWriter(db, durability)  # type: ignore[arg-type]
+    writer = LedgerWriter(ledger_of(db), durability)  # type: ignore[arg-type]
     writer.start()
     try:
         assert writer.synchronous == pragma
@@ -254,7 +262,7 @@ def test_durability_sets_the_ledger_connection_synchronous(
 
 
 def test_the_default_durability_is_full(tmp_path: Path) -> None:
-    assert BudgetLedger(tmp_path / "keys.db").durability == "full"
+    assert BudgetLedger(ledger_of(tmp_path / "keys.db")).durability == "full"
     args = _serve_parser().parse_args(["serve"])
     assert (args.durability, args.ledger_failure) == ("full", "open")
 

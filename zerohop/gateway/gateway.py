@@ -173,7 +173,11 @@ class Gateway:
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         opened = Store.of(spec)
         if spec.kind != "postgresql":
-            ledger = BudgetLedger(local_db or spec.path, durability)
+            ledger_store = opened
+            if local_db is not None and StoreSpec.sqlite(local_db) != spec:
+                # A SQLite --store with another --keys-db: the ledger stays in --keys-db.
+                ledger_store = Store.of(StoreSpec.sqlite(local_db))
+            ledger = BudgetLedger(ledger_store.ledger, durability)
             auth = Authenticator(spec, verifier, keys=opened.keys)
             return cls(auth, ledger, audit, metrics, ledger_failure, opened)
         from zerohop.gateway.fleet import join_fleet

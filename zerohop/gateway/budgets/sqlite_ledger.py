@@ -24,7 +24,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
 from zerohop.gateway.budgets.sqlite_writer import (
@@ -36,6 +35,7 @@ from zerohop.gateway.budgets.sqlite_writer import (
     SettleOp,
 )
 from zerohop.gateway.keys.identity import Budget, Identity
+from zerohop.gateway.store.repositories import LedgerRepository
 
 __all__ = ["BudgetExhausted", "BudgetLedger", "Charge", "LedgerUnavailable", "Reservation"]
 
@@ -80,10 +80,10 @@ class Reservation:
 class BudgetLedger:
     """In-memory spend per (subject, period), kept durable by a group-committing writer."""
 
-    def __init__(self, db_path: Path, durability: Durability = "full") -> None:
-        self.db_path = db_path
+    def __init__(self, ledger: LedgerRepository, durability: Durability = "full") -> None:
+        """`ledger`: the store's, whose SQLite file the writer opens on `start`."""
         self.spent: dict[tuple[str, str], int] = defaultdict(int)
-        self.writer = LedgerWriter(db_path, durability)
+        self.writer = LedgerWriter(ledger, durability)
         self._open: dict[str, Reservation] = {}  # request id -> its (first) reservation
 
     @property

@@ -5,7 +5,9 @@ Each is a view of the process's one database (`zerohop.gateway.store.store.Store
 through `database`, which opens it on first use and again after an open that failed. Every
 call blocks (a SQLite file, or a PostgreSQL round trip): consumers make it from a worker
 thread, never on the event loop. The backends serialize what needs it (SQLite's connection
-lock, PostgreSQL's pool and row locks), so a repository holds no lock of its own.
+lock, PostgreSQL's pool and row locks), so a repository holds no lock of its own. The one
+exception is the budget ledger's writer: it gets a SQLite connection of its own to the same
+file (`LedgerRepository.writer`; why in `zerohop.gateway.store.ledger_tables`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from collections.abc import Callable
 from typing import Unpack
 
 from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.store.ledger_tables import Durability, LedgerTables
 from zerohop.gateway.store.open_store import Database
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
+from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.thread_tables import NewThreadRow, Taken
 from zerohop.gateway.store.usage_tables import RefusalRow, UsageRow
 
 Opener = Callable[[], Database]  # the database, opened on first use (Store.database)
+IN_MEMORY = ":memory:"  # a SQLite store of this process's own, no file
 
 
 class _Repository:
@@ -90,11 +95,27 @@ class KeyRepository(_Repository):
 
 
 class LedgerRepository(_Repository):
-    """The token-spend ledger as the reports read it (the budget ledger writes it)."""
+    """The token-spend ledger: the reports read it, the budget ledger's writer writes it."""
+
+    def __init__(self, database: Opener, spec: StoreSpec | None = None) -> None:
+        super().__init__(database)
+        self._spec = spec
 
     def spend(self) -> list[tuple[str, str, int]]:
         """(subject, period, tokens) of every ledger row, reservations (or leases) included."""
         return self._database().spend()
+
+    def writer(self, durability: Durability) -> LedgerTables:
+        """The writer's tables, on a connection of their own to the store's SQLite file
+        (why: `ledger_tables`). A PostgreSQL store has none: its budgets are leases."""
+        spec = self._spec
+        if spec is None or spec.kind != "sqlite" or spec.target == IN_MEMORY:
+            where = "this store" if spec is None else spec.describe()
+            raise ValueError(
+                f"the budget ledger writes a SQLite store's file; {where} has none (a"
+                " PostgreSQL store's budgets are leases)"
+            )
+        return LedgerTables(spec.path, durability)
 
 
 class UsageRepository(_Repository):

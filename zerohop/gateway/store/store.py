@@ -80,7 +80,9 @@ class Store:
     @classmethod
     def of(cls, spec: StoreSpec) -> Store:
         """The store `spec` names (StoreUnavailable from a call while it cannot be opened)."""
-        return cls(lambda: open_database(spec), spec.describe(), LeaseRepository.of(spec))
+        store = cls(lambda: open_database(spec), spec.describe(), LeaseRepository.of(spec))
+        store.ledger = LedgerRepository(store.database, spec)  # its writer opens spec's file
+        return store
 
     @classmethod
     def in_memory(cls) -> Store:
