@@ -39,7 +39,7 @@ def admin(tmp_path: Path):
     gateway = Gateway.from_store(db)
     gateway.start()
     context = AdminContext(
-        gateway, AdminService(gateway), sessions=SessionStore(gateway.store.sessions)
+        gateway, AdminService.of(gateway), sessions=SessionStore(gateway.store.sessions)
     )
     yield context, store, record.key_id
     gateway.auth.close()

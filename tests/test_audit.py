@@ -25,8 +25,10 @@ from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.cli import audit as audit_cli
 from zerohop.gateway.audit import log as audit
 from zerohop.gateway.audit.failure import AuditFailures
-from zerohop.gateway.audit.heads import ChainHead, HeadStore, read_head
 from zerohop.gateway.audit.log import CURRENT, ZERO_HASH, AuditLog, log_files, verify
+from zerohop.gateway.store.audit_heads import AuditHeadRepository, ChainHead, read_head
+from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -365,20 +367,35 @@ def test_zerohop_audit_verify_exit_codes(
 # -- the recorded chain head: a deleted tail is told ------------------------------------------
 
 
-class CountingHeads(HeadStore):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+@contextlib.contextmanager
+def heads_in(db: Path) -> Iterator[AuditHeadRepository]:
+    """The chain heads of the store in `db`, as `zerohop serve` gives them to its audit log."""
+    store = Store.of(StoreSpec.sqlite(db))
+    try:
+        yield store.audit_heads
+    finally:
+        store.close()
+
+
+class CountingHeads:
+    """A store's heads, counting what the writer saves."""
+
+    def __init__(self, heads: AuditHeadRepository) -> None:
+        self.heads, self.where = heads, heads.where
         self.saves: list[ChainHead] = []
         self.saved = threading.Event()
 
+    def load(self, directory: Path) -> ChainHead | None:
+        return self.heads.load(directory)
+
     def save(self, directory: Path, head: ChainHead) -> None:
-        super().save(directory, head)
+        self.heads.save(directory, head)
         self.saves.append(head)
         self.saved.set()
 
 
 def write_with_heads(directory: Path, db: Path, n: int, start: int = 0) -> None:
-    with AuditLog(directory, flush_interval=0.01, heads=HeadStore(db)) as log:
+    with heads_in(db) as heads, AuditLog(directory, flush_interval=0.01, heads=heads) as log:
         for i in range(start, start + n):
             log.record(entry(i))
 
@@ -423,7 +440,8 @@ def test_verify_names_a_rewritten_head(tmp_path: Path) -> None:
 
 
 def test_the_head_is_recorded_while_writing_at_most_once_per_interval(tmp_path: Path) -> None:
-    heads = CountingHeads(tmp_path / "keys.db")
+    store = Store.of(StoreSpec.sqlite(tmp_path / "keys.db"))
+    heads = CountingHeads(store.audit_heads)
     log = AuditLog(tmp_path / "audit", flush_interval=0.01, heads=heads, head_interval=3600)
     log.start()
     log.record(entry(0))
@@ -438,6 +456,7 @@ def test_the_head_is_recorded_while_writing_at_most_once_per_interval(tmp_path: 
     assert [h.seq for h in heads.saves] == [0]  # not again within the interval
     log.close()
     assert [h.seq for h in heads.saves] == [0, 5]  # and at close, the final head
+    store.close()
 
 
 def test_a_restart_after_a_truncation_keeps_the_gap(tmp_path: Path) -> None:
@@ -558,9 +577,8 @@ def test_gathered_folders_are_checked_against_the_head_recorded_where_they_were(
     assert code == 1 and out.splitlines()[1].startswith(f"{b}: truncated: the chain head")
     assert out.splitlines()[1].endswith("is missing; the log ends at record 2")
 
-    other = HeadStore(b.parent / "keys.db")  # a store with two folders' heads: no guessing
-    other.save(tmp_path / "elsewhere", read_head(b.parent / "keys.db", was))
-    other.close()
+    with heads_in(b.parent / "keys.db") as other:  # a store with two folders' heads: no guessing
+        other.save(tmp_path / "elsewhere", read_head(b.parent / "keys.db", was))
     code, out, err = verify_cli(capsys, b)
     assert (code, out) == (0, "ok: 3 records in 1 files\n")
     assert err.startswith(f"note: no chain head recorded for {b} in ")

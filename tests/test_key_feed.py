@@ -20,6 +20,7 @@ from zerohop.gateway.store.open_store import StoreSpec
 from zerohop.gateway.store.pg_key_feed import APPLICATION_NAME
 from zerohop.gateway.store.postgres import PostgresStore
 from zerohop.gateway.store.sqlite import KEY_ID_LENGTH
+from zerohop.gateway.store.store import Store
 
 WITHIN = 1.0  # seconds: the promise
 
@@ -45,7 +46,9 @@ def _accepts(replica: Authenticator, secret: str) -> bool:
 @pytest.fixture
 def fleet(postgres: PostgresServer) -> Iterator[Fleet]:
     url = migrated_database(postgres)
-    fleet = Fleet(url, PostgresStore(url), [Authenticator(StoreSpec.parse(url)) for _ in "ab"])
+    spec = StoreSpec.parse(url)
+    stores = [Store.of(spec) for _ in "ab"]  # one per replica process
+    fleet = Fleet(url, PostgresStore(url), [Authenticator(spec, s.keys) for s in stores])
     for replica in fleet.replicas:
         replica.load()
         replica.start_watching()
@@ -53,6 +56,8 @@ def fleet(postgres: PostgresServer) -> Iterator[Fleet]:
     yield fleet
     for replica in fleet.replicas:
         replica.close()
+    for store in stores:
+        store.close()
     fleet.writer.close()
 
 

@@ -278,7 +278,8 @@ def _serve_parser() -> Any:
 
 def _gateway(tmp_path: Path, policy: str) -> tuple[Gateway, Path]:
     ledger, db = fresh_ledger(tmp_path)
-    return Gateway(Authenticator(db), ledger, ledger_failure=policy), db
+    store = Store.of(StoreSpec.sqlite(db))
+    return Gateway(store, Authenticator(db, store.keys), ledger, ledger_failure=policy), db
 
 
 def _call(identity: Identity) -> Call:

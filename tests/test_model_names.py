@@ -27,6 +27,8 @@ from zerohop.engine.text.tokenizer import Tokenizer
 from zerohop.gateway.auth import Authenticator
 from zerohop.gateway.gateway import Call, Gateway, GatewayError
 from zerohop.gateway.keys.identity import Identity, Tenant
+from zerohop.gateway.store.spec import StoreSpec
+from zerohop.gateway.store.store import Store
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2 as pb
 from zerohop.grpc_gen.zerohop.v1 import zerohop_pb2_grpc as pb_grpc
 
@@ -102,7 +104,8 @@ def test_a_bad_flag_is_a_cli_error(flags: list[str], why: str) -> None:
 
 def test_a_key_allowed_the_model_may_use_its_aliases(tmp_path: Path) -> None:
     names = ModelNames.from_flags("ckpt", ["tiny-llama"], ["claude-*"])
-    gateway = Gateway(Authenticator(tmp_path / "keys.db"), None)
+    store = Store.of(StoreSpec.sqlite(tmp_path / "keys.db"))
+    gateway = Gateway(store, Authenticator(tmp_path / "keys.db", store.keys), None)
     ctx = ServingContext(None, None, "ckpt", 2048, names=names, gateway=gateway)  # type: ignore[arg-type]
     call = Call("req_1", "anthropic")
     call.identity = Identity("k1", Tenant("t"), models=("tiny-llama",))

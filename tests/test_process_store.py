@@ -38,7 +38,7 @@ class Opener:
 
 def test_nothing_is_opened_until_a_repository_is_called_and_then_once(tmp_path: Path) -> None:
     opener = Opener(tmp_path / "keys.db")
-    store = Store(opener, "keys.db")
+    store = Store(opener)
     assert opener.tries == 0 and not (tmp_path / "keys.db").exists()
     assert not store.keys.has_keys()
     store.threads.put(NewThreadRow("msg_1", "acme", "{}", 2, 1), 0.0, HOUR)

@@ -13,10 +13,11 @@ from zerohop.admin.context import AdminContext
 from zerohop.admin.service import AdminService
 from zerohop.admin.sessions import SessionStore
 from zerohop.api.load.live_load import LiveLoad
+from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.usage import UsageRecorder
 
 
-def attach_operator(gateway: Any, secure_cookies: bool) -> AdminContext:
+def attach_operator(gateway: Gateway, secure_cookies: bool) -> AdminContext:
     """Start recording usage and live load on `gateway`; the admin context over it."""
     store = gateway.store
     gateway.usage = UsageRecorder(store.usage)
@@ -24,7 +25,7 @@ def attach_operator(gateway: Any, secure_cookies: bool) -> AdminContext:
     gateway.live = LiveLoad()
     sessions = SessionStore(store.sessions)
     return AdminContext(
-        gateway, AdminService(gateway, store), sessions=sessions, secure_cookies=secure_cookies
+        gateway, AdminService.of(gateway), sessions=sessions, secure_cookies=secure_cookies
     )
 
 

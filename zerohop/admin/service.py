@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 from zerohop.admin import wire
 from zerohop.admin.errors import checked, invalid, not_found
 from zerohop.api.serving.service import new_request_id
+from zerohop.gateway.gateway import Gateway
 from zerohop.gateway.keys.identity import Identity, Limits
-from zerohop.gateway.store.repositories import KeyRepository
+from zerohop.gateway.store.repositories import KeyRepository, LedgerRepository, UsageRepository
 from zerohop.gateway.store.rows import KeyRecord
-from zerohop.gateway.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,23 @@ T = TypeVar("T")
 
 
 class AdminService:
-    """Over `store` (by default the gateway's): its keys, usage and ledger repositories."""
+    """Over the store's keys, usage and ledger repositories, for `gateway`'s operators."""
 
-    def __init__(self, gateway: Any, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        keys: KeyRepository,
+        usage: UsageRepository,
+        ledger: LedgerRepository,
+    ) -> None:
         self.gateway = gateway
-        store = store if store is not None else gateway.store
-        self.stored_keys, self.usage, self.ledger = store.keys, store.usage, store.ledger
+        self.stored_keys, self.usage, self.ledger = keys, usage, ledger
+
+    @classmethod
+    def of(cls, gateway: Gateway) -> AdminService:
+        """Over the repositories of `gateway`'s store."""
+        store = gateway.store
+        return cls(gateway, store.keys, store.usage, store.ledger)
 
     async def run(self, work: Callable[[], T]) -> T:
         """`work()` (calls of the repositories) on a worker thread."""

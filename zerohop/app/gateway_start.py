@@ -13,7 +13,6 @@ from zerohop.gateway.store.sqlite import default_db_path
 
 
 def build_gateway(options: ServeOptions, model_name: str, block_size: int | None) -> Gateway:
-    from zerohop.gateway.audit.heads import HeadStore
     from zerohop.gateway.audit.log import AuditLog
     from zerohop.gateway.metrics import GatewayMetrics
 
@@ -29,16 +28,6 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
             revoked_file=g.revoked,
             allow_nonexpiring=g.allow_nonexpiring_signed_keys,
         )
-    audit = None
-    if g.audit:
-        audit = AuditLog(
-            g.audit_dir or keys_db.parent / "audit",
-            max_bytes=g.audit_max_bytes,
-            include_content=g.audit_content,
-            heads=HeadStore(keys_db),  # the chain head, outside the log's directory
-            failure=g.audit_failure,
-            max_pending=g.audit_max_pending,
-        )
     metrics = GatewayMetrics(model_name, block_size=block_size) if g.metrics else None
     gateway = Gateway.from_store(
         store_spec(g),
@@ -47,10 +36,18 @@ def build_gateway(options: ServeOptions, model_name: str, block_size: int | None
         local_db=keys_db,
         leases=g.leases,
         local_copy=local_copy(g),
-        audit=audit,
         metrics=metrics,
         ledger_failure=g.ledger_failure,
     )
+    if g.audit:
+        gateway.audit = AuditLog(
+            g.audit_dir or keys_db.parent / "audit",
+            max_bytes=g.audit_max_bytes,
+            include_content=g.audit_content,
+            heads=gateway.store.audit_heads,  # the chain head, outside the log's directory
+            failure=g.audit_failure,
+            max_pending=g.audit_max_pending,
+        )
     gateway.start()
     return gateway
 

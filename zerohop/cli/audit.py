@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from zerohop.cli.arg_types import Subcommands
-from zerohop.gateway.audit.heads import ChainHead, read_head, read_heads
 from zerohop.gateway.audit.log import verify
+from zerohop.gateway.store.audit_heads import ChainHead, only_head, read_head
 from zerohop.gateway.store.sqlite import default_db_path
 
 PROG = "zerohop audit verify"
@@ -68,16 +68,6 @@ def recorded_head(
     if (only := only_head(beside)) is not None:  # gathered from elsewhere with its store
         return only[1], beside, only[0]
     return None, candidates[-1], None
-
-
-def only_head(db: Path) -> tuple[str, ChainHead] | None:
-    """(directory, head) when `db` records exactly one audit folder's head, else None."""
-    query = "SELECT directory, seq, hash, file, recorded FROM audit_heads LIMIT 2"
-    rows = read_heads(db, lambda conn: conn.execute(query).fetchall())
-    if rows is None or len(rows) != 1:
-        return None
-    where, seq, hash_, file, recorded = rows[0]
-    return where, ChainHead(seq, hash_, file, recorded)
 
 
 def verify_directory(directory: Path, keys_db: Path | None, trust_first: bool, tag: str) -> int:

@@ -33,7 +33,6 @@ from zerohop.gateway.store.repositories import KeyRepository
 from zerohop.gateway.store.rows import InvalidKey, KeyEntry, RevokedKey
 from zerohop.gateway.store.spec import StoreSpec
 from zerohop.gateway.store.sqlite import hash_secret
-from zerohop.gateway.store.store import Store
 
 if TYPE_CHECKING:
     from zerohop.gateway.keys.signed_tokens import SignedKeyVerifier
@@ -90,18 +89,14 @@ class Authenticator:
     def __init__(
         self,
         store: StoreSpec | Path,
+        keys: KeyRepository,
         verifier: SignedKeyVerifier | None = None,
         local_copy: LocalCopy | None = None,
-        keys: KeyRepository | None = None,
     ) -> None:
         self.spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
         self.verifier = verifier
         self.local_copy = local_copy  # PostgreSQL only
         self._keys = _NOT_LOADED
-        self._own_store: Store | None = None
-        if keys is None:
-            self._own_store = Store.of(self.spec)
-            keys = self._own_store.keys
         self.repository = keys
         self._task: asyncio.Task[None] | None = None
         self.feed: KeyFeed | None = None  # PostgreSQL only, once watching
@@ -192,13 +187,10 @@ class Authenticator:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        """Stop following the store, and close it if it is this authenticator's own
-        (blocking)."""
+        """Stop following the store (blocking); the store is its owner's to close."""
         if self.feed is not None:
             self.feed.stop()
             self.feed = None
-        if self._own_store is not None:
-            self._own_store.close()
 
     async def _watch(self) -> None:
         while True:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from zerohop.gateway.audit.record import AuditRecord
 from zerohop.gateway.auth import (
@@ -90,6 +90,19 @@ class GatewayError(Exception):
         self.retry_after, self.should_retry, self.code = retry_after, should_retry, code
 
 
+class QueueTimer(Protocol):
+    """The API's measure of a request's queue wait (zerohop.api.load.queue_timing), kept on
+    its call: the gateway never reads it."""
+
+    actual: float | None
+
+    def sent(self, now: float | None = None) -> None: ...
+
+    def first_delta(self, step_seconds: float, now: float | None = None) -> None: ...
+
+    def headers(self) -> list[tuple[bytes, bytes]]: ...
+
+
 @dataclass(slots=True)
 class Call:
     """One request, from arrival to its audit record."""
@@ -123,7 +136,7 @@ class Call:
     refusal: str | None = None  # the refusal's message (the admin API's refusals report)
     prompt_text: str | None = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
-    queue_timing: Any = None  # zerohop.api.load.queue_timing.QueueTiming: set at admission
+    queue_timing: QueueTimer | None = None  # set at admission
 
     @property
     def ttft(self) -> float | None:
@@ -133,17 +146,17 @@ class Call:
 class Gateway:
     def __init__(
         self,
+        store: Store,
         authenticator: Authenticator,
         ledger: Ledger | None,
         audit: AuditLog | None = None,
         metrics: GatewayMetrics | None = None,
         ledger_failure: str = "open",
-        store: Store | None = None,
     ) -> None:
         assert ledger_failure in LEDGER_FAILURE_POLICIES, ledger_failure
-        self.auth = authenticator
         # The process's one store (its repositories go to the consumers; closed by close).
-        self.store = store if store is not None else Store.of(authenticator.spec)
+        self.store = store
+        self.auth = authenticator
         self.limiter = RateLimiter()
         self.rates: FleetRates | None = None  # when the store is shared (fleet.py)
         self.ledger = ledger
@@ -166,24 +179,20 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         ledger_failure: str = "open",
     ) -> Gateway:
-        """Keys from `store`. Budgets: with a SQLite store, a ledger in its file (or
-        `local_db`); with PostgreSQL, leases of the fleet's budgets (`fleet.py`), and the
-        rate limits shared by the fleet too, and its keys kept in `local_copy` to start
-        from while it is down."""
+        """Keys from `store`. Budgets: with a SQLite store, a ledger in its file; with
+        PostgreSQL, leases of the fleet's budgets (`fleet.py`), and the rate limits shared
+        by the fleet too, and its keys kept in `local_copy` to start from while it is down.
+        `local_db`: a fleet replica's own SQLite file (its audit logs' chain heads)."""
         spec = store if isinstance(store, StoreSpec) else StoreSpec.sqlite(store)
-        opened = Store.of(spec)
+        opened = Store.of(spec, local_db)  # a fleet replica's own file: local_db
         if spec.kind != "postgresql":
-            ledger_store = opened
-            if local_db is not None and StoreSpec.sqlite(local_db) != spec:
-                # A SQLite --store with another --keys-db: the ledger stays in --keys-db.
-                ledger_store = Store.of(StoreSpec.sqlite(local_db))
-            ledger = BudgetLedger(ledger_store.ledger, durability)
-            auth = Authenticator(spec, verifier, keys=opened.keys)
-            return cls(auth, ledger, audit, metrics, ledger_failure, opened)
+            ledger = BudgetLedger(opened.ledger, durability)  # in the store, as reports read it
+            auth = Authenticator(spec, opened.keys, verifier)
+            return cls(opened, auth, ledger, audit, metrics, ledger_failure)
         from zerohop.gateway.fleet import join_fleet
 
-        auth = Authenticator(spec, verifier, local_copy, keys=opened.keys)
-        gateway = cls(auth, None, audit, metrics, ledger_failure, opened)
+        auth = Authenticator(spec, opened.keys, verifier, local_copy)
+        gateway = cls(opened, auth, None, audit, metrics, ledger_failure)
         join_fleet(gateway, opened.leases, leases or LeaseOptions())
         return gateway
 

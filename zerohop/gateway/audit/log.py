@@ -21,11 +21,11 @@ the newline of a record that is not the log's last, breaks the chain at the next
 The API process's SIGTERM shutdown calls `close()`, as does an atexit hook on any normal
 interpreter exit: everything queued is written and fsynced. See LOSS_BOUND for `kill -9`.
 
-Chain head. With a `heads` store (`zerohop.gateway.audit.heads`: a table in the key store)
-the writer records the chain head there at most every `head_interval` seconds while writing,
-and at close(), so that `zerohop audit verify` reports a log whose newest records were
-deleted. A log found at start ending before its recorded head continues the chain from the
-recorded head: the records deleted stay visible as a gap in seq.
+Chain head. With a `heads` repository (`zerohop.gateway.store.audit_heads`: a table in the
+replica's SQLite file) the writer records the chain head there at most every `head_interval`
+seconds while writing, and at close(), so that `zerohop audit verify` reports a log whose
+newest records were deleted. A log found at start ending before its recorded head continues
+the chain from the recorded head: the records deleted stay visible as a gap in seq.
 
 Failures. A write that fails (disk error, full disk) is retried at every flush; what is kept
 meanwhile, what is lost, and whether requests are refused (`--audit-failure open|closed`)
@@ -51,8 +51,9 @@ from pathlib import Path
 import orjson
 
 from zerohop.gateway.audit.failure import DEFAULT_MAX_PENDING, AuditFailures, FailureMode
-from zerohop.gateway.audit.heads import ChainHead, HeadStore, check_head, read_head
+from zerohop.gateway.audit.heads import check_head
 from zerohop.gateway.audit.record import AuditRecord
+from zerohop.gateway.store.audit_heads import AuditHeadRepository, ChainHead
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class AuditLog:
         max_bytes: int = 64 * 2**20,
         flush_interval: float = 0.2,
         include_content: bool = False,
-        heads: HeadStore | None = None,
+        heads: AuditHeadRepository | None = None,
         head_interval: float = 1.0,
         failure: FailureMode = "open",
         max_pending: int = DEFAULT_MAX_PENDING,
@@ -129,10 +130,10 @@ class AuditLog:
         return self._include_content
 
     def recorded_head(self) -> ChainHead | None:
-        """The chain head last recorded for this log (read on a connection of its own, so
-        from any thread); None without a heads store. Read it before the files: the
-        writer records a head only once the records up to it are on disk."""
-        return None if self._heads is None else read_head(self._heads.path, self.directory)
+        """The chain head last recorded for this log (from any thread); None without a
+        heads repository. Read it before the files: the writer records a head only once
+        the records up to it are on disk."""
+        return None if self._heads is None else self._heads.load(self.directory)
 
     @property
     def refusing(self) -> bool:
@@ -184,9 +185,7 @@ class AuditLog:
                 return
             self._write_batch()  # what record() queued after the writer's last drain
             self.failures.closing_with(len(self._retry))
-            self._save_head(force=True)
-            if self._heads is not None:
-                self._heads.close()
+            self._save_head(force=True)  # the store that keeps it closes after the log
             for fd in (self._fd, self._lock_fd):
                 if fd is not None:
                     os.close(fd)
@@ -247,7 +246,7 @@ class AuditLog:
         try:
             self._heads.save(self.directory, head)
         except Exception as exc:  # the log itself is written: go on, say so
-            log.error("audit: cannot record the chain head in %s: %s", self._heads.path, exc)
+            log.error("audit: cannot record the chain head in %s: %s", self._heads.where, exc)
             self._saved_at = now  # try again an interval later, not at every flush
             return
         self._saved_seq, self._saved_at = self._seq, now

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from zerohop.gateway.store import lease_tables, rate_share_tables
 from zerohop.gateway.store.lease_tables import Beat, LeaseChange, LeaseReply
-from zerohop.gateway.store.spec import StoreSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,10 +42,6 @@ class LeaseRepository:
     def __init__(self, url: str | None, description: str = "the store") -> None:
         self._url, self._description = url, description  # url None: not a fleet's store
         self._conn: psycopg.Connection | None = None
-
-    @classmethod
-    def of(cls, spec: StoreSpec) -> LeaseRepository:
-        return cls(spec.url if spec.kind == "postgresql" else None, spec.describe())
 
     # -- leases ----------------------------------------------------------------------------------
 

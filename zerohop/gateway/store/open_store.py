@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol, Unpack
 
-from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.keys.identity import Tenant
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
-from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, TenantRow
+from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, NewKey, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
 from zerohop.gateway.store.spec import SchemaMismatch, StoreSpec, StoreUnavailable
@@ -40,20 +40,7 @@ class Database(Protocol):
 
     def ensure_tenant(self, name: str) -> None: ...
 
-    def create_key(
-        self,
-        tenant: str,
-        *,
-        name: str = "",
-        expires: float | None = None,
-        models: list[str] | None = None,
-        priority: str = "interactive",
-        limits: Limits = ...,
-        budget: Budget | None = None,
-        admin: bool = False,
-        inference: bool = True,
-        created_by: str | None = None,
-    ) -> tuple[str, KeyRecord]: ...
+    def create_key(self, tenant: str, **fields: Unpack[NewKey]) -> tuple[str, KeyRecord]: ...
 
     def update_key(self, key_id: str, **fields: Unpack[KeyChanges]) -> KeyRecord: ...
 

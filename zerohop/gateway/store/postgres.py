@@ -23,7 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.keys.identity import Tenant
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, SCHEMA_VERSION
 from zerohop.gateway.store.response_tables import ResponseRow, ResponseTables, StoredResponse
 from zerohop.gateway.store.rows import (
@@ -31,8 +31,10 @@ from zerohop.gateway.store.rows import (
     KeyEntry,
     KeyRecord,
     KeyRows,
+    NewKey,
     TenantRow,
     key_record,
+    key_values,
     tenant_row,
 )
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow, SessionTables
@@ -41,7 +43,6 @@ from zerohop.gateway.store.spec import SchemaMismatch, StoreUnavailable, mask_pa
 from zerohop.gateway.store.sqlite import (
     KEY_ID_LENGTH,
     LIMIT_COLUMNS,
-    NO_LIMITS,
     TenantReads,
     budget_values,
     hash_secret,
@@ -219,20 +220,7 @@ class PostgresStore(TenantReads):
 
     # -- keys ---------------------------------------------------------------------------------
 
-    def create_key(
-        self,
-        tenant: str,
-        *,
-        name: str = "",
-        expires: float | None = None,
-        models: list[str] | None = None,
-        priority: str = "interactive",
-        limits: Limits = NO_LIMITS,
-        budget: Budget | None = None,
-        admin: bool = False,
-        inference: bool = True,
-        created_by: str | None = None,
-    ) -> tuple[str, KeyRecord]:
+    def create_key(self, tenant: str, **fields: Unpack[NewKey]) -> tuple[str, KeyRecord]:
         """A new key (and its tenant if new), in one change: the secret and its record."""
         key = new_key()
         key_id = key[:KEY_ID_LENGTH]
@@ -241,9 +229,8 @@ class PostgresStore(TenantReads):
             conn.execute(_ENSURE_TENANT, (tenant, now, version))
             conn.execute(
                 _INSERT_KEY,
-                (key_id, hash_secret(key), tenant, name, now, expires,
-                 json.dumps(models or []), priority, *limits.values(),
-                 *budget_values(budget), int(admin), int(inference), created_by, version),
+                (key_id, hash_secret(key), tenant, fields.get("name", ""), now,
+                 *key_values(fields), version),
             )  # fmt: skip
         record = self.key(key_id)
         assert record is not None

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Unpack
 
-from zerohop.gateway.keys.identity import Budget, Limits, Tenant
+from zerohop.gateway.keys.identity import Tenant
 from zerohop.gateway.store.ledger_tables import Durability, LedgerTables
 from zerohop.gateway.store.open_store import Database
 from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
-from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, TenantRow
+from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, NewKey, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
 from zerohop.gateway.store.spec import StoreSpec
@@ -50,26 +50,9 @@ class KeyRepository(_Repository):
     def tenant_rows(self) -> list[TenantRow]:
         return self._database().tenant_rows()
 
-    def create_key(
-        self,
-        tenant: str,
-        *,
-        name: str = "",
-        expires: float | None = None,
-        models: list[str] | None = None,
-        priority: str = "interactive",
-        limits: Limits | None = None,
-        budget: Budget | None = None,
-        admin: bool = False,
-        inference: bool = True,
-        created_by: str | None = None,
-    ) -> tuple[str, KeyRecord]:
+    def create_key(self, tenant: str, **fields: Unpack[NewKey]) -> tuple[str, KeyRecord]:
         """A new key: its secret (shown once, never stored) and its record."""
-        return self._database().create_key(
-            tenant, name=name, expires=expires, models=models, priority=priority,
-            limits=Limits() if limits is None else limits, budget=budget, admin=admin,
-            inference=inference, created_by=created_by,
-        )  # fmt: skip
+        return self._database().create_key(tenant, **fields)
 
     def update_key(self, key_id: str, **changes: Unpack[KeyChanges]) -> KeyRecord:
         """The key with `changes` made; KeyError for an unknown key."""

@@ -72,6 +72,34 @@ class KeyRecord:
         return out
 
 
+class NewKey(TypedDict, total=False):
+    """What `create_key` makes a key with beside its tenant (each has a default: `key_values`)."""
+
+    name: str
+    expires: float | None
+    models: list[str] | None
+    priority: str
+    limits: Limits
+    budget: Budget | None
+    admin: bool
+    inference: bool
+    created_by: str | None
+
+
+def key_values(fields: NewKey) -> tuple[Any, ...]:
+    """A new key's columns after its id, hash, tenant, name and creation time, in either
+    store's `_INSERT_KEY` order, with the defaults filled in."""
+    limits = fields.get("limits") or Limits()
+    budget = fields.get("budget")
+    budget_columns = (None, None) if budget is None else (budget.tokens, budget.period)
+    return (
+        fields.get("expires"), json.dumps(fields.get("models") or []),
+        fields.get("priority", "interactive"), *limits.values(), *budget_columns,
+        int(fields.get("admin", False)), int(fields.get("inference", True)),
+        fields.get("created_by"),
+    )  # fmt: skip
+
+
 class KeyChanges(TypedDict, total=False):
     """What `update_key` may change of a key (each field given is set, None included)."""
 

@@ -17,11 +17,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Unpack
 
 from zerohop.gateway.keys.identity import LIMIT_NAMES, Budget, Limits, Tenant
+from zerohop.gateway.store import audit_heads
 from zerohop.gateway.store import response_tables as response_sql
 from zerohop.gateway.store import session_tables as session_sql
 from zerohop.gateway.store import signing_keys as signing_sql
@@ -33,8 +34,10 @@ from zerohop.gateway.store.rows import (
     KeyEntry,
     KeyRecord,
     KeyRows,
+    NewKey,
     TenantRow,
     key_record,
+    key_values,
     tenant_row,
 )
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
@@ -124,6 +127,7 @@ def connect(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
         + response_sql.SQLITE_SCHEMA
         + session_sql.SQLITE_SCHEMA
         + signing_sql.SQLITE_SCHEMA
+        + audit_heads.SQLITE_SCHEMA
     )
     conn = open_wal(path, schema, synchronous)
     _add_key_columns(conn)
@@ -220,6 +224,11 @@ class KeyStore(TenantReads):
         with self._lock:
             yield self.conn
 
+    def locked(self) -> AbstractContextManager[sqlite3.Connection]:
+        """The connection, held for one call of a repository whose SQL is its own module's
+        (zerohop.gateway.store.audit_heads); a statement outside a transaction commits."""
+        return self._read()
+
     # -- tenants ------------------------------------------------------------------------------
 
     def upsert_tenant(self, tenant: Tenant) -> None:
@@ -249,20 +258,7 @@ class KeyStore(TenantReads):
 
     # -- keys ---------------------------------------------------------------------------------
 
-    def create_key(
-        self,
-        tenant: str,
-        *,
-        name: str = "",
-        expires: float | None = None,
-        models: list[str] | None = None,
-        priority: str = "interactive",
-        limits: Limits = NO_LIMITS,
-        budget: Budget | None = None,
-        admin: bool = False,
-        inference: bool = True,
-        created_by: str | None = None,
-    ) -> tuple[str, KeyRecord]:
+    def create_key(self, tenant: str, **fields: Unpack[NewKey]) -> tuple[str, KeyRecord]:
         """A new key: returns the secret (shown once, never stored) and its record."""
         self.ensure_tenant(tenant)
         key = new_key()
@@ -270,9 +266,8 @@ class KeyStore(TenantReads):
         with self._change() as conn:
             conn.execute(
                 _INSERT_KEY,
-                (key_id, hash_secret(key), tenant, name, time.time(), expires,
-                 json.dumps(models or []), priority, *limits.values(),
-                 *budget_values(budget), int(admin), int(inference), created_by),
+                (key_id, hash_secret(key), tenant, fields.get("name", ""), time.time(),
+                 *key_values(fields)),
             )  # fmt: skip
         record = self.key(key_id)
         assert record is not None
