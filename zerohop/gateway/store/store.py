@@ -14,7 +14,8 @@ that open get its error, rather than each trying in turn). The database serializ
 use (see `repositories`), so consumers share it without a lock of their own. Two keep a
 connection of their own, each opened by its repository and closed by `close`, for the
 reason its module gives: the SQLite budget ledger's group-commit writer (`ledger_tables`)
-and a fleet's budget leases and rate shares (`lease_repository`).
+and a fleet's budget leases and rate shares (`lease_repository`). A fleet replica's key
+feed LISTENs on a session of its own too (`pg_key_feed`: a pooled connection would lose it).
 
 The audit logs' chain heads (`audit_heads`) are in the store's SQLite file, on its one
 connection; on a PostgreSQL fleet they stay in the replica's own SQLite file (`local`),
