@@ -1,5 +1,6 @@
 """Input items as the API lists them: each with an `id` (given one when the request's item
-had none) and a `type`, a message's string content as one text part; and
+had none) and a `type`, a message's string content as one text part, a message, call or
+call output `status` "completed" when it came without one; and
 `GET /v1/responses/{id}/input_items` pages (`limit` 1 to 100, default 20; `order` "desc",
 the default, newest first, or "asc"; `after` an item id)."""
 
@@ -17,6 +18,7 @@ _PREFIX = {
     "custom_tool_call": "ctc_",
     "reasoning": "rs_",
 }
+_WITH_STATUS = ("message", "function_call", "function_call_output")
 
 
 def with_ids(items: list[Any]) -> list[Any]:
@@ -29,6 +31,8 @@ def with_ids(items: list[Any]) -> list[Any]:
                 item = {"id": new_id(_PREFIX.get(kind, "item_")), **item, "type": kind}
             elif kind is not None:
                 item = {**item, "type": kind}
+            if kind in _WITH_STATUS and "status" not in item:
+                item = {**item, "status": "completed"}
             if kind == "message" and isinstance(item.get("content"), str):
                 part = "output_text" if item.get("role") == "assistant" else "input_text"
                 item["content"] = [{"type": part, "text": item["content"]}]

@@ -3,6 +3,7 @@ usage, the stream's events (output.py), and the response kept in the store as it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,10 @@ class Prepared:
     items: list[Any]
     tools: RequestTools
     choice: Choice
+
+
+# A failed response's `error.code` (the API's codes), by the failure's HTTP status.
+_FAILED_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 class ResponseEncoder:
@@ -79,6 +84,7 @@ class ResponseEncoder:
         data = self.items.finish(status)
         self.body.update(
             status=status,
+            completed_at=int(time.time()) if status == "completed" else None,
             incomplete_details={"reason": "max_output_tokens"} if finish.truncated else None,
             output=self.items.items,
             usage=self._usage(),
@@ -88,7 +94,10 @@ class ResponseEncoder:
     def fail(self, error: ApiError) -> None:
         self.body.update(
             status="failed",
-            error={"code": "server_error", "message": error.message},
+            error={
+                "code": _FAILED_CODES.get(error.status, "server_error"),
+                "message": error.message,
+            },
             output=self.items.items,
             usage=self._usage(),
         )

@@ -10,6 +10,7 @@ added to the API later is skipped, not a 400.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from zerohop.api.errors import ApiError
@@ -17,6 +18,7 @@ from zerohop.api.http.null_defaults import NullMeansDefault
 from zerohop.api.openai.schema import decode
 
 TRUNCATIONS = ("auto", "disabled")
+PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's range: -2.0 to 2.0
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
@@ -44,6 +46,8 @@ class ResponsesRequest(NullMeansDefault):
     max_tool_calls: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     top_logprobs: int | None = None
     store: bool = True  # the API's default: a response is kept unless told otherwise
     previous_response_id: str | None = None
@@ -67,6 +71,10 @@ class ResponsesRequest(NullMeansDefault):
             raise _invalid("reasoning.effort", f"must be one of {', '.join(EFFORTS)}")
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise _invalid("max_output_tokens", "must be at least 1")
+        for name in PENALTIES:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise _invalid(name, f"must be between -2.0 and 2.0, got {value}")
         if self.background and not self.store:
             raise _invalid("background", "background responses must be stored (store: true)")
 

@@ -89,7 +89,7 @@ class StoredResponses:
             raise ApiError(503, "the server could not read its stored responses now") from None
         if row is None:
             raise not_found(response_id, param)
-        return Found(row.status, orjson.loads(row.body), orjson.loads(row.items))
+        return Found(row.status, _current(orjson.loads(row.body)), orjson.loads(row.items))
 
     async def put(self, tenant: str, body: dict[str, Any], items: list[Any]) -> bool:
         """Keep a response (best-effort: False when it is too large or the store failed)."""
@@ -126,3 +126,17 @@ class StoredResponses:
     async def delete(self, tenant: str, response_id: str) -> bool:
         now = self.clock()
         return await asyncio.to_thread(self.repository.delete, tenant, response_id, now)
+
+
+def _current(body: dict[str, Any]) -> dict[str, Any]:
+    """A response kept before its object had every field the API requires now."""
+    for name, default in _ADDED_FIELDS.items():
+        body.setdefault(name, default)
+    return body
+
+
+_ADDED_FIELDS: dict[str, Any] = {
+    "completed_at": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}

@@ -62,7 +62,7 @@ from zerohop.api.responses.listing import input_items_page, with_ids
 from zerohop.api.responses.response_encoder import Prepared, ResponseEncoder
 from zerohop.api.responses.schema import ResponsesRequest, decode_request
 from zerohop.api.responses.stored import Found, StoredResponses, not_found
-from zerohop.api.responses.tools import request_tools, tool_choice
+from zerohop.api.responses.tools import echoed_tools, request_tools, tool_choice
 from zerohop.api.serving.service import ServingContext, sampling_params
 from zerohop.api.serving.shared_runs import may_attach, run_key
 from zerohop.gateway.gateway import Call
@@ -161,6 +161,8 @@ class ResponsesSurface:
         params = sampling_params(
             temperature=request.temperature,
             top_p=request.top_p,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
             max_tokens=request.max_output_tokens,
             seed=request.seed,
         )
@@ -190,6 +192,7 @@ class ResponsesSurface:
             "id": "resp_" + call.request_id.removeprefix("req_"),
             "object": "response",
             "created_at": int(time.time()),
+            "completed_at": None,  # set when it completes (response_encoder.py)
             "status": "in_progress",
             "background": request.background,
             "error": None,
@@ -209,9 +212,11 @@ class ResponsesSurface:
             "temperature": 1.0 if request.temperature is None else request.temperature,
             "text": {"format": fmt, "verbosity": (text.verbosity if text else None) or "medium"},
             "tool_choice": request.tool_choice or "auto",
-            "tools": request.tools or [],
+            "tools": echoed_tools(request.tools),
             "top_logprobs": request.top_logprobs or 0,
             "top_p": 1.0 if request.top_p is None else request.top_p,
+            "presence_penalty": request.presence_penalty or 0.0,
+            "frequency_penalty": request.frequency_penalty or 0.0,
             "truncation": request.truncation,
             "usage": None,
             "user": request.user,

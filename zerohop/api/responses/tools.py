@@ -3,7 +3,10 @@ neutral conversation's (api/conversation/request.py).
 
 What the surface decides:
 - `function` tools are the model's functions (flat: `name`, `description`, `parameters`,
-  `strict`). A `namespace` groups functions and custom tools: each is offered under its own
+  `strict`). `strict` absent is true (the API's default for this surface): the call's
+  arguments are decoded in the tool's schema. The response echoes each function tool
+  normalized, as the API does: `description` and `parameters` null when absent, `strict`
+  set. A `namespace` groups functions and custom tools: each is offered under its own
   name, and under `namespace__name` when two namespaces (or a namespace and the top level)
   use the same name; a call of it comes back with its `namespace`.
 - `custom` tools take raw text (tools/raw_input.py): a `grammar` format (`lark` or `regex`)
@@ -128,8 +131,38 @@ def _tool(spec: dict[str, Any], where: str, name: Any) -> Tool:
         name=name,
         description=description,
         parameters={"type": "object"} if parameters is None else parameters,
-        strict=spec.get("strict") is True,
+        strict=_strict(spec),
     )
+
+
+def _strict(spec: dict[str, Any]) -> bool:
+    return spec.get("strict") is not False  # absent or null: the API's default, true
+
+
+def echoed_tools(given: list[Any] | None) -> list[Any]:
+    """The request's tools as the response object lists them: function tools (also inside
+    a namespace) normalized, every other tool as it was sent."""
+    return [_echoed(spec) for spec in given or []]
+
+
+def _echoed(spec: Any) -> Any:
+    if not isinstance(spec, dict):
+        return spec
+    if spec.get("type") == "namespace" and isinstance(spec.get("tools"), list):
+        return {**spec, "tools": [_echoed(tool) for tool in spec["tools"]]}
+    if spec.get("type") != "function":
+        return spec
+    return {
+        "type": "function",
+        "name": spec.get("name"),
+        "description": spec.get("description"),
+        "parameters": spec.get("parameters"),
+        "strict": _strict(spec),
+        **{k: v for k, v in spec.items() if k not in _FUNCTION_FIELDS},
+    }
+
+
+_FUNCTION_FIELDS = ("type", "name", "description", "parameters", "strict")
 
 
 def _custom(spec: dict[str, Any], where: str, name: str, description: str) -> Tool:
