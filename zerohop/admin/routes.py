@@ -58,7 +58,7 @@ async def handle(scope: Scope, receive: Receive, send: Send, admin: AdminContext
         identity = await _identity(scope, admin)
         request = AdminRequest(scope["method"], identity, _query(scope), params)
         if request.method not in SAFE_METHODS:
-            request.body = await _json_body(receive)
+            request.body = await _json_body(scope, receive)
         status, body = await handler(admin, request)
     except AdminError as exc:
         audit_error(admin, scope, "admin", exc)
@@ -140,8 +140,8 @@ def _query(scope: Scope) -> dict[str, list[str]]:
     return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=False)
 
 
-async def _json_body(receive: Receive) -> dict[str, Any]:
-    raw = await read_body(receive, MAX_BODY)
+async def _json_body(scope: Scope, receive: Receive) -> dict[str, Any]:
+    raw = await read_body(receive, MAX_BODY, encoding=header(scope, b"content-encoding"))
     if not raw.strip():
         return {}
     try:

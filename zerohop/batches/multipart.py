@@ -23,7 +23,7 @@ async def read_upload(scope: Scope, receive: Receive, limit: int, deadline: Body
     content_type = (header(scope, b"content-type") or b"").decode("latin-1")
     if not content_type.lower().startswith("multipart/form-data"):
         raise ApiError(415, f"content-type must be multipart/form-data, got {content_type!r}")
-    body = await read_body(receive, limit, deadline)
+    body = await read_body(receive, limit, deadline, header(scope, b"content-encoding"))
     return parse(content_type, body, limit)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.api.http.content_encoding import decoder_for
 from zerohop.gateway.gateway import Call
 
 Scope = dict[str, Any]
@@ -77,9 +78,15 @@ DEFAULT_BODY_DEADLINE = BodyDeadline()
 
 
 async def read_body(
-    receive: Receive, limit: int, deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
+    receive: Receive,
+    limit: int,
+    deadline: BodyDeadline = DEFAULT_BODY_DEADLINE,
+    encoding: bytes | None = None,
 ) -> bytes:
-    """The whole request body; ApiError 413 past `limit` bytes, 408 past the deadline."""
+    """The whole request body; ApiError 413 past `limit` bytes, 408 past the deadline.
+    `encoding` is the request's `content-encoding`: the body is decoded as it arrives, its
+    decoded size held to `limit` too (content_encoding.py)."""
+    decoder = decoder_for(encoding, limit)
     chunks, size = [], 0
     started = time.monotonic()
     while True:
@@ -100,8 +107,10 @@ async def read_body(
         size += len(chunk)
         if size > limit:
             raise ApiError(413, f"request body is larger than the limit of {limit} bytes")
-        chunks.append(chunk)
+        chunks.append(decoder.feed(chunk) if decoder else chunk)
         if not message.get("more_body", False):
+            if decoder:
+                chunks.append(decoder.finish())
             return b"".join(chunks)
 
 
@@ -131,7 +140,7 @@ async def read_json_body(
 ) -> bytes:
     """The body of a JSON request: content type checked, size (413) and time (408) bounded."""
     check_json_content_type(header(scope, b"content-type"))
-    return await read_body(receive, limit, deadline)
+    return await read_body(receive, limit, deadline, header(scope, b"content-encoding"))
 
 
 async def send_json(
