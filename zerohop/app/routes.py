@@ -21,6 +21,7 @@ from zerohop.api.http.asgi import (
     send_json,
 )
 from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_headers
+from zerohop.api.http.response_encoding import compress_responses
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
 from zerohop.api.serving import model_list
@@ -74,7 +75,7 @@ def create_app(
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await _http(scope, receive, send)
+            await _http(scope, receive, compress_responses(scope, send))
         elif scope["type"] == "lifespan":
             await _lifespan(receive, send)
 

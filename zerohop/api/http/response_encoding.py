@@ -20,9 +20,12 @@ import zstandard
 from zerohop.api.http.asgi import Scope, Send, header
 
 MIN_SIZE = 1024
-GZIP_LEVEL = 4
-BROTLI_QUALITY = 3
-ZSTD_LEVEL = 3
+# Level 1 of each: on answers of 1.5-30 KB, higher levels cost 1.5-10x the CPU and save
+# under 3 % (benchmarks/response_compression.py: gzip-1 ~40-60 us, br-1 ~10-45 us, zstd-1
+# ~6-27 us an answer on this machine).
+GZIP_LEVEL = 1
+BROTLI_QUALITY = 1
+ZSTD_LEVEL = 1
 
 
 def _gzip(data: bytes) -> bytes:
@@ -35,8 +38,8 @@ def _brotli(data: bytes) -> bytes:
 
 _ZSTD = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 
-# Ours, best first among codings the client weighs the same: zstd and br compress JSON
-# smaller than gzip for the same CPU (see the benchmark).
+# Ours, best first among codings the client weighs the same: zstd compresses JSON smallest
+# for the least CPU, then br, then gzip (see the benchmark).
 COMPRESSORS: dict[bytes, Callable[[bytes], bytes]] = {
     b"zstd": _ZSTD.compress,
     b"br": _brotli,
