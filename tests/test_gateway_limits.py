@@ -562,7 +562,7 @@ def test_clamped_to_what_is_left_then_refused_without_retries(gw: Served) -> Non
             model=MODEL_NAME, max_tokens=10, messages=CHAT
         )
     assert caught_anthropic.value.response.headers["x-should-retry"] == "false"
-    assert caught_anthropic.value.type == "rate_limit_error"
+    assert caught_anthropic.value.type == "billing_error"
     # Exactly three requests reached the server: neither SDK retried the refusal.
     records = records_of(gw.audit_dir, gw.keys["clamp"], 3)
     assert [(r["status"], r["decision"]) for r in records] == [

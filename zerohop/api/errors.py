@@ -97,6 +97,8 @@ def error_kind(error: ApiError) -> ErrorKind:
 
 def anthropic_body(error: ApiError, request_id: str) -> dict[str, Any]:
     kind = ANTHROPIC_TYPES.get(error.status, "api_error")
+    if error.code == "insufficient_quota":  # a spent budget: Claude Code stops, not retries
+        kind = "billing_error"
     inner: dict[str, Any] = {"type": kind, "message": error.message}
     if error.details is not None:
         inner["details"] = error.details

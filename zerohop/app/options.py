@@ -29,6 +29,8 @@ class ServeOptions:
     tls_key: str | None = None
     # Peers whose X-Forwarded-Proto/-For uvicorn trusts (IPs, CIDR networks, or "*").
     forwarded_allow_ips: str = "127.0.0.1,::1"
+    # Peers whose end-user headers (x-claude-gateway-user-id, ...) are believed: IPs, CIDRs.
+    trusted_front: str = ""
     secure_cookies: bool = False  # the console's cookie Secure even on a plain-HTTP request
     served_model_name: list[str] | None = None  # concrete names or globs (model_names.py)
     model_aliases: list[str] | None = None  # None: any name, unless served_model_name is set

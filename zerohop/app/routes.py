@@ -124,6 +124,8 @@ def create_app(
             shape = anthropic_body  # the anthropic SDKs' models.list/retrieve (model_list.py)
         client = client_address(scope)
         call = Call(request_id, SURFACES[shape], client, scope.get("http_version"))
+        front = ctx.trusted_front.end_user(scope.get("client"), scope["headers"])
+        call.end_user, call.end_user_email = front.user, front.email
         await _handle(scope, receive, send, handler, shape, call)
 
     async def _operator(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:

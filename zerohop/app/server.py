@@ -28,6 +28,7 @@ from zerohop.api.http.guard import (
     guarded_protocol,
     raise_file_limit,
 )
+from zerohop.api.http.trusted_front import TrustedFront
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.serving.model_names import ModelNames
 from zerohop.api.serving.service import ServingContext
@@ -158,6 +159,7 @@ async def serve(options: ServeOptions) -> int:
         metrics_token=options.gateway.metrics_key,
         body_deadline=options.body_deadline,
         max_header_bytes=options.max_header_bytes,
+        trusted_front=TrustedFront.parse(options.trusted_front),
         ping_interval=options.ping_interval,
         openai_ping_interval=options.openai_ping_interval,
         tool_call_parser=options.tool_call_parser,

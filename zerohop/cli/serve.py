@@ -78,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         forwarded_allow_ips=args.forwarded_allow_ips,
+        trusted_front=args.trusted_front,
         secure_cookies=args.secure_cookies,
         served_model_name=args.served_model_name,
         model_aliases=args.model_alias,
@@ -189,6 +190,16 @@ def add_serve_parser(sub: Subcommands) -> None:
         " (default: 127.0.0.1,::1)",
     )
     srv.add_argument(
+        "--trusted-front",
+        type=_trusted_front,
+        default="",
+        metavar="ADDRESSES",
+        help="comma-separated IP addresses or CIDR networks of a trusted front (Anthropic's"
+        " `claude gateway` with forward_user_identity, a LiteLLM proxy): from these peers only,"
+        " x-claude-gateway-user-id / -user-email and x-litellm-end-user-id name the end user"
+        " in the audit log and the admin API (default: none)",
+    )
+    srv.add_argument(
         "--secure-cookies",
         action="store_true",
         help="mark the console's session cookie Secure on every answer, for a TLS-terminating"
@@ -290,6 +301,17 @@ def _forwarded_allow_ips(text: str) -> str:
                 " give a comma-separated list of them, or * for any peer"
             ) from None
     return ",".join(entries)
+
+
+def _trusted_front(text: str) -> str:
+    """A --trusted-front value: IP addresses and CIDR networks, comma-separated."""
+    from zerohop.api.http.trusted_front import TrustedFront
+
+    try:
+        TrustedFront.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; give a comma-separated list of them") from None
+    return text
 
 
 def _grpc_port(text: str) -> int | None:

@@ -22,6 +22,7 @@ from zerohop.gateway.auth import (
     PermissionDenied,
     check_model,
 )
+from zerohop.gateway.budget_view import refusal_retry_after
 from zerohop.gateway.budgets.leased_ledger import LeaseUnavailable
 from zerohop.gateway.budgets.ledger import Ledger
 from zerohop.gateway.budgets.sqlite_ledger import (
@@ -111,6 +112,8 @@ class Call:
     surface: str  # "anthropic" | "openai" | "grpc"
     client: str | None = None
     http_version: str | None = None
+    end_user: str | None = None  # named by a trusted front (api/http/trusted_front.py)
+    end_user_email: str | None = None
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
     identity: Identity = ANONYMOUS
@@ -276,9 +279,11 @@ class Gateway:
             except BudgetExhausted as exc:
                 limits.undo_admission(admitted, prompt_tokens)  # refused: nothing was used
                 call.decision = "budget"
+                wait = refusal_retry_after(call.identity, self.ledger, prompt_tokens)
                 raise GatewayError(
-                    429, str(exc), "budget", should_retry=False, code="insufficient_quota"
-                ) from exc
+                    429, str(exc), "budget", retry_after=wait, should_retry=False,
+                    code="insufficient_quota",
+                ) from exc  # fmt: skip
             except LeaseUnavailable as exc:
                 limits.undo_admission(admitted, prompt_tokens)
                 raise _lease_refusal(call, exc) from exc
@@ -432,6 +437,10 @@ def audit_entry(call: Call, now: float, include_content: bool) -> AuditRecord:
         "duration_s": now - call.started,
         "decision": call.decision,
     }
+    if call.end_user is not None:
+        entry["end_user"] = call.end_user
+    if call.end_user_email is not None:
+        entry["end_user_email"] = call.end_user_email
     if call.batch is not None:
         entry["batch_id"], entry["custom_id"] = call.batch
     if call.reservation is not None:

@@ -21,6 +21,7 @@ from zerohop.api.http.asgi import (
     BodyDeadline,
 )
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
+from zerohop.api.http.trusted_front import TrustedFront
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.serving.model_names import ModelNames
 from zerohop.api.serving.output_length import Api, output_limit
@@ -116,6 +117,7 @@ class ServingContext:
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     body_deadline: BodyDeadline = DEFAULT_BODY_DEADLINE
     max_header_bytes: int = 32 * 1024  # nginx's large_client_header_buffers: 4 x 8k
+    trusted_front: TrustedFront = field(default_factory=TrustedFront)  # --trusted-front
     ping_interval: float = DEFAULT_PING_INTERVAL  # a stream's keep-alive (http/keepalive.py)
     openai_ping_interval: float = DEFAULT_OPENAI_PING_INTERVAL  # Chat and Completions streams
     runs: SharedRuns = field(default_factory=SharedRuns)  # identical requests attach to one

@@ -6,7 +6,9 @@
 // admin-API or console request refused for who sent it names its path).
 function auditSummary(record) {
   if (record.kind === "admin") return `${record.action ?? ""} ${record.target ?? ""}`.trim();
-  const parts = [record.model, record.surface, record.path];
+  // end_user: the user a trusted front (claude gateway, LiteLLM) named.
+  const parts = [record.end_user_email ?? record.end_user, record.model, record.surface,
+    record.path];
   if (record.input_tokens !== undefined) parts.push(`in ${fmtInt(record.input_tokens)}`);
   if (record.output_tokens !== undefined) parts.push(`out ${fmtInt(record.output_tokens)}`);
   if (record.error_type) parts.push(record.error_type);

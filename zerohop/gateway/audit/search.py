@@ -11,6 +11,7 @@ A torn unterminated last line and any line that is not a JSON object with an int
 are skipped, never raised on. Going back, seq only falls: a record whose seq is not below the
 last one returned (a file read twice because it rotated during the search) is skipped.
 Records without `"kind"` are requests; for admin records the key filter matches `actor` too.
+The end_user filter matches a request's `end_user` or its `end_user_email` (a trusted front's).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _UNIX = re.compile(r"\d+(?:\.\d+)?")
 PARAMS = {
     "api_key_id": "key_id",
     "workspace_id": "tenant",
+    "end_user": "end_user",
     "status": "status",
     "kind": "kind",
     "starting_at": "since",
@@ -62,6 +64,7 @@ class AuditQuery:
     until: float | None = None
     limit: int = 50
     before: int | None = None  # a cursor: only records with seq < before
+    end_user: str | None = None  # a trusted front's user id or email (api/http/trusted_front)
 
     def __post_init__(self) -> None:
         if self.status is not None and not _STATUS.fullmatch(self.status):
@@ -84,6 +87,9 @@ class AuditQuery:
         if self.key_id is not None and not _key_matches(self.key_id, kind, rec):
             return False
         if self.tenant is not None and self.tenant != rec.get("tenant"):
+            return False
+        named = (rec.get("end_user"), rec.get("end_user_email"))
+        if self.end_user is not None and self.end_user not in named:
             return False
         if self.status is not None and not _status_matches(self.status, rec.get("status")):
             return False
