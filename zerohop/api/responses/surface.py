@@ -19,6 +19,11 @@ Decisions where the API leaves room:
   leave it to the model (no thinking budget is derived from them). `reasoning.summary`,
   `text.verbosity`, `include`, `top_logprobs`, `max_tool_calls`, `service_tier`,
   `prompt_cache_retention` and `safety_identifier` are accepted and do not change the output.
+- `presence_penalty` and `frequency_penalty` (-2.0 to 2.0) are applied to sampling as on
+  Chat Completions. `max_output_tokens` below the spec's minimum of 16 is served, not
+  refused (a short answer is a request's own business).
+- `completed_at` is set when the response completes; queued, running, incomplete, failed
+  and cancelled responses have it null.
 - `prompt_cache_key` is echoed and never salts the prefix cache: zerohop.client routes a
   request by it (the replica that served the key before holds the prefix).
 - `instructions` and `tools` are not carried over by `previous_response_id` (as in the
