@@ -7,6 +7,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
+
 from zerohop.admin import routes as admin_routes
 from zerohop.admin.context import AdminContext
 from zerohop.api.anthropic import messages as anthropic
@@ -24,6 +26,7 @@ from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_he
 from zerohop.api.http.response_encoding import compress_responses
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
+from zerohop.api.responses.websocket import ResponsesSocket
 from zerohop.api.serving import model_list
 from zerohop.api.serving.service import ServingContext, api_error, new_request_id
 from zerohop.app.services import Services
@@ -73,9 +76,13 @@ def create_app(
     paths = {path for _, path in routes}
     templates = [(method, path.split("/")) for method, path in routes if "{" in path]
 
+    socket = ResponsesSocket(ctx, responses.ResponsesSurface(ctx, services.responses))
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             await _http(scope, receive, compress_responses(scope, send))
+        elif scope["type"] == "websocket":
+            await _websocket(scope, receive, send)
         elif scope["type"] == "lifespan":
             await _lifespan(receive, send)
 
@@ -127,6 +134,17 @@ def create_app(
         front = ctx.trusted_front.end_user(scope.get("client"), scope["headers"])
         call.end_user, call.end_user_email = front.user, front.email
         await _handle(scope, receive, send, handler, shape, call)
+
+    async def _websocket(scope: Scope, receive: Receive, send: Send) -> None:
+        """WebSocket mode of the Responses API; any other path's upgrade is a 404."""
+        if scope["path"] == responses.BASE:
+            return await socket(scope, receive, send)
+        await receive()  # websocket.connect
+        error = ApiError(404, f"no such WebSocket endpoint: {scope['path']}")
+        body = orjson.dumps(openai_body(error, new_request_id()))
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
 
     async def _operator(scope: Scope, receive: Receive, send: Send, admin: AdminContext) -> None:
         """The admin API and the console (zerohop.admin, zerohop.console)."""
@@ -213,6 +231,7 @@ def create_app(
 
     app.routes = routes  # type: ignore[attr-defined]  # what tests enumerate (auth on each)
     app.run_line = run_line  # type: ignore[attr-defined]  # the batch runner's way in
+    app.socket = socket  # type: ignore[attr-defined]  # WebSocket mode's counters (metrics)
     return app
 
 

@@ -29,6 +29,7 @@ from zerohop.api.http.guard import (
     raise_file_limit,
 )
 from zerohop.api.http.trusted_front import TrustedFront
+from zerohop.api.http.websocket import DrainingWebSocket
 from zerohop.api.load.overload import AdmissionControl
 from zerohop.api.serving.model_names import ModelNames
 from zerohop.api.serving.service import ServingContext
@@ -279,6 +280,10 @@ def _uvicorn_config(options: ServeOptions, app: Any) -> uvicorn.Config:
         headers=[("server", "zerohop")],
         timeout_keep_alive=options.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes fractions
         timeout_graceful_shutdown=int(options.drain_seconds),
+        # WebSocket mode on /v1/responses: a message may be as large as an HTTP body; the
+        # protocol closes the socket when the application drains (api/http/websocket.py).
+        ws=DrainingWebSocket,
+        ws_max_size=options.max_body_bytes,
     )
 
 

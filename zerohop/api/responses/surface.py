@@ -50,15 +50,18 @@ from zerohop.api.conversation.request import Conversation, Reasoning, Turn
 from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
+from zerohop.api.generation.events import Admitted
 from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
     Handler,
     Receive,
     Scope,
     Send,
+    end_stream,
     read_json_body,
     request_id_headers,
     send_json,
+    start_stream,
 )
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.responses.formats import text_grammar
@@ -141,10 +144,42 @@ class ResponsesSurface:
         encoder.usage = generation.usage  # a failure reports the usage so far
         return generation
 
-    async def _prepare(self, request: ResponsesRequest, call: Call) -> Prepared:
+    async def streamed(
+        self,
+        request: ResponsesRequest,
+        send: Send,
+        call: Call,
+        receive: Receive,
+        kept: Found | None,
+        generate: bool = True,
+    ) -> ResponseEncoder:
+        """A streamed create whose previous response may be `kept` by the caller (a
+        WebSocket's last response, store or not: websocket.py); its encoder, to keep.
+        `generate` false: the request's state only, no output (a WebSocket client's warm-up)."""
+        assert request.model is not None
+        self.ctx.check_model(request.model, call)
+        ready = await self._prepare(request, call, kept)
+        encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
+        encoder.store = self.store if request.store else None
+        headers = request_id_headers(call.request_id)
+        if generate:
+            generation = self._generation(encoder, receive, stream=True)
+            await send_stream(generation, encoder, send, headers)
+            return encoder
+        await start_stream(send, headers)
+        opening = encoder.opening(Admitted(encoder.usage))
+        encoder.body.update(status="completed", usage=encoder._usage())
+        await end_stream(send, opening + await encoder.closing())
+        return encoder
+
+    async def _prepare(
+        self, request: ResponsesRequest, call: Call, kept: Found | None = None
+    ) -> Prepared:
         inherited: list[Any] = []
         if request.previous_response_id is not None:
-            found = await self._found(call, request.previous_response_id, "previous_response_id")
+            found = kept or await self._found(
+                call, request.previous_response_id, "previous_response_id"
+            )
             inherited = [*found.items, *found.body.get("output", [])]
         items = [*inherited, *with_ids(as_items(request.input))]
         tools = request_tools(request.tools)
