@@ -109,6 +109,14 @@ supports_websockets = false
 """
 
 
+def builtin_config_toml(base_url: str, model: str = MODEL) -> str:
+    """The config most users write: Codex's built-in `openai` provider pointed at `base_url`
+    (`openai_base_url`, nothing else), so Codex opens its Responses WebSocket first."""
+    harness = config_toml(base_url, model).split("\n[model_providers.zerohop]")[0]
+    harness = harness.replace('model_provider = "zerohop"\n', "")
+    return f'openai_base_url = "{base_url.rstrip("/")}/v1"\n{harness}'
+
+
 @dataclass
 class Run:
     """One `codex exec` run: its exit status, its --json events, its stderr."""
@@ -160,6 +168,7 @@ class Codex:
     api_key: str = "sk-zerohop-test"
     model: str = MODEL
     runs: list[Run] = field(default_factory=list)
+    builtin: bool = False  # the built-in `openai` provider (builtin_config_toml)
 
     @property
     def codex_home(self) -> Path:
@@ -172,6 +181,8 @@ class Codex:
             "HOME": str(self.home),
             "CODEX_HOME": str(self.codex_home),
             KEY_ENV: self.api_key,
+            # The built-in provider's key, for `codex exec` (no `codex login` in the harness).
+            **({"CODEX_API_KEY": self.api_key} if self.builtin else {}),
             "LANG": "C.UTF-8",
         }
 
@@ -180,7 +191,8 @@ class Codex:
         self.codex_home.mkdir(parents=True, exist_ok=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.codex_home / "config.toml"
-        path.write_text(config_toml(base_url, self.model))
+        write = builtin_config_toml if self.builtin else config_toml
+        path.write_text(write(base_url, self.model))
         return path
 
     def exec(self, base_url: str, prompt: str, *args: str, timeout: float = 240) -> Run:

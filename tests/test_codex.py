@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import lark
 import openai
 import pydantic
@@ -225,3 +226,17 @@ def test_a_forced_apply_patch_is_a_custom_call_in_its_grammar(sessions: Sessions
         assert response.incomplete_details is not None
         assert response.incomplete_details.reason == "max_output_tokens"
     pytest.fail("no seeded try ended its patch within max_output_tokens")
+
+
+def test_the_builtin_provider_works_over_the_websocket(sessions: Sessions, tmp_path: Path) -> None:
+    """`openai_base_url` only (issue 51): Codex opens its Responses WebSocket first; the
+    upgrade succeeds, so there are no "Reconnecting…" or "Falling back from WebSockets" error
+    items, and the server served the turn over the socket."""
+    codex = Codex(tmp_path / "home", sessions.workdir, builtin=True)
+    run = codex.exec(sessions.server.url, NEW_PROMPT)
+    shown = json.dumps(run.events) + run.stderr
+    assert "Reconnecting" not in shown and "Falling back from WebSockets" not in shown, run
+    assert run.succeeded, run
+    metrics = httpx.get(sessions.server.url + "/metrics").text
+    served = [line for line in metrics.splitlines() if line.startswith("zerohop_websocket_resp")]
+    assert served and float(served[0].split()[-1]) >= 1, served

@@ -31,6 +31,7 @@ from zerohop.api.http.guard import (
 from zerohop.api.http.trusted_front import TrustedFront
 from zerohop.api.http.websocket import DrainingWebSocket
 from zerohop.api.load.overload import AdmissionControl
+from zerohop.api.responses.socket_metrics import SocketMetrics
 from zerohop.api.serving.model_names import ModelNames
 from zerohop.api.serving.service import ServingContext
 from zerohop.app.gateway_start import build_gateway, check_open_mode
@@ -203,6 +204,7 @@ async def serve(options: ServeOptions) -> int:
         from zerohop.gateway.metrics import EngineRestartMetrics
 
         gateway.metrics.register(GuardMetrics(guard))  # its counters in GET /metrics
+        gateway.metrics.register(SocketMetrics(app.socket))  # type: ignore[attr-defined]
         gateway.metrics.register(EngineRestartMetrics(lambda: engine.restarts))
         if gateway.audit is not None:
             from zerohop.gateway.audit.metrics import AuditMetrics
