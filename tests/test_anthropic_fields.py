@@ -228,7 +228,7 @@ def _raises(messages) -> str:
     raise InvalidRequestError("chat template error: roles must alternate")
 
 
-def test_a_template_without_late_system_turns_gets_them_merged() -> None:
+def test_system_messages_keep_their_place_whatever_the_template() -> None:
     def dropping(messages) -> str:
         return "".join(m["content"] for m in messages if m["role"] != "system")
 
@@ -243,8 +243,8 @@ def test_a_template_without_late_system_turns_gets_them_merged() -> None:
     request = decode_messages(json.dumps(body).encode())
     late = [(t.role, t.text) for t in conversation(request, None).turns]
     assert late == [("system", "S"), ("user", "a"), ("system", "T"), ("user", "b")]
-    merged = [(t.role, t.text) for t in conversation(request, None, late_system=False).turns]
-    assert merged == [("system", "S\n\nT"), ("user", "a\n\nb")]
+    kept = [(t.role, t.text) for t in conversation(request, None, late_system=False).turns]
+    assert kept == late  # the planner renders T at its place (tests/test_system_in_place.py)
 
 
 # -- 3. fields accepted ---------------------------------------------------------------------

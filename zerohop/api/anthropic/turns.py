@@ -23,10 +23,11 @@ Decisions where the API leaves room:
   `redacted_thinking` blocks (Anthropic's encrypted thoughts) are accepted and left out.
 - `role: "system"` messages (the mid-conversation-system beta) take text blocks only and
   become a system turn at their point, joined to a system turn just before them (the
-  request's `system` included). When the chat template does not render a system turn after
-  the first user turn (it raises, as Mistral's and Gemma's do, or drops it;
-  `takes_late_system` renders a probe once per template), every system turn is merged into
-  the leading one instead, in order, joined with a blank line.
+  request's `system` included). They keep that place: where the chat template renders no
+  system turn there, the planner renders it as a `<system-reminder>` note on the user side
+  at that point (conversation/system_turns.py), never in the leading system prompt, so the
+  prompt's prefix stays the same turn after turn. Text blocks of a user turn (Claude Code's
+  `<system-reminder>` blocks after a tool result among them) are user text at their place.
 - A system text block (in `system` or a system message) whose text starts with
   `x-anthropic-billing-header:` is left out of the prompt, count_tokens included: Claude
   Code's first block, it changes with each conversation's first message and would make the
@@ -68,7 +69,7 @@ from zerohop.api.conversation.request import (
     ToolChoice,
     Turn,
 )
-from zerohop.api.conversation.system_turns import append_turn, leading_system
+from zerohop.api.conversation.system_turns import append_turn
 from zerohop.api.errors import ApiError
 from zerohop.api.serving.thought_signatures import ThoughtSigner
 from zerohop.api.tools.spec import Tool, checked_tools
@@ -86,11 +87,11 @@ def conversation(
     signer: ThoughtSigner | None = None,
 ) -> Conversation:
     """The request's conversation; every check of what it says is made here. `late_system`
-    False: the chat template takes a leading system turn only (module docstring); `signer`
-    checks its thinking blocks (None: none verifies)."""
+    is not read (a later system turn keeps its place whatever the template: the planner
+    renders it as the template allows); `signer` checks its thinking blocks (None: none
+    verifies)."""
+    del late_system
     turns, prefill = _turns(request, signer)
-    if not late_system:
-        turns = leading_system(turns)
     conv = Conversation(turns, prefill, tools=request_tools(request), render_thoughts=True)
     conv.tool_choice = _tool_choice(request)
     conv.reasoning = _reasoning(request, chat_template)
@@ -295,8 +296,6 @@ def _check_thinking(request: MessagesRequest, reasoning: Reasoning) -> None:
         return
     if request.messages and request.messages[-1].role == "assistant":
         raise ApiError(400, "thinking: may not be enabled with a prefilled assistant message")
-    if request.return_token_ids or request.continue_token_ids:
-        raise ApiError(400, "thinking: not supported with return_token_ids or continue_token_ids")
 
 
 def _verified(block: ThinkingBlock, role: str, at: str, signer: ThoughtSigner | None) -> bool:

@@ -6,7 +6,8 @@
   prefill (the answer continues it). With `render_thoughts`, the assistant turns of the
   current tool loop (those after the last user turn) carry their thought as
   `reasoning_content`, which Qwen3-style templates render for those turns (and leave out
-  for earlier ones, whose thoughts are not passed).
+  for earlier ones, whose thoughts are not passed). System turns keep their place, rendered
+  as the template allows (system_turns.py), so a session's prompt prefix is stable.
 - The grammar: a forced call's (required: any tool, named: that tool; streamed as it is
   decoded), else the output format's, else, in auto mode with only strict tools read as
   Hermes and no thought asked for nor prefill, free text whose calls follow the tools'
@@ -39,6 +40,7 @@ from zerohop.api.conversation.reasoning import (
     opens_thought,
 )
 from zerohop.api.conversation.request import Conversation
+from zerohop.api.conversation.system_turns import ChatRenderer, in_place, system_support
 from zerohop.api.errors import ApiError
 from zerohop.api.serving.service import ServingContext
 from zerohop.api.tools.forced import (
@@ -90,11 +92,12 @@ def plan(
 ) -> Plan:
     """The engine request of `conv`; `params`: the surface's sampling parameters (no grammar),
     `continues`: tokens a failed-over stream already produced (service.continued)."""
-    prompt = ctx.continued(prompt_ids(conv, ctx), continues)
+    asked = prompt_ids(conv, ctx)
+    prompt = ctx.continued(asked, continues)
     if conv.raw_call is not None:
         return _raw_call_plan(conv, ctx, params, prompt)
     constrained = constrained_grammar(conv, ctx.tool_parser)
-    in_thought = _thought_start(conv, ctx, prompt, constrained)
+    in_thought = _thought_start(conv, ctx, asked, constrained)  # where the answer starts
     params = replace(params, grammar=constrained or strict_grammar(conv, ctx.tool_parser))
     budget = conv.reasoning.budget
     if budget is not None and in_thought is not None:
@@ -159,14 +162,7 @@ def call_parser(conv: Conversation, default: ParserFactory) -> ParserFactory | N
 
 def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:
     """The prompt's tokens (count_tokens counts these)."""
-    turns = template_turns(conv)
-    extra = dict(conv.template_kwargs)
-    template = ctx.tokenizer.chat_template
-    if conv.tools or conv.has_tool_turns:
-        turns, variables = render_messages(turns, conv.tools, template)
-        extra.update(variables)
-    if conv.reasoning.think is not None and has_reasoning_format(template):
-        extra["enable_thinking"] = conv.reasoning.think
+    turns, extra = chat_messages(conv, ctx.tokenizer)
     if conv.prefill is None:
         return ctx.encode_chat(turns, **extra)
     tokenizer = ctx.tokenizer
@@ -175,6 +171,22 @@ def prompt_ids(conv: Conversation, ctx: ServingContext) -> list[int]:
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
     return tokenizer.encode(text + conv.prefill, add_special_tokens=False)
+
+
+def chat_messages(
+    conv: Conversation, tokenizer: ChatRenderer
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and variables the chat template renders the prompt from: tools as the
+    template takes them, system turns where they were sent (system_turns.in_place)."""
+    turns = template_turns(conv)
+    extra = dict(conv.template_kwargs)
+    template = tokenizer.chat_template
+    if conv.tools or conv.has_tool_turns:
+        turns, variables = render_messages(turns, conv.tools, template)
+        extra.update(variables)
+    if conv.reasoning.think is not None and has_reasoning_format(template):
+        extra["enable_thinking"] = conv.reasoning.think
+    return in_place(turns, system_support(tokenizer)), extra
 
 
 def template_turns(conv: Conversation) -> list[dict[str, Any]]:

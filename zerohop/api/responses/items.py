@@ -2,8 +2,9 @@
 
 What the surface decides:
 - A string input is one user message. `instructions` is the leading system turn; developer
-  and system messages are system turns at their place (merged into the leading one when the
-  chat template renders no later system turn: conversation/system_turns.py).
+  and system messages are system turns at their place, which they keep whatever the chat
+  template (one it renders no later system turn in is a user-side note there:
+  conversation/system_turns.py).
 - A message's content is a string or parts; text parts (`input_text`, `output_text`,
   `text`, `refusal`) are joined as they are. Image, file and audio parts are a 400 naming
   the part: the model takes text only.
@@ -27,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerohop.api.conversation.request import CallTurn, Role, Turn, call_arguments
-from zerohop.api.conversation.system_turns import append_turn, leading_system
+from zerohop.api.conversation.system_turns import append_turn
 from zerohop.api.errors import ApiError
 from zerohop.api.responses.tools import RequestTools
 from zerohop.api.tools.raw_input import INPUT
@@ -56,8 +57,9 @@ def as_items(given: str | list[Any] | None) -> list[Any]:
 def input_turns(
     items: list[Any], instructions: str | None, tools: RequestTools, late_system: bool
 ) -> list[Turn]:
-    """The turns of `items`, after `instructions`; `late_system` False: every system turn
-    merged into the leading one."""
+    """The turns of `items`, after `instructions`; `late_system` is not read (system turns
+    keep their place, rendered as the template allows: conversation/system_turns.py)."""
+    del late_system
     turns: list[Turn] = [Turn("system", instructions)] if instructions else []
     calls: dict[str, str] = {}  # call_id -> the model's name of its tool
     thought: str | None = None
@@ -75,8 +77,6 @@ def input_turns(
         if turn.role == "assistant" and thought is not None:
             turn.thought, thought = thought, None
         append_turn(turns, turn)
-    if not late_system:
-        turns = leading_system(turns)
     if not any(t.role != "system" for t in turns):
         raise ApiError(400, "input: at least one message is required", param="input")
     return turns
