@@ -182,7 +182,7 @@ async def serve(options: ServeOptions) -> int:
         sampler = LiveSampler(services.admin, lambda: engine.latest_stats)
     store = process_store(gateway)  # opened on first use, closed once below
     services.threads = open_threads(store)
-    services.responses = open_responses(store)
+    services.responses = responses = open_responses(store, gateway, options.gateway.leases.ttl)
     ctx.thoughts = open_thought_signatures(options, store)
     if options.batches.max_bytes is not None:
         ctx.max_batch_bytes = ctx.max_file_bytes = options.batches.max_bytes
@@ -244,9 +244,12 @@ async def serve(options: ServeOptions) -> int:
             sampler.start()
         if batches is not None:
             batches.start()
+        sqlite = gateway is None or gateway.auth.spec.kind != "postgresql"
+        await responses.leases.start(recover=sqlite)  # one server per SQLite file
         await server.serve()
     finally:
         ctx.draining = True
+        await responses.leases.stop()
         if batches is not None:  # its running lines go back to waiting (closed with the store)
             await batches.stop()
         if grpc_server is not None:

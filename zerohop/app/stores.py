@@ -37,11 +37,24 @@ def open_threads(store: Store) -> Threads:
     return Threads(store.threads)
 
 
-def open_responses(store: Store) -> StoredResponses:
-    """The Responses API's stored responses, in the store."""
+def open_responses(
+    store: Store, gateway: Gateway | None = None, ttl: float = 60.0
+) -> StoredResponses:
+    """The Responses API's stored responses, in the store, background ones leased to this
+    replica for `ttl` seconds (its lease keeper's replica id in a fleet)."""
+    from zerohop.api.responses.leases import ResponseLeases
     from zerohop.api.responses.stored import StoredResponses
 
-    return StoredResponses(store.responses)
+    leases = ResponseLeases(store.responses, replica_id(gateway), ttl)
+    return StoredResponses(store.responses, leases=leases)
+
+
+def replica_id(gateway: Gateway | None) -> str:
+    """This replica's id in the fleet: its lease keeper's, else one of its own."""
+    from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
+
+    keeper = getattr(gateway.ledger, "keeper", None) if gateway is not None else None
+    return keeper.replica_id if isinstance(keeper, LeaseKeeper) else new_replica_id()
 
 
 def open_thought_signatures(options: ServeOptions, store: Store) -> Any:
@@ -96,11 +109,8 @@ def _batch_store(options: ServeOptions, gateway: Gateway | None, store: Store) -
 
     if gateway is not None and gateway.auth.spec.kind == "postgresql":
         from zerohop.batches.pg_store import PgBatchStore
-        from zerohop.gateway.budgets.lease_keeper import LeaseKeeper, new_replica_id
 
-        keeper = getattr(gateway.ledger, "keeper", None)
-        owner = keeper.replica_id if isinstance(keeper, LeaseKeeper) else None
-        return PgBatchStore.of(store, owner or new_replica_id(), options.gateway.leases.ttl)
+        return PgBatchStore.of(store, replica_id(gateway), options.gateway.leases.ttl)
     keys_db = options.gateway.keys_db or default_db_path()
     return BatchStore.of(store, options.batches.db or keys_db.parent / "batches.db")
 

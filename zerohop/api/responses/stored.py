@@ -12,6 +12,8 @@ Decisions where the API leaves room:
   one row, whatever the chain's length. A response whose items and body exceed `max_bytes`
   (default 16 MiB) is answered and not kept.
 - The store unreachable: a create's answer is sent and not kept (logged); a read is a 503.
+- A background response kept `queued` is leased to this replica (`leases`, see
+  zerohop.api.responses.leases); a read of one still running whose lease ended fails it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Any
 import orjson
 
 from zerohop.api.errors import ApiError
+from zerohop.api.responses.leases import ResponseLeases, failed_body
 from zerohop.gateway.store.repositories import ResponseRepository
-from zerohop.gateway.store.response_tables import ResponseRow
+from zerohop.gateway.store.response_tables import UNFINISHED, ResponseRow
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +80,16 @@ class StoredResponses:
         repository: ResponseRepository,
         options: StoreOptions = StoreOptions(),
         clock: Callable[[], float] = time.time,
+        leases: ResponseLeases | None = None,
     ) -> None:
         self.repository, self.options, self.clock = repository, options, clock
+        self.leases = leases or ResponseLeases(repository, f"local-{id(self):x}", clock=clock)
 
-    async def get(self, tenant: str, response_id: str, param: str | None = None) -> Found:
-        """The tenant's response `response_id`; the 404 when there is none."""
+    async def get(
+        self, tenant: str, response_id: str, param: str | None = None, check: bool = True
+    ) -> Found:
+        """The tenant's response `response_id`; the 404 when there is none. `check`: a
+        running one whose lease ended is failed first."""
         try:
             row = await asyncio.to_thread(self.repository.get, tenant, response_id, self.clock())
         except Exception:
@@ -89,7 +97,14 @@ class StoredResponses:
             raise ApiError(503, "the server could not read its stored responses now") from None
         if row is None:
             raise not_found(response_id, param)
-        return Found(row.status, _current(orjson.loads(row.body)), orjson.loads(row.items))
+        body, status = _current(orjson.loads(row.body)), row.status
+        ended = row.lease_until is not None and row.lease_until < self.clock()
+        if check and ended and row.status in UNFINISHED:
+            if not await self.leases.fail(tenant, response_id, body):  # it ended meanwhile
+                return await self.get(tenant, response_id, param, check=False)
+            body = failed_body(body)
+            status = body["status"]
+        return Found(status, body, orjson.loads(row.items))
 
     async def put(self, tenant: str, body: dict[str, Any], items: list[Any]) -> bool:
         """Keep a response (best-effort: False when it is too large or the store failed)."""
@@ -99,8 +114,10 @@ class StoredResponses:
             limit = self.options.max_bytes
             log.info("responses: %s is larger than %d bytes, not kept", body["id"], limit)
             return False
+        running = body.get("background") and body["status"] in UNFINISHED
+        lease = self.leases.lease() if running else None
         row = ResponseRow(
-            body["id"], tenant, body["status"], encoded, seen, now + self.options.ttl_s
+            body["id"], tenant, body["status"], encoded, seen, now + self.options.ttl_s, lease
         )
         try:
             await asyncio.to_thread(self.repository.put, row, now)
@@ -118,6 +135,8 @@ class StoredResponses:
         except Exception:
             log.exception("responses: finishing %s failed", body["id"])
             return False
+        finally:
+            await self.leases.release(body["id"])
 
     async def cancel(self, tenant: str, response_id: str, body: dict[str, Any]) -> bool:
         args = (tenant, response_id, "cancelled", orjson.dumps(body).decode(), self.clock())

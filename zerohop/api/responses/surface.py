@@ -33,9 +33,11 @@ Decisions where the API leaves room:
   `response.failed` with the error. Usage counts prefix-cache hits within `input_tokens`
   (`input_tokens_details.cached_tokens`), and thought tokens as `reasoning_tokens`.
 - `background: true` answers at once with the `queued` response and runs it to the end on
-  this replica (whether or not the client stays), keeping it as it goes; `GET` polls it and
-  `cancel` stops it (on any replica sharing the store: the one running it sees the stored
-  status). `stream` with `background` streams as a foreground request does, and keeps it.
+  this replica (whether or not the client stays), keeping it as it goes, leased to this
+  replica (leases.py: a replica that dies has its response failed within the lease);
+  `GET` polls it and `cancel` stops it (on any replica sharing the store: the one running it
+  sees the stored status at its next lease tick). `stream` with `background` streams as a
+  foreground request does, and keeps it.
 """
 
 from __future__ import annotations
@@ -102,7 +104,6 @@ class ResponsesSurface:
 
     def __init__(self, ctx: ServingContext, store: StoredResponses | None = None) -> None:
         self.ctx, self.store = ctx, store
-        self._running: dict[str, str] = {}  # response id -> engine request id (background)
 
     # -- create ----------------------------------------------------------------------------
 
@@ -271,14 +272,12 @@ class ResponsesSurface:
             raise ApiError(503, "background: the server could not keep the response now")
         await send_json(send, 200, body, request_id_headers(request_id))
         body["status"] = "in_progress"
-        self._running[body["id"]] = request_id
+        store.leases.track(body["id"], lambda: self.ctx.engine.abort(request_id))
         try:
             await encoder.whole(self._generation(encoder, None))
         except ApiError as exc:
             encoder.fail(exc)
-        finally:
-            self._running.pop(body["id"], None)
-        await store.finish(encoder.tenant, body)
+        await store.finish(encoder.tenant, body)  # its lease released
 
     # -- the other routes ------------------------------------------------------------------
 
@@ -310,9 +309,7 @@ class ResponsesSurface:
             body = {**body, "status": "cancelled"}
             assert self.store is not None
             await self.store.cancel(call.identity.tenant.name, response_id, body)
-            running = self._running.get(response_id)
-            if running is not None:
-                self.ctx.engine.abort(running)
+            self.store.leases.abort(response_id)  # here; elsewhere at its owner's next tick
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
     async def input_tokens(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:

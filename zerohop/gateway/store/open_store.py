@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol, Unpack
 
 from zerohop.gateway.keys.identity import Tenant
-from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
+from zerohop.gateway.store.response_tables import ExpiredResponse, ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, NewKey, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
@@ -79,6 +79,12 @@ class Database(Protocol):
     def set_response_status(
         self, tenant: str, response_id: str, status: str, body: str | None, now: float
     ) -> bool: ...
+
+    def renew_response_leases(self, owner: str, until: float, now: float) -> list[str]: ...
+
+    def release_response_lease(self, response_id: str) -> None: ...
+
+    def expired_responses(self, now: float) -> list[ExpiredResponse]: ...
 
     def create_console_session(self, row: SessionRow, caps: SessionCaps) -> None: ...
 

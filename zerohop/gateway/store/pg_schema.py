@@ -16,6 +16,7 @@ transaction that touches them keeps settled + leased <= the budget.
 from __future__ import annotations
 
 from zerohop.gateway.store.batch_schema import POSTGRES_SCHEMA as BATCHES_SCHEMA
+from zerohop.gateway.store.response_tables import LEASES_POSTGRES as RESPONSE_LEASES_SCHEMA
 from zerohop.gateway.store.response_tables import POSTGRES_SCHEMA as RESPONSES_SCHEMA
 from zerohop.gateway.store.session_tables import POSTGRES_SCHEMA as SESSIONS_SCHEMA
 from zerohop.gateway.store.signing_keys import POSTGRES_SCHEMA as SIGNING_KEYS_SCHEMA
@@ -106,6 +107,11 @@ _SESSIONS_V6 = SESSIONS_SCHEMA
 # them) and files (zerohop.gateway.store.batch_schema). New tables only.
 _BATCHES_V7 = BATCHES_SCHEMA
 
+# Issue 51: background responses leased to the replica running them
+# (zerohop.gateway.store.response_tables), so a dead replica's response fails within the
+# lease and a cancel on any replica stops it. A new table only.
+_RESPONSE_LEASES_V8 = RESPONSE_LEASES_SCHEMA
+
 # (version, SQL): applied in order, each in one transaction.
 PG_MIGRATIONS: list[tuple[int, str]] = [
     (1, _KEYS_V1 + _LEASES_V1),
@@ -115,7 +121,8 @@ PG_MIGRATIONS: list[tuple[int, str]] = [
     (5, _SIGNING_KEYS_V5),
     (6, _SESSIONS_V6),
     (7, _BATCHES_V7),
+    (8, _RESPONSE_LEASES_V8),
 ]
-MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2}
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

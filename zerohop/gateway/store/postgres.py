@@ -25,7 +25,12 @@ from psycopg_pool import ConnectionPool
 
 from zerohop.gateway.keys.identity import Tenant
 from zerohop.gateway.store.pg_schema import KEYS_CHANNEL, SCHEMA_VERSION
-from zerohop.gateway.store.response_tables import ResponseRow, ResponseTables, StoredResponse
+from zerohop.gateway.store.response_tables import (
+    ExpiredResponse,
+    ResponseRow,
+    ResponseTables,
+    StoredResponse,
+)
 from zerohop.gateway.store.rows import (
     KeyChanges,
     KeyEntry,
@@ -334,6 +339,18 @@ class PostgresStore(TenantReads):
     ) -> bool:
         with self._connection() as conn, conn.transaction():
             return _RESPONSES.set_status(conn.cursor(), tenant, response_id, status, body, now)
+
+    def renew_response_leases(self, owner: str, until: float, now: float) -> list[str]:
+        with self._connection() as conn, conn.transaction():
+            return _RESPONSES.renew(conn.cursor(), owner, until, now)
+
+    def release_response_lease(self, response_id: str) -> None:
+        with self._connection() as conn, conn.transaction():
+            _RESPONSES.release(conn.cursor(), response_id)
+
+    def expired_responses(self, now: float) -> list[ExpiredResponse]:
+        with self._connection() as conn, conn.transaction():
+            return _RESPONSES.expired(conn.cursor(), now)
 
     # -- console sessions (zerohop.gateway.store.session_tables) ----------------------------
 

@@ -18,7 +18,7 @@ from typing import Unpack
 from zerohop.gateway.keys.identity import Tenant
 from zerohop.gateway.store.ledger_tables import Durability, LedgerTables
 from zerohop.gateway.store.open_store import Database
-from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
+from zerohop.gateway.store.response_tables import ExpiredResponse, ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import KeyChanges, KeyEntry, KeyRecord, NewKey, TenantRow
 from zerohop.gateway.store.session_tables import SessionCaps, SessionRow
 from zerohop.gateway.store.signing_keys import SigningKeyRow
@@ -146,6 +146,15 @@ class ResponseRepository(_Repository):
         self, tenant: str, response_id: str, status: str, body: str | None, now: float
     ) -> bool:
         return self._database().set_response_status(tenant, response_id, status, body, now)
+
+    def renew_leases(self, owner: str, until: float, now: float) -> list[str]:
+        return self._database().renew_response_leases(owner, until, now)
+
+    def release_lease(self, response_id: str) -> None:
+        self._database().release_response_lease(response_id)
+
+    def expired(self, now: float) -> list[ExpiredResponse]:
+        return self._database().expired_responses(now)
 
 
 class SessionRepository(_Repository):

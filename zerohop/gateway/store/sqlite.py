@@ -28,7 +28,7 @@ from zerohop.gateway.store import session_tables as session_sql
 from zerohop.gateway.store import signing_keys as signing_sql
 from zerohop.gateway.store import thread_tables as thread_sql
 from zerohop.gateway.store import usage_tables as usage_sql
-from zerohop.gateway.store.response_tables import ResponseRow, StoredResponse
+from zerohop.gateway.store.response_tables import ExpiredResponse, ResponseRow, StoredResponse
 from zerohop.gateway.store.rows import (
     KeyChanges,
     KeyEntry,
@@ -385,6 +385,18 @@ class KeyStore(TenantReads):
     ) -> bool:
         with self._transaction() as conn:
             return _RESPONSES.set_status(conn, tenant, response_id, status, body, now)
+
+    def renew_response_leases(self, owner: str, until: float, now: float) -> list[str]:
+        with self._transaction() as conn:
+            return _RESPONSES.renew(conn, owner, until, now)
+
+    def release_response_lease(self, response_id: str) -> None:
+        with self._transaction() as conn:
+            _RESPONSES.release(conn, response_id)
+
+    def expired_responses(self, now: float) -> list[ExpiredResponse]:
+        with self._transaction() as conn:
+            return _RESPONSES.expired(conn, now)
 
     # -- console sessions (zerohop.gateway.store.session_tables) ----------------------------
 
