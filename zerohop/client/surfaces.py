@@ -6,6 +6,16 @@ mid-stream, `continuation` is the same request with `continue_token_ids` (the to
 caller already has) and `max_tokens` lowered by as many; the continuing replica's events are
 then rewritten so the caller sees one stream: its preamble (`message_start`, the role chunk)
 is dropped, ids stay the first replica's, and usage counts every output token once.
+
+Agent traffic (tools, thinking, output formats) resumes the same way. The continuing replica
+reads the continued tokens' text first, through the same thought / call reader and grammar,
+without sending events for it, so it numbers blocks and calls counting the continued ones:
+a `tool_use` block (or a chat `tool_calls` entry) begun before the failover goes on at the
+same index with more `input_json_delta` (argument) deltas, and the caller's SDK assembles
+one call. The client renumbers nothing. Messages with content blocks carry each step's
+token ids in its last event, or in a `ping` when the step wrote none (dropped here unless
+the caller asked for `return_token_ids`). A Messages `thread` is not resumed mid-stream:
+its turn belongs to the interrupted request.
 """
 
 from __future__ import annotations
@@ -60,7 +70,8 @@ class Surface:
         A continuation continues one answer: OpenAI's `n` > 1 choices resume only unsent."""
         if not self.delivered:
             return True
-        return bool(self.token_ids) and self.payload.get("n") in (None, 1)
+        single = self.payload.get("n") in (None, 1) and self.payload.get("thread") is None
+        return bool(self.token_ids) and single
 
     def affinity_text(self) -> str:
         """What prefix affinity hashes: for chats, the system prompt and the first user turn
@@ -115,6 +126,7 @@ class Messages(Surface):
     def __init__(self, payload: dict[str, Any]) -> None:
         super().__init__(payload)
         self.first_usage: dict[str, int] = {}
+        self.open_block: int | None = None  # the index of the block the caller has open
 
     def affinity_text(self) -> str:
         system = text_of(self.payload.get("system") or "")
@@ -137,15 +149,19 @@ class Messages(Surface):
                 raise UpstreamFailed(message["error"].get("message", "error event"))
             self.done = True
             return event
+        self.token_ids.extend(message.get("token_ids", ()))
         if kind == "message_start":
             if self.resumed:
                 return b""
             self.started = True
             self.first_usage = message["message"].get("usage", {})
-        elif kind in ("content_block_start", "ping") and self.resumed:
-            return b""
+        elif kind == "ping" and (self.resumed or "token_ids" in message):
+            return event if self.payload.get("return_token_ids") else b""
+        elif kind == "content_block_start":
+            self.open_block = message.get("index")
+        elif kind == "content_block_stop":
+            self.open_block = None
         elif kind == "content_block_delta":
-            self.token_ids.extend(message.get("token_ids", ()))
             self.delivered = True
         elif kind == "message_delta" and self.resumed:
             usage = message.get("usage", {})
@@ -159,11 +175,9 @@ class Messages(Surface):
     def finish(self) -> bytes:
         usage = {**self.first_usage, "output_tokens": len(self.token_ids)}
         end = {"delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage}
-        return (
-            sse_event("content_block_stop", {"index": 0})
-            + sse_event("message_delta", end)
-            + sse_event("message_stop", {})
-        )
+        index, self.open_block = self.open_block, None
+        stop = b"" if index is None else sse_event("content_block_stop", {"index": index})
+        return stop + sse_event("message_delta", end) + sse_event("message_stop", {})
 
 
 class _OpenAI(Surface):
@@ -191,7 +205,7 @@ class _OpenAI(Surface):
         choices = chunk.get("choices") or []
         for choice in choices:
             self.token_ids.extend(choice.get("token_ids") or ())
-            self.delivered |= bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
+            self.delivered |= _has_output(choice)
         if not self.resumed:
             if not self.started:
                 self.started = True
@@ -326,6 +340,15 @@ def surface_for(method: str, path: str, body: bytes) -> Surface | None:
     except orjson.JSONDecodeError:
         return None  # the replica answers it with a proper 400
     return kind(payload) if isinstance(payload, dict) else None
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    """Whether a chunk's choice gives the caller part of the answer: text, a thought or a
+    tool call."""
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta") or {}
+    return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls"))
 
 
 def opening(system: str, messages: list[dict[str, Any]]) -> str:

@@ -105,6 +105,8 @@ class RequestBook:
             if list(prompt_token_ids[len(prompt_token_ids) - len(continues) :]) != continues:
                 raise InvalidRequestError("the prompt must end with the tokens it continues")
             seq.detokenizer.replay(continues)
+            if seq.thought is not None:  # the continued tokens spent the budget's start
+                seq.thought.forced_token(prompt_token_ids, len(prompt_token_ids) - len(continues))
         self.requests[request_id] = seq
         self.requests_added += 1
         if params.grammar is not None:  # it waits for its grammar, not in the scheduler

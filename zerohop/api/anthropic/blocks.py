@@ -76,6 +76,12 @@ class ContentBlocks:
             return b""
         return self._start({"type": "thinking", "thinking": "", "signature": ""})
 
+    def resume(self, events: list[Event]) -> None:
+        """Take the events of a continued answer's start (a client's failover), which the
+        caller has: the blocks go on where they stopped, at the same indices."""
+        for event in events:
+            self._event(event)
+
     def events(self, events: list[Event], final: bool = False) -> bytes:
         out = b"".join(self._event(e) for e in events)
         if final and self.pending and not self._called:

@@ -65,6 +65,7 @@ class MessageEncoder:
         self.thread: ThreadTurn | None = None  # its answer is kept (anthropic/threads.py)
         self.text: list[str] = []
         self.finish: Finish | None = None
+        self.resumed = False  # continues another replica's answer (`continue_token_ids`)
 
     # -- whole -----------------------------------------------------------------------------
 
@@ -89,16 +90,30 @@ class MessageEncoder:
 
     # -- streamed (generation/sse.py) ------------------------------------------------------
 
+    def resume(self, generation: Generation) -> None:
+        """Continue another replica's answer: the continued part's blocks are open already,
+        so the stream opens with message_start and a ping only, and goes on at the same
+        block indices (the client drops this message_start)."""
+        self.resumed = True
+        if self.blocks is not None:
+            self.blocks.resume(generation.resumed)
+        else:
+            self.text.append(generation.continued_text)
+
     def opening(self, admitted: Admitted) -> bytes:
         start = {**self.head(), "content": [], "stop_reason": None, "stop_sequence": None}
         start["usage"] = usage_body(admitted.usage)
-        first = _BLOCK_START if self.blocks is None else self.blocks.opening() + PING
+        if self.resumed:
+            first = PING
+        else:
+            first = _BLOCK_START if self.blocks is None else self.blocks.opening() + PING
         return sse_event("message_start", {"message": start}) + first
 
     def step(self, step: Step) -> bytes:
         self.finish = step.finish or self.finish
         if self.blocks is not None:
-            return self.blocks.events(step.output, final=step.finish is not None)
+            out = self.blocks.events(step.output, final=step.finish is not None)
+            return self._with_ids(out, step.token_ids) if self.suffix else out
         self.text.append(step.text)
         if step.token_ids:  # one event per token, even one with no text yet
             return self._delta_event(step)
@@ -136,6 +151,16 @@ class MessageEncoder:
             "role": "assistant",
             "model": self.model,
         }
+
+    def _with_ids(self, out: bytes, token_ids: list[int]) -> bytes:
+        """`return_token_ids` with content blocks: the step's token ids in its last event
+        (each event's data is one JSON object), or a ping that carries them."""
+        if not token_ids:
+            return out
+        ids = b',"token_ids":' + orjson.dumps(token_ids) + b"}\n\n"
+        if not out:
+            return b'event: ping\ndata: {"type":"ping"' + ids
+        return out[: -len(b"}\n\n")] + ids
 
     def _delta_event(self, step: Step) -> bytes:
         text = orjson.dumps(step.text)

@@ -30,8 +30,9 @@ Decisions where the API leaves room:
 - The messages are kept as the client sent them (their JSON, unparsed) and the answer as the
   response's content blocks; a continue decodes them with the request's schema, so what a
   request may hold a thread may too (context edits apply to the whole conversation).
-- Not with zerohop's token-id failover (`return_token_ids`, `continue_token_ids`): a 400
-  `thread_unsupported_request`.
+- Not with `continue_token_ids` (a 400 `thread_unsupported_request`): the thread's turn is
+  the interrupted request's, so zerohop.client does not resume a thread mid-stream (it
+  fails over before the answer starts). `return_token_ids` is accepted.
 - The store unreachable: a continue is the 404 (the client replays), a create's answer is
   sent and not kept. Threads are best-effort, as in the API.
 """
@@ -190,11 +191,9 @@ class Threads:
         thread = request.thread
         if thread is None:
             return request, None
-        if request.return_token_ids or request.continue_token_ids:
+        if request.continue_token_ids:
             raise thread_error(
-                400,
-                "thread_unsupported_request",
-                "thread: not supported with return_token_ids or continue_token_ids",
+                400, "thread_unsupported_request", "thread: not supported with continue_token_ids"
             )
         parts = _PARTS.decode(body)
         if not isinstance(thread, ThreadContinue):

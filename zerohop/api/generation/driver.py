@@ -48,7 +48,8 @@ _PING = Ping()
 @dataclass(slots=True)
 class GenerationRequest:
     """What a surface asks the driver to run. `readers`: a reader per choice (None: the text
-    goes out as decoded); `continues`: the end of `prompt` is a partial answer to resume."""
+    goes out as decoded); `continues`: the end of `prompt` is a partial answer to resume
+    (a client's failover; one choice): its text is read first, without events for it."""
 
     api: Api
     prompt: list[int]
@@ -78,6 +79,7 @@ class Generation:
         self._watcher: asyncio.Task[None] | None = None
         self._keep_text = False  # --audit-content: the answer is kept for the audit record
         self._gone = False
+        self.continued_text, self.resumed = self._resume()
 
     @property
     def done(self) -> bool:
@@ -175,6 +177,22 @@ class Generation:
     def _client_gone(self) -> None:
         self._gone = True
         self.ctx.engine.abort(self.call.request_id)
+
+    def _resume(self) -> tuple[str, list[Event]]:
+        """The continued tokens' text (as the engine's detokenizer replays it: an incomplete
+        last character is held back) and the events its reader made of it, none of which go
+        out: the caller has them. So a call or thought begun before the failover goes on
+        where it stopped, in the same reader (tools/parsers, reasoning)."""
+        continues = self.request.continues
+        if not continues:
+            return "", []
+        skip = self.request.params.skip_special_tokens
+        text = self.ctx.tokenizer.decode(continues, skip_special_tokens=skip).rstrip("\ufffd")
+        factory = self.request.readers
+        if factory is None:
+            return text, []
+        reader = self.readers[0] = factory()
+        return text, reader.feed(text)
 
     def _step(self, delta: RequestDelta) -> Step:
         """A step charged to the caller, read, counted; its choice's finish when it ends."""
