@@ -16,8 +16,14 @@ Decisions where the API leaves room:
   the thoughts of the current tool loop (after the last user message with text), the only
   ones rendered into the prompt (anthropic/turns.py); dropping earlier ones frees nothing.
 - Edits apply in their order, each to the result of those before it; an edit that clears
-  nothing is left out of `applied_edits`. `compact_20260112` (a summary the model writes) is
-  a 400: this server does not compact.
+  nothing is left out of `applied_edits`. `compact_20260112` (a summary the model writes)
+  is decided here, on the prompt as the edits before it left it (its trigger: more input
+  tokens than its value, by default 150,000) and done by anthropic/compaction.py.
+- A compaction block a request carries (`expand_compactions`, before any edit) is verified
+  (api/compaction/seal.py; one that does not verify is a 400) and the messages before the
+  last one are replaced by its summary, a user-side note opening the conversation, as the
+  API drops what the block summarizes. A block with null `content` (a failed compaction)
+  is a no-op.
 - The input-token counts are the prompt as count_tokens counts it; a request with no edit
   whose trigger counts tokens is not counted an extra time.
 """
@@ -35,6 +41,7 @@ from zerohop.api.anthropic.schema import (
     ClearThinking,
     ClearToolUses,
     Compact,
+    CompactionBlock,
     CountTokensRequest,
     InputTokens,
     Message,
@@ -45,12 +52,14 @@ from zerohop.api.anthropic.schema import (
     ToolUseBlock,
     ToolUses,
 )
-from zerohop.api.errors import ApiError
+from zerohop.api.compaction.seal import Sealer
+from zerohop.api.compaction.summarize import framed
 
 PLACEHOLDER = "[this tool result was cleared to save context]"
 DEFAULT_TRIGGER = 100_000  # input tokens
 DEFAULT_KEEP_TOOL_USES = 3
 DEFAULT_KEEP_THINKING_TURNS = 1
+DEFAULT_COMPACT_TRIGGER = 150_000  # input tokens
 
 Counter = Callable[[CountTokensRequest], int]
 
@@ -63,6 +72,7 @@ class Edited:
     request: CountTokensRequest
     applied: list[dict[str, Any]] = field(default_factory=list)
     source_tokens: int | None = None  # the unedited prompt's tokens, when they were counted
+    compact: Compact | None = None  # a compaction edit whose trigger is exceeded
 
     def response(self) -> dict[str, Any]:
         """The response's `context_management`."""
@@ -111,20 +121,67 @@ def edit_context(request: CountTokensRequest, count: Counter) -> Edited | None:
         return None
     state = _State(request, count)
     applied = []
-    for i, edit in enumerate(config.edits or []):
+    compact = None
+    for edit in config.edits or []:
         if isinstance(edit, Compact):
-            raise ApiError(
-                400,
-                f"context_management.edits.{i}.type: 'compact_20260112' is not supported by"
-                " this server",
-                param="context_management",
-            )
+            trigger = edit.trigger or InputTokens(DEFAULT_COMPACT_TRIGGER)
+            compact = edit if state.counted() > trigger.value else compact
+            continue
         done = _clear_tool_uses(edit, state) if isinstance(edit, ClearToolUses) else None
         if isinstance(edit, ClearThinking):
             done = _clear_thinking(edit, state)
         if done is not None:
             applied.append(done)
-    return Edited(request, state.request, applied, state.source_tokens)
+    return Edited(request, state.request, applied, state.source_tokens, compact)
+
+
+# -- compaction blocks ----------------------------------------------------------------------
+
+
+def compacts(request: CountTokensRequest) -> bool:
+    """Whether the request may compact (and so sign a compaction block)."""
+    edits = request.context_management.edits if request.context_management else None
+    compact = any(isinstance(e, Compact) for e in edits or ())
+    return compact or getattr(request, "compaction", None) is not None
+
+
+def compaction_signatures(request: CountTokensRequest) -> list[str]:
+    """The signatures of the request's compaction blocks (their keys are read first)."""
+    return [
+        block.signature
+        for message in request.messages
+        for block in _content(message)
+        if isinstance(block, CompactionBlock) and block.signature
+    ]
+
+
+def expand_compactions(request: CountTokensRequest, sealer: Sealer) -> CountTokensRequest:
+    """The request with its last compaction block's summary in place of the messages before
+    it (module docstring); the request itself when it carries none."""
+    messages = request.messages
+    where = [
+        (i, j)
+        for i, m in enumerate(messages)
+        for j, b in enumerate(_content(m))
+        if isinstance(b, CompactionBlock)
+    ]
+    if not where:
+        return request
+    full = [(i, j) for i, j in where if _content(messages[i])[j].content is not None]
+    start, summary = 0, None
+    if full:
+        i, j = full[-1]
+        block = _content(messages[i])[j]
+        sealer.verify(block.content, block.signature or "", f"messages.{i}.content.{j}")
+        summary, start = Message("user", [TextBlock(text=framed(block.content))]), i
+    kept = [
+        Message(m.role, [b for b in _content(m) if not isinstance(b, CompactionBlock)])
+        if any(isinstance(b, CompactionBlock) for b in _content(m))
+        else m
+        for m in messages[start:]
+    ]
+    kept = [m for m in kept if m.content]
+    return msgspec.structs.replace(request, messages=[summary, *kept] if summary else kept)
 
 
 # -- clear_tool_uses ------------------------------------------------------------------------

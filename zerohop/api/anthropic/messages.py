@@ -44,10 +44,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from zerohop.api.anthropic import compaction
 from zerohop.api.anthropic.blocks import ContentBlocks
-from zerohop.api.anthropic.context import Edited, edit_context
+from zerohop.api.anthropic.context import (
+    Edited,
+    compaction_signatures,
+    compacts,
+    edit_context,
+    expand_compactions,
+)
 from zerohop.api.anthropic.message_encoder import MessageEncoder
 from zerohop.api.anthropic.schema import (
+    Compact,
     CountTokensRequest,
     MessagesRequest,
     decode_count_tokens,
@@ -55,6 +63,8 @@ from zerohop.api.anthropic.schema import (
 )
 from zerohop.api.anthropic.threads import Threads, ThreadTurn, thread_error
 from zerohop.api.anthropic.turns import conversation, thought_signatures
+from zerohop.api.compaction.seal import Sealer
+from zerohop.api.compaction.summarize import summarize
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
@@ -129,7 +139,7 @@ class AnthropicSurface:
         self.ctx.check_model(request.model, call)
         request, thread = await self._thread(request, body, call)
         try:
-            await self._generate(request, scope, receive, send, call, thread)
+            await self._compacting(request, scope, receive, send, call, thread)
         finally:
             if thread is not None:  # no complete answer: nothing kept (threads.py)
                 await asyncio.shield(thread.abandon())
@@ -145,6 +155,38 @@ class AnthropicSurface:
                 400, "thread_unsupported_request", "thread: not enabled on this server"
             )
         return await self.threads.begin(request, body, call.identity.tenant.name)
+
+    async def _compacting(
+        self,
+        request: MessagesRequest,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        call: Call,
+        thread: ThreadTurn | None,
+    ) -> None:
+        """Compaction first where the request asks for it (anthropic/compaction.py)."""
+        compaction.check(request)
+        edits = request.context_management.edits if request.context_management else None
+        if request.compaction is None and not any(isinstance(e, Compact) for e in edits or ()):
+            return await self._generate(request, scope, receive, send, call, thread)
+        signer = await self.signer(request, call, answers=True)
+        conv, edited = self.conversation(request, signer)
+        edit = None if edited is None else edited.compact
+        if request.compaction is None and edit is None:
+            return await self._generate(request, scope, receive, send, call, thread)
+        asked = request.compaction.instructions if request.compaction else None
+        instructions = edit.instructions if edit is not None else asked
+        summary = await summarize(self.ctx, call, conv, "messages", instructions)
+        made = compaction.block(summary, Sealer(signer))
+        done = compaction.applied(summary)
+        context = None if edited is None else {"applied_edits": [*edited.applied, done]}
+        if edit is None or edit.pause_after_compaction or request.stream:
+            await compaction.send_block_only(send, request, call.request_id, made, summary, context)
+            return
+        going_on = compaction.compacted(request, made)
+        send = compaction.leading(send, made, done)
+        await self._generate(going_on, scope, receive, send, call, thread)
 
     async def _generate(
         self,
@@ -185,13 +227,15 @@ class AnthropicSurface:
         ctx = self.ctx
         signs = answers and has_reasoning_format(ctx.tokenizer.chat_template)
         tenant = call.identity.tenant.name
-        signatures = thought_signatures(request)
+        signatures = [*thought_signatures(request), *compaction_signatures(request)]
+        signs = signs or (answers and compacts(request))
         return await ctx.thoughts.signer(ctx.model_name, tenant, signatures, signs)
 
     def conversation(
         self, request: CountTokensRequest, signer: ThoughtSigner
     ) -> tuple[Conversation, Edited | None]:
         """The request's conversation, once its context edits are applied (and those)."""
+        request = expand_compactions(request, Sealer(signer))  # anthropic/context.py
         edited = edit_context(request, self._counter(signer))
         return self._conversation(request if edited is None else edited.request, signer), edited
 

@@ -14,8 +14,8 @@ is automatic), `metadata.user_id`, `service_tier`, `speed`, `inference_geo`, `co
 tool_use's `caller` and `toolset_name`, tool_result's `toolset_name`, and a tool's
 `allowed_callers`, `defer_loading`, `input_examples` and `eager_input_streaming`. Honoured:
 `context_management` (anthropic/context.py) and `role: "system"` messages (anthropic/turns.py).
-`thread` (the message-threads beta: anthropic/threads.py). Refused as not supported:
-`mcp_servers` and `compaction`. Blocks this text-only
+`thread` (the message-threads beta: anthropic/threads.py), `compaction` and compaction blocks
+(anthropic/compaction.py). Refused as not supported: `mcp_servers`. Blocks this text-only
 server cannot take (image, document, search_result, ...) decode as `UnsupportedBlock`s so
 that anthropic/turns.py can name them in its 400.
 """
@@ -31,7 +31,7 @@ from zerohop.api.errors import ApiError
 from zerohop.api.http.null_defaults import NullMeansDefault
 
 # Fields of the real API this server does not implement: a request using them is refused.
-UNSUPPORTED_FIELDS = frozenset({"mcp_servers", "compaction"})
+UNSUPPORTED_FIELDS = frozenset({"mcp_servers"})
 
 
 class TextBlock(NullMeansDefault, tag="text", tag_field="type", forbid_unknown_fields=True):
@@ -171,8 +171,22 @@ class RedactedThinkingBlock(
     cache_control: Any = None
 
 
+class CompactionBlock(
+    NullMeansDefault, tag="compaction", tag_field="type", forbid_unknown_fields=True
+):
+    """A summary of the turns before it, as this server wrote and signed it
+    (anthropic/compaction.py); `content` null: a failed compaction, a no-op."""
+
+    content: str | None = None
+    signature: str | None = None
+    encrypted_content: str | None = None  # accepted, unread: this server's is `signature`
+    tool_changes: list[Any] | None = None  # accepted, unread
+    cache_control: Any = None
+
+
 Block = (
     TextBlock
+    | CompactionBlock
     | ToolUseBlock
     | ToolResultBlock
     | ThinkingBlock
@@ -319,8 +333,21 @@ class ClearThinking(
     keep: ThinkingTurns | AllThinkingTurns | Literal["all"] | None = None
 
 
-class Compact(msgspec.Struct, tag="compact_20260112", tag_field="type"):
-    """Server-side compaction (a summary written by the model): refused, not supported."""
+class Compact(
+    NullMeansDefault, tag="compact_20260112", tag_field="type", forbid_unknown_fields=True
+):
+    """Server-side compaction, a summary written by the model (anthropic/compaction.py)."""
+
+    trigger: InputTokens | None = None
+    instructions: str | None = None
+    pause_after_compaction: bool | None = False
+
+
+class CompactionRequest(NullMeansDefault, forbid_unknown_fields=True):
+    """The explicit compaction request (`compaction`, beta compact-2026-09-04)."""
+
+    type: Literal["summarize"]
+    instructions: str | None = None
 
 
 class ContextManagement(NullMeansDefault, forbid_unknown_fields=True):
@@ -351,6 +378,7 @@ class CountTokensRequest(NullMeansDefault, kw_only=True, forbid_unknown_fields=T
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None  # anthropic/turns.py
     context_management: ContextManagement | None = None  # anthropic/context.py
+    compaction: CompactionRequest | None = None  # anthropic/compaction.py; count_tokens: ignored
     output_config: OutputConfig | None = None  # its format is not part of the prompt
     # Accepted and ignored (see the module docstring).
     speed: Literal["standard", "fast"] | None = None

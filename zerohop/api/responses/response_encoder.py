@@ -4,10 +4,11 @@ usage, the stream's events (output.py), and the response kept in the store as it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zerohop.api.conversation.planner import Plan
+from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation
 from zerohop.api.generation.events import Admitted, Finish, Step, Usage
@@ -28,6 +29,8 @@ class Prepared:
     items: list[Any]
     tools: RequestTools
     choice: Choice
+    conversation: Conversation | None = None
+    leading: list[Any] = field(default_factory=list)  # output items before the answer's
 
 
 # A failed response's `error.code` (the API's codes), by the failure's HTTP status.
@@ -46,6 +49,7 @@ class ResponseEncoder:
         self.store: StoredResponses | None = None
         self.write = EventWriter(False)
         self.items = OutputItems(ready.tools, self.write, ready.choice.raw_call is not None)
+        self.items.items.extend(ready.leading)  # a compaction item (compact.py)
         # The generation's own usage, set by the surface: a failure reports the usage so far.
         self.usage = Usage(len(ready.planned.prompt))
 

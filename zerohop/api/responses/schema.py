@@ -61,6 +61,7 @@ class ResponsesRequest(NullMeansDefault):
     safety_identifier: str | None = None
     service_tier: str | None = None
     seed: int | None = None  # vLLM's extension: reproducible sampling
+    context_management: list[Any] | None = None  # compaction (compact.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -66,6 +66,7 @@ from zerohop.api.http.asgi import (
     start_stream,
 )
 from zerohop.api.http.send_times import with_send_times
+from zerohop.api.responses import compact
 from zerohop.api.responses.formats import text_grammar
 from zerohop.api.responses.items import as_items, input_turns
 from zerohop.api.responses.listing import input_items_page, with_ids
@@ -91,6 +92,7 @@ def routes(
     return {
         ("POST", BASE): surface.create,
         ("POST", BASE + "/input_tokens"): surface.input_tokens,
+        ("POST", BASE + "/compact"): surface.compact,
         ("GET", ONE): surface.retrieve,
         ("DELETE", ONE): surface.delete,
         ("GET", ONE + "/input_items"): surface.input_items,
@@ -186,7 +188,9 @@ class ResponsesSurface:
         tools = request_tools(request.tools)
         choice = tool_choice(request.tool_choice, request.parallel_tool_calls, tools)
         late = takes_late_system(self.ctx.tokenizer)
-        turns = input_turns(items, request.instructions, tools, late)
+        turns = input_turns(
+            await compact.opened(self.ctx, call, items), request.instructions, tools, late
+        )
         conv = Conversation(
             turns,
             tools=choice.tools,
@@ -208,7 +212,14 @@ class ResponsesSurface:
             seed=request.seed,
         )
         planned = plan(conv, self.ctx, params)
-        return Prepared(request, planned, items, tools, choice)
+        limit = compact.threshold(request.context_management)
+        if limit is not None and len(planned.prompt) > limit:  # compact first (compact.py)
+            items, _ = await compact.compacted(self.ctx, call, items, conv)
+            opened = await compact.opened(self.ctx, call, items)
+            conv.turns = input_turns(opened, request.instructions, tools, late)
+            planned = plan(conv, self.ctx, params)
+            return Prepared(request, planned, items[:-1], tools, choice, conv, items[-1:])
+        return Prepared(request, planned, items, tools, choice, conv)
 
     def _truncated(self, conv: Conversation) -> list[Turn]:
         """The turns, the oldest dropped (a user turn up to the next) until the prompt leaves
@@ -318,6 +329,18 @@ class ResponsesSurface:
         self.ctx.check_model(request.model, call)
         ready = await self._prepare(request, call)
         body = {"object": "response.input_tokens", "input_tokens": len(ready.planned.prompt)}
+        await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def compact(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
+        """`POST /v1/responses/compact` (compact.py)."""
+        request = decode_request(await self._body(scope, receive))
+        assert request.model is not None
+        self.ctx.check_model(request.model, call)
+        ready = await self._prepare(request, call)
+        assert ready.conversation is not None
+        conv = ready.conversation
+        output, summary = await compact.compacted(self.ctx, call, ready.items, conv)
+        body = compact.compaction_body(call, output, summary)
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
     async def _found(self, call: Call, response_id: str, param: str | None = None) -> Found:
