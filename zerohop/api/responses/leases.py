@@ -12,7 +12,8 @@ until its TTL, and a `cancel` on any replica stops the generation where it runs.
   leaves it as it is.
 - The same tick (on every replica) fails the responses whose lease ended unrenewed: their
   replica stopped. Each becomes `failed` with the error `server_error` "the replica running
-  this response stopped" (its output so far kept). A `GET` of one does the same at once.
+  this response stopped" (its output as last kept: none, since a background response is
+  kept when it is queued and when it ends). A `GET` of one does the same at once.
   Resuming it elsewhere is not attempted: its sampling state (and any output a client may
   have read) is lost with the replica, and a fresh run would answer something else under the
   same id.
