@@ -16,7 +16,7 @@ from tests.live_server import MODEL_NAME, LiveServer
 from zerohop.api.anthropic.context import PLACEHOLDER
 from zerohop.api.anthropic.schema import decode_messages
 from zerohop.api.anthropic.turns import conversation
-from zerohop.api.conversation.system_turns import takes_late_system
+from zerohop.api.conversation.system_turns import system_support
 from zerohop.engine.base.errors import InvalidRequestError
 from zerohop.engine.text.tokenizer import Tokenizer
 
@@ -233,9 +233,9 @@ def test_system_messages_keep_their_place_whatever_the_template() -> None:
     def dropping(messages) -> str:
         return "".join(m["content"] for m in messages if m["role"] != "system")
 
-    assert takes_late_system(_Renderer("chatml", lambda m: json.dumps(m)))
-    assert not takes_late_system(_Renderer("raising", _raises))
-    assert not takes_late_system(_Renderer("dropping", dropping))
+    assert system_support(_Renderer("chatml", lambda m: json.dumps(m))) == "anywhere"
+    assert system_support(_Renderer("raising", _raises)) != "anywhere"
+    assert system_support(_Renderer("dropping", dropping)) != "anywhere"
     body = {
         "model": MODEL_NAME, "max_tokens": 2, "system": "S",
         "messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "T"},
@@ -244,8 +244,7 @@ def test_system_messages_keep_their_place_whatever_the_template() -> None:
     request = decode_messages(json.dumps(body).encode())
     late = [(t.role, t.text) for t in conversation(request, None).turns]
     assert late == [("system", "S"), ("user", "a"), ("system", "T"), ("user", "b")]
-    kept = [(t.role, t.text) for t in conversation(request, None, late_system=False).turns]
-    assert kept == late  # the planner renders T at its place (tests/test_system_in_place.py)
+    # the planner renders T at its place, as the template allows (tests/test_system_in_place.py)
 
 
 # -- 3. fields accepted ---------------------------------------------------------------------

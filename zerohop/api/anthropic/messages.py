@@ -68,7 +68,6 @@ from zerohop.api.compaction.summarize import summarize
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.reasoning import has_reasoning_format
 from zerohop.api.conversation.request import Conversation
-from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.sse import send_stream
 from zerohop.api.http.asgi import (
@@ -240,9 +239,7 @@ class AnthropicSurface:
         return self._conversation(request if edited is None else edited.request, signer), edited
 
     def _conversation(self, request: CountTokensRequest, signer: ThoughtSigner) -> Conversation:
-        tokenizer = self.ctx.tokenizer
-        late = takes_late_system(tokenizer)
-        return conversation(request, tokenizer.chat_template, late, signer)
+        return conversation(request, self.ctx.tokenizer.chat_template, signer)
 
     def _counter(self, signer: ThoughtSigner) -> Callable[[CountTokensRequest], int]:
         """A request's prompt tokens (context edits' triggers and cleared counts)."""

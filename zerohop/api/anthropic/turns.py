@@ -83,14 +83,11 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 def conversation(
     request: CountTokensRequest,
     chat_template: str | None,
-    late_system: bool = True,
     signer: ThoughtSigner | None = None,
 ) -> Conversation:
-    """The request's conversation; every check of what it says is made here. `late_system`
-    is not read (a later system turn keeps its place whatever the template: the planner
-    renders it as the template allows); `signer` checks its thinking blocks (None: none
-    verifies)."""
-    del late_system
+    """The request's conversation; every check of what it says is made here (a later system
+    turn keeps its place: the planner renders it as the template allows). `signer` checks
+    its thinking blocks (None: none verifies)."""
     turns, prefill = _turns(request, signer)
     conv = Conversation(turns, prefill, tools=request_tools(request), render_thoughts=True)
     conv.tool_choice = _tool_choice(request)

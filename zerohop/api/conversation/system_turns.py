@@ -84,11 +84,6 @@ def _in_order(rendered: str, texts: list[str]) -> bool:
     return True
 
 
-def takes_late_system(tokenizer: ChatRenderer) -> bool:
-    """Whether the chat template renders a system turn after a user turn as it is."""
-    return system_support(tokenizer) == "anywhere"
-
-
 def note(text: str) -> str:
     """A later system message as user-side text."""
     return f"<system-reminder>\n{text}\n</system-reminder>"

@@ -54,12 +54,9 @@ def as_items(given: str | list[Any] | None) -> list[Any]:
     return given
 
 
-def input_turns(
-    items: list[Any], instructions: str | None, tools: RequestTools, late_system: bool
-) -> list[Turn]:
-    """The turns of `items`, after `instructions`; `late_system` is not read (system turns
-    keep their place, rendered as the template allows: conversation/system_turns.py)."""
-    del late_system
+def input_turns(items: list[Any], instructions: str | None, tools: RequestTools) -> list[Turn]:
+    """The turns of `items`, after `instructions` (system turns keep their place, rendered
+    as the template allows: conversation/system_turns.py)."""
     turns: list[Turn] = [Turn("system", instructions)] if instructions else []
     calls: dict[str, str] = {}  # call_id -> the model's name of its tool
     thought: str | None = None

@@ -49,7 +49,6 @@ from typing import Any
 
 from zerohop.api.conversation.planner import plan, prompt_ids
 from zerohop.api.conversation.request import Conversation, Reasoning, Turn
-from zerohop.api.conversation.system_turns import takes_late_system
 from zerohop.api.errors import ApiError
 from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.events import Admitted
@@ -187,9 +186,8 @@ class ResponsesSurface:
         items = [*inherited, *with_ids(as_items(request.input))]
         tools = request_tools(request.tools)
         choice = tool_choice(request.tool_choice, request.parallel_tool_calls, tools)
-        late = takes_late_system(self.ctx.tokenizer)
         turns = input_turns(
-            await compact.opened(self.ctx, call, items), request.instructions, tools, late
+            await compact.opened(self.ctx, call, items), request.instructions, tools
         )
         conv = Conversation(
             turns,
@@ -216,7 +214,7 @@ class ResponsesSurface:
         if limit is not None and len(planned.prompt) > limit:  # compact first (compact.py)
             items, _ = await compact.compacted(self.ctx, call, items, conv)
             opened = await compact.opened(self.ctx, call, items)
-            conv.turns = input_turns(opened, request.instructions, tools, late)
+            conv.turns = input_turns(opened, request.instructions, tools)
             planned = plan(conv, self.ctx, params)
             return Prepared(request, planned, items[:-1], tools, choice, conv, items[-1:])
         return Prepared(request, planned, items, tools, choice, conv)
