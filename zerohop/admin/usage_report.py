@@ -5,6 +5,11 @@ Buckets are snapped to the UTC minute, hour or day, as Anthropic's are; `limit` 
 buckets, `page` is the next bucket's start. A field not grouped by is null. Rows are
 summed in SQL per bucket, key, tenant and model (`usage_sql.USAGE_BUCKETS`), then collapsed
 here to the dimensions asked for.
+
+zerohop's own dimension: `group_by[]=end_user` and the filter `end_users[]` (a trusted
+front's end user, `--trusted-front`) read the rows split by end user, each result naming it
+in `zerohop.end_user`; requests no front named are the end user "", so the results of a key
+sum to its total. Without either, the report reads the totals alone, as before.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from zerohop.gateway.store.usage_tables import USAGE_COUNTS, RefusalRow, UsageRo
 
 WIDTHS = {"1m": 60, "1h": 3600, "1d": 86400}
 LIMITS = {"1m": (60, 1440), "1h": (24, 168), "1d": (7, 31)}  # (default, max) buckets
-GROUPS = {"api_key_id": "key_id", "workspace_id": "tenant", "model": "model"}
+GROUPS = {"api_key_id": "key_id", "workspace_id": "tenant", "model": "model",
+          "end_user": "end_user"}  # fmt: skip
 Query = Mapping[str, Sequence[str]]
 
 
@@ -28,11 +34,17 @@ class UsageQuery:
     width: int
     since: int  # the first bucket's start
     until: int  # past the last bucket's end
-    group_by: tuple[str, ...]  # API names: api_key_id, workspace_id, model
+    group_by: tuple[str, ...]  # API names: api_key_id, workspace_id, model, end_user
     key_ids: frozenset[str]
     tenants: frozenset[str]
     models: frozenset[str]
     more: bool  # buckets after `until` hold usage to come or kept: has_more
+    end_users: frozenset[str] = frozenset()
+
+    @property
+    def by_end_user(self) -> bool:
+        """Whether the rows must be split by end user."""
+        return "end_user" in self.group_by or bool(self.end_users)
 
 
 def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
@@ -66,6 +78,7 @@ def parse_usage_query(query: Query, now: float | None = None) -> UsageQuery:
     return UsageQuery(
         width, since, max(until, since), groups, frozenset(many(query, "api_key_ids")),
         frozenset(many(query, "workspace_ids")), frozenset(many(query, "models")), more,
+        frozenset(many(query, "end_users")),
     )  # fmt: skip
 
 
@@ -93,6 +106,7 @@ def _wanted(q: UsageQuery, row: UsageRow) -> bool:
         (not q.key_ids or row.key_id in q.key_ids)
         and (not q.tenants or row.tenant in q.tenants)
         and (not q.models or row.model in q.models)
+        and (not q.end_users or row.end_user in q.end_users)
     )
 
 
@@ -110,7 +124,11 @@ def _result(q: UsageQuery, group: tuple[str, ...], counts: list[int]) -> dict[st
         "model": named.get("model"),
         "service_tier": "standard",
         "context_window": None,
-        "zerohop": {"requests": values["requests"], "errors": values["errors"]},
+        "zerohop": {
+            "requests": values["requests"],
+            "errors": values["errors"],
+            "end_user": named.get("end_user"),
+        },
     }
 
 

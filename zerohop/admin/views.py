@@ -108,7 +108,9 @@ async def messages_usage(admin: AdminContext, req: AdminRequest) -> Answer:
     query = checked(parse_usage_query, req.query)
     service = _service(admin)
     usage = service.usage
-    rows = await service.run(lambda: usage.buckets(query.width, query.since, query.until))
+    rows = await service.run(
+        lambda: usage.buckets(query.width, query.since, query.until, query.by_end_user)
+    )
     return 200, usage_report(query, rows)
 
 

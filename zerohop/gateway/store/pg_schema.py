@@ -21,7 +21,7 @@ from zerohop.gateway.store.response_tables import POSTGRES_SCHEMA as RESPONSES_S
 from zerohop.gateway.store.session_tables import POSTGRES_SCHEMA as SESSIONS_SCHEMA
 from zerohop.gateway.store.signing_keys import POSTGRES_SCHEMA as SIGNING_KEYS_SCHEMA
 from zerohop.gateway.store.thread_tables import POSTGRES_SCHEMA as THREADS_SCHEMA
-from zerohop.gateway.store.usage_tables import POSTGRES_SCHEMA
+from zerohop.gateway.store.usage_tables import POSTGRES_END_USER_SCHEMA, POSTGRES_SCHEMA
 
 _KEYS_V1 = """
 CREATE TABLE store_meta (name text PRIMARY KEY, value bigint NOT NULL);
@@ -112,6 +112,10 @@ _BATCHES_V7 = BATCHES_SCHEMA
 # lease and a cancel on any replica stops it. A new table only.
 _RESPONSE_LEASES_V8 = RESPONSE_LEASES_SCHEMA
 
+# Issue 51: usage per trusted front's end user (zerohop.gateway.store.usage_tables). A new
+# table only: a zerohop of version 2-8 serves beside it, its usage counted unattributed.
+_END_USER_USAGE_V9 = POSTGRES_END_USER_SCHEMA
+
 # (version, SQL): applied in order, each in one transaction.
 PG_MIGRATIONS: list[tuple[int, str]] = [
     (1, _KEYS_V1 + _LEASES_V1),
@@ -122,7 +126,8 @@ PG_MIGRATIONS: list[tuple[int, str]] = [
     (6, _SESSIONS_V6),
     (7, _BATCHES_V7),
     (8, _RESPONSE_LEASES_V8),
+    (9, _END_USER_USAGE_V9),
 ]
-MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2}
+MIN_READER: dict[int, int] = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2, 9: 2}
 SCHEMA_VERSION = PG_MIGRATIONS[-1][0]  # what this zerohop writes and needs
 KEYS_CHANNEL = "zerohop_keys"  # NOTIFY channel: a key or tenant changed

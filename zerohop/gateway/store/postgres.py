@@ -297,9 +297,12 @@ class PostgresStore(TenantReads):
         with self._connection() as conn, conn.transaction():
             _USAGE.write(conn.cursor(), usage, refusals)
 
-    def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
+    def usage(
+        self, width: int, since: int, until: int, by_end_user: bool = False
+    ) -> list[UsageRow]:
         with self._connection() as conn:
-            return _USAGE.usage(conn.cursor(row_factory=dict_row), width, since, until)
+            cursor = conn.cursor(row_factory=dict_row)
+            return _USAGE.usage(cursor, width, since, until, by_end_user)
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
         with self._connection() as conn:

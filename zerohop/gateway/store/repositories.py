@@ -108,9 +108,12 @@ class UsageRepository(_Repository):
         """Add these counts to the stored ones (in one transaction)."""
         self._database().add_usage(usage, refusals)
 
-    def buckets(self, width: int, since: int, until: int) -> list[UsageRow]:
-        """The counts summed per `width` seconds from `since` to `until` (unix seconds)."""
-        return self._database().usage(width, since, until)
+    def buckets(
+        self, width: int, since: int, until: int, by_end_user: bool = False
+    ) -> list[UsageRow]:
+        """The counts summed per `width` seconds from `since` to `until` (unix seconds);
+        `by_end_user`: split by a trusted front's end user ("" the rest), summing the same."""
+        return self._database().usage(width, since, until, by_end_user)
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
         """The refusals summed per reason, key and tenant, with the last message of each."""

@@ -344,9 +344,11 @@ class KeyStore(TenantReads):
         with self._transaction() as conn:
             _USAGE.write(conn, usage, refusals)
 
-    def usage(self, width: int, since: int, until: int) -> list[UsageRow]:
+    def usage(
+        self, width: int, since: int, until: int, by_end_user: bool = False
+    ) -> list[UsageRow]:
         with self._read() as conn:
-            return _USAGE.usage(conn, width, since, until)
+            return _USAGE.usage(conn, width, since, until, by_end_user)
 
     def refusals(self, since: int, until: int) -> list[RefusalRow]:
         with self._read() as conn:
