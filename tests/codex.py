@@ -169,6 +169,9 @@ class Codex:
     model: str = MODEL
     runs: list[Run] = field(default_factory=list)
     builtin: bool = False  # the built-in `openai` provider (builtin_config_toml)
+    # (model_context_window, model_auto_compact_token_limit): a small window makes Codex
+    # compact; with the built-in provider it compacts remotely (a `compaction_trigger` item).
+    window: tuple[int, int] | None = None
 
     @property
     def codex_home(self) -> Path:
@@ -192,7 +195,13 @@ class Codex:
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = self.codex_home / "config.toml"
         write = builtin_config_toml if self.builtin else config_toml
-        path.write_text(write(base_url, self.model))
+        text = write(base_url, self.model)
+        if self.window is not None:  # top-level keys: before the first table
+            size, limit = self.window
+            text = (
+                f"model_context_window = {size}\nmodel_auto_compact_token_limit = {limit}\n{text}"
+            )
+        path.write_text(text)
         return path
 
     def exec(self, base_url: str, prompt: str, *args: str, timeout: float = 240) -> Run:

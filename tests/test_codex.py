@@ -65,6 +65,10 @@ class Sessions:
     exchanges: list[Exchange]
     server: LiveServer
     workdir: Path
+    audit: Path  # the server's audit log
+
+    def audited(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.audit.read_text().splitlines()]
 
     def requests(self) -> list[dict[str, Any]]:
         return [e.json_body() for e in self.exchanges if e.request_body]
@@ -83,7 +87,8 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sessions]:
     finally:
         earlier.stop()
     assert earlier_run.succeeded, earlier_run
-    server = LiveServer(model, SERVER_ARGS, served_model_name=MODEL)
+    audit = ["--audit-dir", str(work / "audit")]
+    server = LiveServer(model, [*SERVER_ARGS, *audit], served_model_name=MODEL)
     server.start(work / "server.log")
     try:
         with recording(server.url) as proxy:
@@ -93,8 +98,9 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sessions]:
             proxy.save(record)
             _save_sample(record)
             yield Sessions(
-                earlier, earlier_run, resumed, new, proxy.exchanges, server, codex.workdir
-            )
+                earlier, earlier_run, resumed, new, proxy.exchanges, server, codex.workdir,
+                work / "audit" / "audit.jsonl",
+            )  # fmt: skip
     finally:
         server.stop()
 
@@ -240,3 +246,24 @@ def test_the_builtin_provider_works_over_the_websocket(sessions: Sessions, tmp_p
     metrics = httpx.get(sessions.server.url + "/metrics").text
     served = [line for line in metrics.splitlines() if line.startswith("zerohop_websocket_resp")]
     assert served and float(served[0].split()[-1]) >= 1, served
+
+
+def test_codex_compacts_remotely_when_its_window_fills(sessions: Sessions, tmp_path: Path) -> None:
+    """Issue 51: the built-in provider with a window smaller than its prompt (~8k tokens).
+    The first turn fills it; before the resumed turn Codex compacts remotely (0.171: its
+    remote compaction v2, a streamed create whose input ends with a `compaction_trigger`
+    item, answered with exactly one `compaction` item), then runs the turn on the compacted
+    history. The server audits the compaction with the summary's tokens."""
+    before = len(sessions.audited())
+    codex = Codex(tmp_path / "home", tmp_path / "project", builtin=True, window=(8000, 3000))
+    first = codex.exec(sessions.server.url, NEW_PROMPT)
+    assert first.succeeded, first
+    assert not [r for r in sessions.audited()[before:] if r["stop_reason"] == "compaction"]
+    resumed = codex.resume(sessions.server.url, RESUMED_PROMPT)
+    assert resumed.succeeded and not resumed.items_of("error"), resumed
+    records = sessions.audited()[before:]
+    compactions = [r for r in records if r["stop_reason"] == "compaction"]
+    assert len(compactions) == 1 and compactions[0]["status"] == 200, records
+    assert compactions[0]["output_tokens"] > 0 and compactions[0]["input_tokens"] > 0
+    # The turn after it is answered on the compacted history: one more request follows.
+    assert records[-1]["stop_reason"] != "compaction" and records[-1]["status"] == 200

@@ -168,3 +168,42 @@ def test_messages_explicit_compaction_request(served: Any) -> None:
             compaction=asked,
             context_management={"edits": []},
         )
+
+
+def test_responses_compaction_streamed_and_triggered(served: Any) -> None:
+    """Streamed, `context_management`'s compaction item is an output item of its own (added,
+    then done, no deltas) before the answer's. A `compaction_trigger` item last in the input
+    (Codex's remote compaction) makes the compaction item the whole output, streamed or not;
+    anywhere else it is a 400."""
+    client = oai(served, served[1])
+    managed = [{"type": "compaction", "compact_threshold": 8}]
+    with client.responses.stream(
+        model=MODEL,
+        input=TALK,
+        max_output_tokens=4,
+        context_management=managed,  # type: ignore[arg-type]
+    ) as stream:
+        events = list(stream)
+    final = events[-1].response  # type: ignore[union-attr]  # completed, or incomplete at 4
+    kinds = [(e.type, getattr(e, "output_index", None)) for e in events]
+    first = kinds.index(("response.output_item.added", 0))
+    assert kinds[first + 1] == ("response.output_item.done", 0), kinds
+    assert events[first].item.type == "compaction"  # type: ignore[union-attr]
+    assert final.output[0].type == "compaction" and len(final.output) > 1
+    assert ("response.output_item.added", 1) in kinds
+    triggered = [*TALK, {"type": "compaction_trigger"}]
+    whole = client.responses.create(model=MODEL, input=triggered)  # type: ignore[arg-type]
+    assert [i.type for i in whole.output] == ["compaction"] and whole.status == "completed"
+    assert whole.usage is not None and whole.usage.output_tokens > 0
+    with client.responses.stream(model=MODEL, input=triggered) as stream:  # type: ignore[arg-type]
+        streamed = [e.type for e in stream]
+        done = stream.get_final_response()
+    assert streamed == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    assert [i.type for i in done.output] == ["compaction"]
+    misplaced = [{"type": "compaction_trigger"}, *TALK]
+    with pytest.raises(openai.BadRequestError, match="final input item") as refused:
+        client.responses.create(model=MODEL, input=misplaced)  # type: ignore[arg-type]
+    assert refused.value.body["param"] == "input[0]"  # type: ignore[index]

@@ -12,6 +12,11 @@
   prompt exceeds N tokens, the input is compacted first (as above) and the response is
   generated on the compacted input; the compaction item leads the response's `output`, so
   the next turn (by `previous_response_id` or by sending the output back) carries it.
+  Streamed, the item is sent (output_item.added and .done) before the answer's items.
+- A create whose input ends with a `compaction_trigger` item (Codex's remote compaction: its
+  request as for a turn, with that item last) is answered with the compaction item as the
+  whole `output`, its usage the summary's; no answer is generated. Anywhere else in the
+  input, the item is a 400 (it must be the final input item).
 """
 
 from __future__ import annotations
@@ -28,6 +33,29 @@ from zerohop.api.serving.service import ServingContext
 from zerohop.gateway.gateway import Call
 
 COMPACTION = "compaction"
+TRIGGER = "compaction_trigger"
+
+
+def triggered(items: list[Any]) -> tuple[list[Any], bool]:
+    """The request's input items without a final `compaction_trigger`, and whether it had
+    one; a trigger anywhere else is a 400."""
+    at = [i for i, item in enumerate(items) if _type(item) == TRIGGER]
+    if not at:
+        return items, False
+    if at != [len(items) - 1]:
+        raise _invalid(f"input[{at[0]}]", "a compaction_trigger item must be the final input item")
+    return items[:-1], True
+
+
+def _type(item: Any) -> Any:
+    return item.get("type") if isinstance(item, dict) else None
+
+
+def charge(call: Call, summary: Summary) -> None:
+    """A compaction-only request's tokens (the summary's) on its audit record and metrics."""
+    usage = summary.usage
+    call.prompt_tokens, call.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+    call.output_tokens, call.stop_reason = usage.output_tokens, COMPACTION
 
 
 def _compactions(items: list[Any]) -> list[Any]:

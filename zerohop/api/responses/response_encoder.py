@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerohop.api.compaction.summarize import Summary
 from zerohop.api.conversation.planner import Plan
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
@@ -31,6 +32,7 @@ class Prepared:
     choice: Choice
     conversation: Conversation | None = None
     leading: list[Any] = field(default_factory=list)  # output items before the answer's
+    summary: Summary | None = None  # a compaction_trigger's: the response is `leading` only
 
 
 # A failed response's `error.code` (the API's codes), by the failure's HTTP status.
@@ -62,7 +64,11 @@ class ResponseEncoder:
     def opening(self, admitted: Admitted) -> bytes:
         self.write.enabled = True
         opening = self.write("response.created", response=self.body)
-        return opening + self.write("response.in_progress", response=self.body)
+        opening += self.write("response.in_progress", response=self.body)
+        for index, item in enumerate(self.ready.leading):  # a compaction item: no deltas
+            opening += self.write("response.output_item.added", output_index=index, item=item)
+            opening += self.write("response.output_item.done", output_index=index, item=item)
+        return opening
 
     def step(self, step: Step) -> bytes:
         data = self.items.feed(step.output)

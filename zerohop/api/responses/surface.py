@@ -126,6 +126,8 @@ class ResponsesSurface:
         ready = await self._prepare(request, call)
         encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
         encoder.store = self.store if request.store else None
+        if ready.summary is not None:
+            return await self._compaction_only(encoder, send, request.stream)
         if request.background and not request.stream:
             return await self._background(encoder, send)
         generation = self._generation(encoder, receive, stream=request.stream)
@@ -164,6 +166,9 @@ class ResponsesSurface:
         encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
         encoder.store = self.store if request.store else None
         headers = request_id_headers(call.request_id)
+        if ready.summary is not None:
+            await self._compaction_only(encoder, send, True)
+            return encoder
         if generate:
             generation = self._generation(encoder, receive, stream=True)
             await send_stream(generation, encoder, send, headers)
@@ -175,15 +180,17 @@ class ResponsesSurface:
         return encoder
 
     async def _prepare(
-        self, request: ResponsesRequest, call: Call, kept: Found | None = None
+        self, request: ResponsesRequest, call: Call, kept: Found | None = None, answer: bool = True
     ) -> Prepared:
+        """`answer` false: the prompt only (counted or compacted), never compacted first."""
         inherited: list[Any] = []
         if request.previous_response_id is not None:
             found = kept or await self._found(
                 call, request.previous_response_id, "previous_response_id"
             )
             inherited = [*found.items, *found.body.get("output", [])]
-        items = [*inherited, *with_ids(as_items(request.input))]
+        given, trigger = compact.triggered(with_ids(as_items(request.input)))
+        items = [*inherited, *given]
         tools = request_tools(request.tools)
         choice = tool_choice(request.tool_choice, request.parallel_tool_calls, tools)
         turns = input_turns(
@@ -210,7 +217,10 @@ class ResponsesSurface:
             seed=request.seed,
         )
         planned = plan(conv, self.ctx, params)
-        limit = compact.threshold(request.context_management)
+        if trigger and answer:  # the compaction item is the whole response (compact.py)
+            items, summary = await compact.compacted(self.ctx, call, items, conv)
+            return Prepared(request, planned, items[:-1], tools, choice, conv, items[-1:], summary)
+        limit = compact.threshold(request.context_management) if answer else None
         if limit is not None and len(planned.prompt) > limit:  # compact first (compact.py)
             items, _ = await compact.compacted(self.ctx, call, items, conv)
             opened = await compact.opened(self.ctx, call, items)
@@ -218,6 +228,21 @@ class ResponsesSurface:
             planned = plan(conv, self.ctx, params)
             return Prepared(request, planned, items[:-1], tools, choice, conv, items[-1:])
         return Prepared(request, planned, items, tools, choice, conv)
+
+    async def _compaction_only(self, encoder: ResponseEncoder, send: Send, stream: bool) -> None:
+        """A `compaction_trigger` request's response: its compaction item only (compact.py)."""
+        summary, headers = encoder.ready.summary, request_id_headers(encoder.call.request_id)
+        assert summary is not None
+        compact.charge(encoder.call, summary)
+        encoder.usage = summary.usage
+        opening = encoder.opening(Admitted(summary.usage)) if stream else b""
+        done = {"status": "completed", "completed_at": int(time.time())}
+        encoder.body.update(done, output=encoder.items.items, usage=encoder._usage())
+        if not stream:
+            await encoder.keep()
+            return await send_json(send, 200, encoder.body, headers)
+        await start_stream(send, headers)
+        await end_stream(send, opening + await encoder.closing())
 
     def _truncated(self, conv: Conversation) -> list[Turn]:
         """The turns, the oldest dropped (a user turn up to the next) until the prompt leaves
@@ -325,7 +350,7 @@ class ResponsesSurface:
         request = decode_request(await self._body(scope, receive))
         assert request.model is not None
         self.ctx.check_model(request.model, call)
-        ready = await self._prepare(request, call)
+        ready = await self._prepare(request, call, answer=False)
         body = {"object": "response.input_tokens", "input_tokens": len(ready.planned.prompt)}
         await send_json(send, 200, body, request_id_headers(call.request_id))
 
@@ -334,7 +359,7 @@ class ResponsesSurface:
         request = decode_request(await self._body(scope, receive))
         assert request.model is not None
         self.ctx.check_model(request.model, call)
-        ready = await self._prepare(request, call)
+        ready = await self._prepare(request, call, answer=False)
         assert ready.conversation is not None
         conv = ready.conversation
         output, summary = await compact.compacted(self.ctx, call, ready.items, conv)
