@@ -1,4 +1,5 @@
-// zerohop console, usage: tokens per tenant and key per day or month, budgets' burn-down.
+// zerohop console, usage: tokens per tenant and key per day or month, per end user where a
+// trusted front names them (the report's end_user "" is the rest), budgets' burn-down.
 // Runs after console.js (its helpers are globals of the page).
 "use strict";
 
@@ -6,7 +7,8 @@ const DAY = 86400;
 
 async function usageReport(since) {
   const base = "/v1/organizations/usage_report/messages?bucket_width=1d&group_by[]=workspace_id"
-    + `&group_by[]=api_key_id&starting_at=${encodeURIComponent(since.toISOString())}&limit=31`;
+    + "&group_by[]=api_key_id&group_by[]=end_user"
+    + `&starting_at=${encodeURIComponent(since.toISOString())}&limit=31`;
   const buckets = [];
   let page = null;
   do {
@@ -18,6 +20,7 @@ async function usageReport(since) {
     start: toDate(bucket.starting_at),
     tenant: r.workspace_id,
     key: r.api_key_id,
+    endUser: r.zerohop?.end_user || "",
     uncached: r.uncached_input_tokens || 0,
     cacheRead: r.cache_read_input_tokens || 0,
     output: r.output_tokens || 0,
@@ -111,6 +114,15 @@ function usagePage() {
     const perTenant = sumBy(rows, (r) => r.tenant ?? "–").map(([tenant, totals]) =>
       el("tr", { "data-tenant": tenant }, cell(tenant), ...usageCells(totals)));
     fillTable($("#usage-totals"), perTenant, "No use in the last 30 days.");
+    // Shown once a trusted front has named someone; unnamed use stays in the tables above.
+    const named = sumBy(rows.filter((r) => r.endUser),
+      (r) => JSON.stringify([period(r), r.endUser, r.key])).reverse();
+    $("#usage-end-users").hidden = named.length === 0;
+    fillTable($("#usage-end-users"), named.map(([key, totals]) => {
+      const [when, endUser, apiKey] = JSON.parse(key);
+      return el("tr", { "data-end-user": endUser }, cell(when), cell(endUser), codeCell(apiKey),
+        ...usageCells(totals));
+    }), "");
   }
 
   function renderBurndown() {
