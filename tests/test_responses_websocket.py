@@ -4,7 +4,10 @@
 `error` events for bad messages without losing the socket; the upgrade is refused (HTTP 401
 with the API's error body) without a key; each response is one audited request
 (`http_version` "websocket"); a message over the body limit closes with 1009, and a draining
-server closes an idle socket with 1001. (Codex over the socket: test_codex.py.)
+server closes an idle socket with 1001. On a server of their own: lanes (`stream_id`) run side
+by side, `--ws-idle-seconds` closes a silent socket (never one mid-response), and a trusted
+front's end user is audited; the `--ws-*` flags are checked where they enter. (Codex over the
+socket: test_codex.py; the Agents SDK's websocket transport: test_agents_websocket.py.)
 """
 
 from __future__ import annotations
@@ -175,3 +178,102 @@ async def _limits_close_the_socket_cleanly(keyed: dict[str, Any]) -> None:
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 60)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+
+
+# -- lanes, the idle timeout, the trusted front (a server of their own) --------------------
+
+IDLE = 0.15  # --ws-idle-seconds of the fronted server
+LONG = 1500  # output tokens of a response that outlasts IDLE (checked)
+
+
+@pytest.fixture(scope="module")
+def fronted(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A server behind a trusted front (the test client's own address), open to any key,
+    whose sockets close after IDLE seconds of silence."""
+    log = tmp_path_factory.mktemp("ws_fronted") / "server.log"
+    audit = log.parent / "audit"
+    args = ["--trusted-front", "127.0.0.1", "--ws-idle-seconds", str(IDLE)]
+    server = LiveServer(llama_dir, [*args, "--audit-dir", str(audit), "--drain-seconds", "3"])
+    yield {"server": server.start(log), "audit": audit}
+    server.stop()
+
+
+def test_lanes_run_side_by_side_idle_closes_and_the_front_names_the_user(
+    fronted: dict[str, Any],
+) -> None:
+    asyncio.run(_lanes_idle_and_front(fronted))
+
+
+async def _lanes_idle_and_front(fronted: dict[str, Any]) -> None:
+    """A long response on lane "long", a short one on "short" sent after it: the short one
+    finishes first (the lanes run side by side). Once it has, a new lane forks from it (not
+    stored) and another names a model that is not served (its `error` event carries its
+    lane), while the long one still runs. Every event carries its lane and each lane's
+    sequence numbers count from 0. The long response outlasts the idle timeout and is not
+    cut; then the silent socket is closed with 1000. The upgrade's end-user header (from a
+    trusted front) is the audit's end user of every response."""
+    headers = {"x-claude-gateway-user-id": "alice@ws"}
+    base = {"type": "response.create", "model": MODEL_NAME, "temperature": 0, "store": False}
+    lanes: dict[str, list[dict[str, Any]]] = {}
+    finished: list[str] = []
+    async with connect(ws_url(fronted), additional_headers=headers) as ws:
+        started = time.monotonic()
+        for lane, text, tokens in (("long", "Tell a long story.", LONG), ("short", "hi", 4)):
+            create = {**base, "input": text, "max_output_tokens": tokens}
+            await ws.send(json.dumps({**create, "stream_id": lane}))
+        while len(finished) < 4:
+            event = json.loads(await ws.recv())
+            lane = event["stream_id"]
+            lanes.setdefault(lane, []).append(event)
+            if event["type"] not in ("response.completed", "response.incomplete", "error"):
+                continue
+            finished.append(lane)
+            if lane == "short":
+                short = event["response"]["id"]
+                fork = {**base, "input": "go on", "max_output_tokens": 4}
+                await ws.send(
+                    json.dumps({**fork, "previous_response_id": short, "stream_id": "fork"})
+                )
+                await ws.send(json.dumps({**base, "model": "no-such-model", "stream_id": "bad"}))
+        took = time.monotonic() - started
+        assert finished[0] == "short" and finished[-1] == "long", finished
+        assert took > 2 * IDLE, f"the long response took {took:.2f} s: too short for the test"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        assert closed.value.rcvd.reason == f"idle for {IDLE:g} seconds"
+    for lane in ("long", "short", "fork"):
+        events = lanes[lane]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+    assert lanes["long"][-1]["response"]["usage"]["output_tokens"] == LONG  # not cut short
+    assert lanes["fork"][-1]["response"]["previous_response_id"] == short
+    [bad] = lanes["bad"]
+    assert (bad["type"], bad["status"]) == ("error", 404), bad
+    records = [
+        r for r in audit_records(fronted["audit"], 4) if r.get("http_version") == "websocket"
+    ]
+    seen = sorted((r["status"], r.get("end_user")) for r in records)
+    assert seen == [(200, "alice@ws")] * 3 + [(404, "alice@ws")], records
+
+
+def test_the_socket_limits_are_checked_where_they_enter(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ws-idle-seconds` and `--ws-max-queued` reach SocketLimits; zero or a word is the
+    parser's one-line refusal, and SocketLimits refuses them too."""
+    from zerohop.api.http.websocket import SocketLimits
+    from zerohop.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "tiny", "--ws-idle-seconds", "2.5"])
+    assert (args.ws_idle_seconds, args.ws_max_queued) == (2.5, 16)
+    for flag, value in [
+        ("--ws-idle-seconds", "0"),
+        ("--ws-max-queued", "0"),
+        ("--ws-max-queued", "x"),
+    ]:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "tiny", flag, value])
+        assert f"argument {flag}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="idle timeout"):
+        SocketLimits(idle_timeout=0)
+    with pytest.raises(ValueError, match="read-ahead"):
+        SocketLimits(max_pending=0)

@@ -10,6 +10,7 @@ from typing import Literal
 from zerohop.api.http.asgi import BodyDeadline
 from zerohop.api.http.guard import GuardLimits
 from zerohop.api.http.keepalive import DEFAULT_OPENAI_PING_INTERVAL, DEFAULT_PING_INTERVAL
+from zerohop.api.http.websocket import SocketLimits
 from zerohop.api.load.overload import DEFAULT_MAX_QUEUE_WAIT, DEFAULT_MAX_WAITING
 from zerohop.api.serving.service import DEFAULT_MAX_BODY_BYTES
 from zerohop.engine.base.options import EngineOptions
@@ -44,6 +45,8 @@ class ServeOptions:
     grpc_max_concurrent_streams: int = 100
     body_deadline: BodyDeadline = field(default_factory=BodyDeadline)
     max_header_bytes: int = 32 * 1024
+    # WebSocket mode on /v1/responses: its idle timeout and read-ahead (api/http/websocket.py).
+    socket_limits: SocketLimits = field(default_factory=SocketLimits)
     ping_interval: float = DEFAULT_PING_INTERVAL  # seconds of silence before a stream's ping
     openai_ping_interval: float = DEFAULT_OPENAI_PING_INTERVAL  # on Chat and Completions
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT  # seconds; 0: no limit

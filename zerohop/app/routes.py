@@ -26,7 +26,7 @@ from zerohop.api.http.rate_headers import anthropic_rate_headers, openai_rate_he
 from zerohop.api.http.response_encoding import compress_responses
 from zerohop.api.openai import chat as openai
 from zerohop.api.responses import surface as responses
-from zerohop.api.responses.websocket import ResponsesSocket
+from zerohop.api.responses.websocket import ResponsesSocket, SocketLimits
 from zerohop.api.serving import model_list
 from zerohop.api.serving.service import ServingContext, api_error, new_request_id
 from zerohop.app.services import Services
@@ -55,7 +55,7 @@ _FAILED = b'{"status":"failed"}'
 
 
 def create_app(
-    ctx: ServingContext, services: Services | None = None
+    ctx: ServingContext, services: Services | None = None, socket_limits: SocketLimits | None = None
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     services = services or Services()
     admin, batches = services.admin, services.batches
@@ -76,7 +76,8 @@ def create_app(
     paths = {path for _, path in routes}
     templates = [(method, path.split("/")) for method, path in routes if "{" in path]
 
-    socket = ResponsesSocket(ctx, responses.ResponsesSurface(ctx, services.responses))
+    surface = responses.ResponsesSurface(ctx, services.responses)
+    socket = ResponsesSocket(ctx, surface, socket_limits)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -193,7 +193,7 @@ async def serve(options: ServeOptions) -> int:
         raise
     if services.admin is not None and batches is not None:
         services.admin.batches = batches.store
-    app = create_app(ctx, services)
+    app = create_app(ctx, services, options.socket_limits)
     if batches is not None:
         batches.run_line = app.run_line  # type: ignore[attr-defined]
     config = _uvicorn_config(options, app)

@@ -14,6 +14,7 @@ from zerohop.cli.arg_types import (
     NONNEGATIVE_NUMBER,
     PORT,
     POSITIVE_INT,
+    POSITIVE_NUMBER,
     TOOL_CALL_PARSERS,
     Subcommands,
     number,
@@ -47,6 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from zerohop.api.http.asgi import BodyDeadline
     from zerohop.api.http.guard import GuardLimits
+    from zerohop.api.http.websocket import SocketLimits
     from zerohop.app.server import BatchOptions, GatewayOptions, ServeOptions, serve
     from zerohop.engine.process.supervisor import RestartPolicy
     from zerohop.gateway.fleet_options import LeaseOptions, SnapshotOptions
@@ -101,6 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.engine_max_restarts, args.engine_restart_window, args.engine_start_timeout
         ),
         max_header_bytes=args.max_header_bytes,
+        socket_limits=SocketLimits(args.ws_idle_seconds, args.ws_max_queued),
         ping_interval=args.stream_ping_interval,
         openai_ping_interval=args.openai_ping_interval,
         tool_call_parser=args.tool_call_parser,
@@ -259,12 +262,33 @@ def add_serve_parser(sub: Subcommands) -> None:
         " in the key store (with --store, the fleet's); give every replica the same value."
         " ZEROHOP_REASONING_SECRET, when set, signs instead and never rotates",
     )
+    _add_websocket_options(srv)
     add_supervision_options(srv)
     add_protection_options(srv)
     add_gateway_options(srv)
     add_engine_options(srv)
     add_vllm_options(srv)
     srv.set_defaults(func=cmd_serve)
+
+
+def _add_websocket_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("WebSocket mode (/v1/responses)")
+    g.add_argument(
+        "--ws-idle-seconds",
+        type=POSITIVE_NUMBER,
+        default=900.0,
+        metavar="SECONDS",
+        help="close a socket (1000) after this long with no message and no response running;"
+        " a response is never cut (default: 900)",
+    )
+    g.add_argument(
+        "--ws-max-queued",
+        type=POSITIVE_INT,
+        default=16,
+        metavar="N",
+        help="response.create messages one socket may have waiting or running, on all its"
+        " stream_id lanes together; past that the server stops reading it (default: 16)",
+    )
 
 
 def _serve_defaults() -> dict[str, object]:

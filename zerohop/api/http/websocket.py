@@ -13,11 +13,26 @@ HTTP/1.1 protocol and its drain.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 DRAIN = "zerohop.websocket.drain"  # the ASGI message type: the server is draining
+
+
+@dataclass(slots=True, frozen=True)
+class SocketLimits:
+    """An application socket's limits (`zerohop serve --ws-idle-seconds`, `--ws-max-queued`)."""
+
+    idle_timeout: float = 900.0  # seconds with no client message and no response running
+    max_pending: int = 16  # messages read ahead of those answered (on every lane together)
+
+    def __post_init__(self) -> None:
+        if not self.idle_timeout > 0:
+            raise ValueError(f"the idle timeout must be positive, not {self.idle_timeout}")
+        if self.max_pending < 1:
+            raise ValueError(f"the read-ahead must be at least 1, not {self.max_pending}")
 
 
 class DrainingWebSocket(WebSocketsSansIOProtocol):

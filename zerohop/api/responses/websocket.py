@@ -7,19 +7,28 @@ and never upgraded. Then each `response.create` message is one request through t
 (its own request id, admission, rate limits, budget, audit record with `http_version`
 "websocket", metrics) and runs the streamed `POST /v1/responses` path of the surface
 (`ResponsesSurface.streamed`): every SSE event it writes goes out as one text message, its
-JSON unchanged. Messages are taken one at a time, in order: a `response.create` sent while
-one runs waits for it (at most `SocketLimits.max_pending` wait; past that the socket stops
-reading, as a full buffer does).
+JSON unchanged.
 
-As OpenAI's WebSocket mode does, the socket keeps its last response in memory, so the next
-`previous_response_id` naming it works with `store: false` too; older ones come from the
-store. `generate: false` answers with the response and no output (Codex's warm-up),
+Lanes (`stream_id`, as OpenAI documents it): a `response.create` names the lane it runs on
+(none: the socket's default lane). Messages on one lane are answered in order, one at a time;
+lanes run side by side, each response its own gateway request, and every event of a
+response whose create named a lane carries its `stream_id` (its `error` event too). At most
+`SocketLimits.max_pending` responses wait or run on all lanes together; past that the socket
+stops reading, as a full buffer does.
+
+As OpenAI's WebSocket mode does, the socket keeps its last response (each lane's) in memory,
+so the next `previous_response_id` naming one works with `store: false` too, from any lane
+(a lane may fork from another's response); older ones come from the store.
+`generate: false` answers with the response and no output (Codex's warm-up),
 `response.processed` (Codex's acknowledgement) is taken and ignored, `stream` is implied,
 `background: true` is refused. An error is the API's `error` event with the HTTP status it
-stands for (`status`), and the socket stays open.
+stands for (`status`; its headers, such as `retry-after`, in `error.headers` and `headers`),
+and the socket stays open. Behind a trusted front (`--trusted-front`), the upgrade's end-user headers
+name the end user of each response on the socket, as on HTTP.
 
-The socket closes with 1000 after `idle_timeout` seconds without a message, with 1001 when
-the server drains (after the response being written), and with 1009 past the message size
+The socket closes with 1000 after `idle_timeout` seconds with no message and no response
+running (a long response is never cut), with 1001 when the server drains (after the
+responses being written; those still waiting are dropped), and with 1009 past the message size
 limit (the HTTP body limit, enforced by the protocol: app/server.py).
 """
 
@@ -42,7 +51,7 @@ from zerohop.api.http.asgi import (
     api_key,
     client_address,
 )
-from zerohop.api.http.websocket import DRAIN
+from zerohop.api.http.websocket import DRAIN, SocketLimits
 from zerohop.api.responses.schema import decode_request
 from zerohop.api.responses.stored import Found
 from zerohop.api.responses.surface import ResponsesSurface
@@ -51,21 +60,17 @@ from zerohop.gateway.gateway import Call, GatewayError
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ResponsesSocket", "SocketLimits"]
+
 TRANSPORT = "websocket"  # the audit record's `http_version` for a socket's responses
 # Fields of the message that are not the create body's.
 ENVELOPE = ("type", "stream_id", "generate", "stream")
 GOING_AWAY, NORMAL = 1001, 1000
 
 
-@dataclass(slots=True, frozen=True)
-class SocketLimits:
-    idle_timeout: float = 900.0  # seconds without a client message before the socket closes
-    max_pending: int = 16  # messages read ahead of the one being answered
-
-
 @dataclass(slots=True)
 class _Inbox:
-    """The client's messages, read ahead of the one being answered; the socket's end."""
+    """The client's messages, read ahead of the ones being answered; the socket's end."""
 
     receive: Receive
     messages: asyncio.Queue[str | bytes | None]
@@ -81,11 +86,16 @@ class _Inbox:
                 await self.messages.put(text if text is not None else message.get("bytes", b""))
             elif kind == DRAIN:
                 self.draining = True
-                self.messages.put_nowait(None)  # wake an idle socket
+                self.wake()
             elif kind == "websocket.disconnect":
                 self.closed.set()
-                self.messages.put_nowait(None)
+                self.wake()
                 return
+
+    def wake(self) -> None:
+        """Wake an idle socket (a full inbox wakes it anyway: its messages are being taken)."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self.messages.put_nowait(None)
 
     async def gone(self) -> dict[str, Any]:
         """The generation's `receive`: it returns once the client has gone."""
@@ -101,7 +111,7 @@ class ResponsesSocket:
     ) -> None:
         self.ctx, self.surface, self.limits = ctx, surface, limits or SocketLimits()
         self.open = 0  # sockets open now
-        self.served = 0  # response.create messages answered
+        self.served = 0  # response.create messages answered with a response stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
@@ -121,9 +131,17 @@ class ResponsesSocket:
             self.open -= 1
             pump.cancel()
 
+    def call(self, scope: Scope) -> Call:
+        """A new gateway call for the socket: its client, and its end user where the upgrade
+        came from a trusted front (api/http/trusted_front.py)."""
+        call = Call(new_request_id(), "openai", client_address(scope), TRANSPORT)
+        front = self.ctx.trusted_front.end_user(scope.get("client"), scope["headers"])
+        call.end_user, call.end_user_email = front.user, front.email
+        return call
+
     def _refusal(self, scope: Scope) -> tuple[ApiError, Call] | None:
         """Why the upgrade is refused (audited as HTTP refusals are), or None."""
-        call = Call(new_request_id(), "openai", client_address(scope), TRANSPORT)
+        call = self.call(scope)
         if not self.ctx.ready:
             return ApiError(503, "the server is not ready (draining or restarting)"), call
         gateway = self.ctx.gateway
@@ -153,56 +171,122 @@ async def _refuse(send: Send, error: ApiError, call: Call) -> None:
     await send({"type": "websocket.http.response.body", "body": body})
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One `stream_id`'s creates, answered in order by its task (alive while it has some)."""
+
+    creates: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+
 class _Session:
-    """One open socket: its messages answered in order, its last response kept."""
+    """One open socket: its messages dispatched to their lanes, each lane's last response
+    kept."""
 
     def __init__(self, owner: ResponsesSocket, scope: Scope, inbox: _Inbox, send: Send) -> None:
         self.owner, self.scope, self.inbox, self.send = owner, scope, inbox, send
-        self.last: Found | None = None
+        self.last: dict[str | None, Found] = {}  # by lane
+        self.lanes: dict[str | None, _Lane] = {}
+        self.slots = asyncio.Semaphore(owner.limits.max_pending)
+        self.running = 0  # creates waiting or running on the lanes
+        self.quiet_since = asyncio.get_running_loop().time()  # the last message or response
+        self.stopping = False  # the socket is closing: waiting creates are dropped
 
     async def run(self) -> tuple[int, str]:
+        try:
+            return await self._dispatch()
+        finally:
+            self.stopping = True
+            await asyncio.gather(*(lane.task for lane in self.lanes.values() if lane.task))
+
+    async def _dispatch(self) -> tuple[int, str]:
         inbox, idle = self.inbox, self.owner.limits.idle_timeout
         while True:
             if inbox.draining:
                 return GOING_AWAY, "the server is shutting down"
-            if inbox.closed.is_set():
+            if inbox.closed.is_set() or self.stopping:
                 return NORMAL, ""
             try:
-                async with asyncio.timeout(idle):
-                    data = await inbox.messages.get()
+                data = await self._next(idle)
             except TimeoutError:
                 return NORMAL, f"idle for {idle:g} seconds"
             if data is None:
                 continue
             try:
-                await self._answer(data)
+                await self._take(data)
             except ClientDisconnected:
                 return NORMAL, ""
 
-    async def _answer(self, data: str | bytes) -> None:
+    async def _next(self, idle: float) -> str | bytes | None:
+        """The next message; TimeoutError once `idle` seconds passed with none and no
+        response running (a response running keeps the socket open, however long)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = idle if self.running else self.quiet_since + idle - loop.time()
+            try:
+                async with asyncio.timeout(max(left, 0.0)):
+                    data = await self.inbox.messages.get()
+            except TimeoutError:
+                if self.running or loop.time() < self.quiet_since + idle:
+                    continue
+                raise
+            self.quiet_since = loop.time()
+            return data
+
+    async def _take(self, data: str | bytes) -> None:
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
             return await self._error(ApiError(400, "The message is not valid JSON."))
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "response.create":
-            return await self._create(event)
+            return await self._queue(event)
         if kind == "response.processed":  # Codex's acknowledgement of a response: nothing to do
             return None
         shown = kind if isinstance(kind, str) else "(none)"
         message = f"Unknown event type '{shown}': this socket takes 'response.create'."
         await self._error(ApiError(400, message, param="type"))
 
-    async def _create(self, event: dict[str, Any]) -> None:
+    async def _queue(self, event: dict[str, Any]) -> None:
+        """The create onto its lane (one started for it where none runs)."""
+        lane_id = event.get("stream_id")
+        if lane_id is not None and not isinstance(lane_id, str):
+            error = ApiError(400, "stream_id must be a string.", param="stream_id")
+            return await self._error(error)
+        await self.slots.acquire()
+        self.running += 1
+        lane = self.lanes.get(lane_id)
+        if lane is None:
+            lane = self.lanes[lane_id] = _Lane()
+            lane.task = asyncio.create_task(self._work(lane_id, lane))
+        lane.creates.put_nowait(event)
+
+    async def _work(self, lane_id: str | None, lane: _Lane) -> None:
+        """A lane's creates, in order; the lane ends (and is forgotten) once it has none."""
+        try:
+            while not lane.creates.empty():
+                event = lane.creates.get_nowait()
+                try:
+                    if not (self.stopping or self.inbox.draining or self.inbox.closed.is_set()):
+                        await self._create(event, lane_id)
+                except ClientDisconnected:
+                    self.stopping = True
+                finally:
+                    self.running -= 1
+                    self.quiet_since = asyncio.get_running_loop().time()
+                    self.slots.release()
+        finally:
+            del self.lanes[lane_id]
+
+    async def _create(self, event: dict[str, Any], lane_id: str | None) -> None:
         owner, gateway = self.owner, self.owner.ctx.gateway
-        call = Call(new_request_id(), "openai", client_address(self.scope), TRANSPORT)
-        wire = _WireSend(self.send)
+        call = owner.call(self.scope)
+        wire = _WireSend(self.send, owner, lane_id)
         error_type = None
         try:
             if gateway is not None:
                 gateway.authenticate(call, api_key(self.scope))
-            await self._run(event, call, wire)
-            owner.served += 1
+            await self._run(event, call, wire, lane_id)
         except ClientDisconnected:
             wire.status, error_type = 499, "client_disconnected"
         except (ApiError, GatewayError) as exc:
@@ -211,57 +295,72 @@ class _Session:
             call.refusal = exc.message
             if not wire.status:
                 wire.status = error.status
-                await self._error(error, call.request_id)
+                await self._error(error, call.request_id, lane_id)
         except Exception:
             log.exception("request %s failed", call.request_id)
             error_type = "internal"
             if not wire.status:
                 wire.status = 500
-                await self._error(ApiError(500, "internal server error"), call.request_id)
+                await self._error(ApiError(500, "internal server error"), call.request_id, lane_id)
         finally:
             if gateway is not None:
                 gateway.finish(call, wire.status or 499, error_type)
 
-    async def _run(self, event: dict[str, Any], call: Call, wire: _WireSend) -> None:
+    async def _run(
+        self, event: dict[str, Any], call: Call, wire: _WireSend, lane_id: str | None
+    ) -> None:
         if event.get("background"):
             raise ApiError(
                 400, "background is not supported in WebSocket mode.", param="background"
             )
         fields = {k: v for k, v in event.items() if k not in ENVELOPE}
         request = decode_request(orjson.dumps({**fields, "stream": True}))
-        last = self.last
-        kept = last if last and last.body["id"] == request.previous_response_id else None
+        wanted = request.previous_response_id
+        kept = next((f for f in self.last.values() if f.body["id"] == wanted), None)
         generate = event.get("generate") is not False
         encoder = await self.owner.surface.streamed(
             request, wire, call, self.inbox.gone, kept, generate
         )
         body = encoder.body
-        self.last = Found(body["status"], body, encoder.ready.items)
+        self.last[lane_id] = Found(body["status"], body, encoder.ready.items)
 
-    async def _error(self, error: ApiError, request_id: str | None = None) -> None:
+    async def _error(
+        self, error: ApiError, request_id: str | None = None, lane_id: str | None = None
+    ) -> None:
         """The API's `error` event; `status` says which HTTP status it stands for."""
         body = openai_body(error, request_id or new_request_id())
         event: dict[str, Any] = {"type": "error", "status": error.status, **body}
-        if error.headers:
-            event["headers"] = {k.decode(): v.decode() for k, v in error.headers}
+        if error.headers:  # where the SDK's type has them, and beside `status` as well
+            headers = {k.decode(): v.decode() for k, v in error.headers}
+            body["error"]["headers"] = event["headers"] = headers
+        if lane_id is not None:
+            event["stream_id"] = lane_id
         await _send_text(self.send, orjson.dumps(event))
 
 
 class _WireSend:
     """The surface's ASGI HTTP `send` turned into WebSocket messages: each SSE event's data
-    as one text message (comments, the pings, are dropped: the protocol pings instead)."""
+    as one text message, with the lane's `stream_id` where the create named one (comments,
+    the pings, are dropped: the protocol pings instead)."""
 
-    def __init__(self, send: Send) -> None:
-        self.send = send
+    def __init__(self, send: Send, owner: ResponsesSocket, lane_id: str | None) -> None:
+        self.send, self.owner = send, owner
         self.status = 0  # 200 once the stream started
+        # Spliced into each event's JSON object, right after its opening brace.
+        self.tag = b"" if lane_id is None else b'"stream_id":' + orjson.dumps(lane_id) + b","
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            if self.status == 200:
+                self.owner.served += 1  # counted before its events go out
             return
         for line in message.get("body", b"").split(b"\n"):
             if line.startswith(b"data: "):
-                await _send_text(self.send, line[6:])
+                data = line[6:]
+                if self.tag and data.startswith(b"{"):
+                    data = b"{" + self.tag + data[1:]
+                await _send_text(self.send, data)
 
 
 async def _send_text(send: Send, data: bytes) -> None:
