@@ -18,13 +18,14 @@ stops reading, as a full buffer does.
 
 As OpenAI's WebSocket mode does, the socket keeps its last response (each lane's) in memory,
 so the next `previous_response_id` naming one works with `store: false` too, from any lane
-(a lane may fork from another's response); older ones come from the store.
+(a lane may fork from another's response; the `max_pending` lanes used last are kept); older
+ones come from the store.
 `generate: false` answers with the response and no output (Codex's warm-up),
 `response.processed` (Codex's acknowledgement) is taken and ignored, `stream` is implied,
 `background: true` is refused. An error is the API's `error` event with the HTTP status it
 stands for (`status`; its headers, such as `retry-after`, in `error.headers` and `headers`),
-and the socket stays open. Behind a trusted front (`--trusted-front`), the upgrade's end-user headers
-name the end user of each response on the socket, as on HTTP.
+and the socket stays open. Behind a trusted front (`--trusted-front`), the upgrade's
+end-user headers name the end user of each response on the socket, as on HTTP.
 
 The socket closes with 1000 after `idle_timeout` seconds with no message and no response
 running (a long response is never cut), with 1001 when the server drains (after the
@@ -185,7 +186,7 @@ class _Session:
 
     def __init__(self, owner: ResponsesSocket, scope: Scope, inbox: _Inbox, send: Send) -> None:
         self.owner, self.scope, self.inbox, self.send = owner, scope, inbox, send
-        self.last: dict[str | None, Found] = {}  # by lane
+        self.last: dict[str | None, Found] = {}  # by lane, the last used last
         self.lanes: dict[str | None, _Lane] = {}
         self.slots = asyncio.Semaphore(owner.limits.max_pending)
         self.running = 0  # creates waiting or running on the lanes
@@ -197,7 +198,10 @@ class _Session:
             return await self._dispatch()
         finally:
             self.stopping = True
-            await asyncio.gather(*(lane.task for lane in self.lanes.values() if lane.task))
+            tasks = [lane.task for lane in self.lanes.values() if lane.task]
+            for failure in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(failure, Exception):
+                    log.error("a WebSocket lane failed", exc_info=failure)
 
     async def _dispatch(self) -> tuple[int, str]:
         inbox, idle = self.inbox, self.owner.limits.idle_timeout
@@ -322,7 +326,15 @@ class _Session:
             request, wire, call, self.inbox.gone, kept, generate
         )
         body = encoder.body
-        self.last[lane_id] = Found(body["status"], body, encoder.ready.items)
+        self._keep(lane_id, Found(body["status"], body, encoder.ready.items))
+
+    def _keep(self, lane_id: str | None, found: Found) -> None:
+        """A lane's last response, kept for the next create; the socket keeps as many as it
+        may have waiting (the lanes used longest ago are forgotten first)."""
+        self.last.pop(lane_id, None)
+        self.last[lane_id] = found
+        while len(self.last) > self.owner.limits.max_pending:
+            del self.last[next(iter(self.last))]
 
     async def _error(
         self, error: ApiError, request_id: str | None = None, lane_id: str | None = None
