@@ -71,25 +71,25 @@ def _invalid_argument(call) -> str:
 # -- strict tools ------------------------------------------------------------------------
 
 
-def _after_an_open_tag(stub, tokenizer: Tokenizer, strict: bool) -> str:
+def _after_an_open_tag(stub, tokenizer: Tokenizer, strict: bool) -> list[pb.GenerateResponse]:
     """What the model writes once its answer has opened a call: the answer is continued from
-    `<tool_call>` (continue_token_ids, which the grammar consumes as the engine resumes)."""
+    `<tool_call>` (continue_token_ids, as a client's failover sends them), which the grammar
+    consumes as the engine resumes and the call reader reads first, without output for it."""
     opened = tokenizer.encode("<tool_call>", add_special_tokens=False).ids
     request = _request(tools=_tools(strict), continue_token_ids=opened, seed=3)
-    return "".join(r.text for r in _generate(stub, request))
+    return _generate(stub, request)
 
 
 def test_strict_tools_in_auto_mode_write_only_valid_calls(stub, tokenizer) -> None:
     """Only strict tools in auto mode: the model's call can only go on as a valid one (the
-    planner's auto-call grammar); without strict the random model writes anything."""
-    written = _after_an_open_tag(stub, tokenizer, strict=True)
-    body, closed, _ = written.partition("</tool_call>")
-    assert closed, written
-    call = json.loads(body)
-    jsonschema.validate(call["arguments"], SCHEMAS[call["name"]])
+    planner's auto-call grammar), and the continued open tag makes it a call; without strict
+    the random model writes anything, which is no valid call, so it stays text."""
+    strict = _after_an_open_tag(stub, tokenizer, strict=True)
+    [call] = [c for r in strict for c in r.tool_calls]
+    jsonschema.validate(json.loads(call.arguments_json), SCHEMAS[call.name])
     loose = _after_an_open_tag(stub, tokenizer, strict=False)
-    with pytest.raises(ValueError):
-        json.loads(loose.partition("</tool_call>")[0])
+    assert not [c for r in loose for c in r.tool_calls]
+    assert "".join(r.text for r in loose)
 
 
 def test_strict_tools_build_their_grammar(stub) -> None:

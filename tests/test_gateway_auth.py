@@ -49,6 +49,7 @@ BODIES: dict[tuple[str, str], dict | None] = {
     ("GET", "/v1/models/{model_id}"): None,
     ("POST", "/v1/responses"): {"model": MODEL_NAME, "max_output_tokens": 2, "input": "hi"},
     ("POST", "/v1/responses/input_tokens"): {"model": MODEL_NAME, "input": "hi"},
+    ("POST", "/v1/responses/compact"): {"model": MODEL_NAME, "input": "hi"},
     ("GET", "/v1/responses/{response_id}"): None,
     ("DELETE", "/v1/responses/{response_id}"): None,
     ("GET", "/v1/responses/{response_id}/input_items"): None,
