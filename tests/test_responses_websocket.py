@@ -183,7 +183,8 @@ async def _limits_close_the_socket_cleanly(keyed: dict[str, Any]) -> None:
 # -- lanes, the idle timeout, the trusted front (a server of their own) --------------------
 
 IDLE = 0.15  # --ws-idle-seconds of the fronted server
-LONG = 1500  # output tokens of a response that outlasts IDLE (checked)
+STEP = 0.01  # --debug-step-delay of the fronted server: the long response takes LONG steps
+LONG = 60  # output tokens of a response that outlasts IDLE: LONG * STEP > 2 * IDLE
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +194,7 @@ def fronted(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log = tmp_path_factory.mktemp("ws_fronted") / "server.log"
     audit = log.parent / "audit"
     args = ["--trusted-front", "127.0.0.1", "--ws-idle-seconds", str(IDLE)]
+    args += ["--debug-step-delay", str(STEP)]
     server = LiveServer(llama_dir, [*args, "--audit-dir", str(audit), "--drain-seconds", "3"])
     yield {"server": server.start(log), "audit": audit}
     server.stop()
