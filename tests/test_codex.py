@@ -247,6 +247,8 @@ def test_the_builtin_provider_works_over_the_websocket(sessions: Sessions, tmp_p
     metrics = httpx.get(sessions.server.url + "/metrics").text
     served = [line for line in metrics.splitlines() if line.startswith("zerohop_websocket_resp")]
     assert served and float(served[0].split()[-1]) >= 1, served
+    over_socket = [r for r in sessions.audited() if r.get("http_version") == "websocket"]
+    assert over_socket and all(r["status"] == 200 for r in over_socket), json.dumps(over_socket)
 
 
 def test_codex_compacts_remotely_when_its_window_fills(sessions: Sessions, tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def input_turns(items: list[Any], instructions: str | None, tools: RequestTools)
         if turn.role == "assistant" and thought is not None:
             turn.thought, thought = thought, None
         append_turn(turns, turn)
-    if not any(t.role != "system" for t in turns):
+    if not turns:  # system or developer text alone is a prompt (Codex's warm-up sends one)
         raise ApiError(400, "input: at least one message is required", param="input")
     return turns
 
