@@ -72,8 +72,8 @@ class KeyRecord:
         return out
 
 
-class NewKey(TypedDict, total=False):
-    """What `create_key` makes a key with beside its tenant (each has a default: `key_values`)."""
+class KeyFields(TypedDict, total=False):
+    """A key's fields that `create_key` sets and `update_key` changes."""
 
     name: str
     expires: float | None
@@ -83,6 +83,11 @@ class NewKey(TypedDict, total=False):
     budget: Budget | None
     admin: bool
     inference: bool
+
+
+class NewKey(KeyFields, total=False):
+    """What `create_key` makes a key with beside its tenant (each has a default: `key_values`)."""
+
     created_by: str | None
 
 
@@ -100,18 +105,10 @@ def key_values(fields: NewKey) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-class KeyChanges(TypedDict, total=False):
+class KeyChanges(KeyFields, total=False):
     """What `update_key` may change of a key (each field given is set, None included)."""
 
     tenant: str
-    name: str
-    expires: float | None
-    models: list[str] | None
-    priority: str
-    limits: Limits
-    budget: Budget | None
-    admin: bool
-    inference: bool
     revoked: float | None
     archived: float | None
 
