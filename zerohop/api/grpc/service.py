@@ -31,6 +31,7 @@ from zerohop.api.generation.driver import Generation, GenerationRequest
 from zerohop.api.generation.events import Finish, FinishReason, Step
 from zerohop.api.grpc.constraint import constraint_grammar
 from zerohop.api.grpc.error_record import grpc_interceptors
+from zerohop.api.grpc.front import front_headers
 from zerohop.api.grpc.tools import call_id, conversation, refuse_tools, tool_call
 from zerohop.api.http.rate_headers import openai_rate_headers
 from zerohop.api.serving.service import ServingContext, api_error, new_request_id, sampling_params
@@ -94,6 +95,8 @@ class ZerohopServicer(pb_grpc.ZerohopServicer):
         call = Call(
             await _start(context, self.ctx), "grpc", client=context.peer(), http_version="2"
         )
+        front = self.ctx.trusted_front.end_user(*front_headers(context))
+        call.end_user, call.end_user_email = front.user, front.email
         gateway = self.ctx.gateway
         status, error_type = 200, None
         try:
