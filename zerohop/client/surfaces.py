@@ -135,6 +135,13 @@ class Messages(Surface):
     def default_limit(self) -> int:
         return int(self.payload["max_tokens"])
 
+    def continuation(self) -> dict[str, Any] | None:
+        if self.payload.get("thread") is not None:
+            # Resumable only while nothing was delivered (`resumable`): the turn starts over,
+            # since a thread's turn cannot be continued from token ids (threads.py).
+            self.token_ids = []
+        return super().continuation()
+
     def error_event(self, message: str) -> bytes:
         return sse_event("error", {"error": {"type": "overloaded_error", "message": message}})
 
@@ -275,10 +282,21 @@ class Completions(_OpenAI):
 class Responses(Surface):
     """OpenAI `POST /v1/responses`. Its affinity key is `prompt_cache_key` when the request
     has one (Codex sends its session's id: every turn of a session goes to one replica),
-    else the conversation's opening. Its streams carry no token ids, so a stream moves to
-    another replica only before any of it reached the caller (it starts over there)."""
+    else the conversation's opening. A stream resumes as the others do: the continuing
+    replica builds the continued items without events and goes on in the open one; its
+    `response.created` / `in_progress` and the item it reopens are dropped here, and its
+    events renamed to the first replica's ids (response, items, calls) and numbered on from
+    the caller's last `sequence_number`."""
 
     ENDS = ("response.completed", "response.incomplete", "response.failed")
+    PREAMBLE = ("response.created", "response.in_progress")
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload)
+        self.sequence = 0  # the next event's number, as the caller sees it
+        self.response: dict[str, Any] = {}  # the first replica's response object
+        self.ids: list[tuple[str, str | None]] = []  # each item's id and call_id, by index
+        self.reopened = 0  # the items the caller has when the current replica took over
 
     def affinity_text(self) -> str:
         key = self.payload.get("prompt_cache_key")
@@ -292,28 +310,85 @@ class Responses(Surface):
         )
         return opening(text_of(self.payload.get("instructions") or ""), items)
 
-    @property
-    def resumable(self) -> bool:
-        return not self.started
-
-    def first_body(self) -> dict[str, Any]:
-        return self.payload
+    def limit_field(self) -> str | None:
+        return "max_output_tokens" if self.payload.get("max_output_tokens") else None
 
     def continuation(self) -> dict[str, Any] | None:
-        return self.payload
+        self.reopened = len(self.ids)
+        return super().continuation()
 
     def feed(self, event: bytes) -> bytes:
         data = event_data(event)
         if data is None:
             return event
-        kind = orjson.loads(data).get("type")
+        message = orjson.loads(data)
+        kind = message.get("type")
         if kind == "error" or kind in self.ENDS:
             self.done = True
-        self.started = True
-        return event
+        self.token_ids.extend(message.get("token_ids") or ())
+        if not self.payload.get("return_token_ids"):
+            message.pop("token_ids", None)
+        if kind in self.PREAMBLE and self.resumed:
+            return b""
+        if kind == "response.created":
+            self.started = True
+            self.response = dict(message["response"])
+        self.delivered |= isinstance(kind, str) and kind.endswith(".delta")
+        if kind == "response.output_item.added":
+            index = message["output_index"]
+            if self.resumed and index < self.reopened:
+                return b""  # the item the caller has open, reopened by the continuation
+            item = message["item"]
+            self.ids[index:] = [(item["id"], item.get("call_id"))]
+        if self.resumed:
+            self._rename(message)
+        if "sequence_number" in message:
+            message["sequence_number"] = self.sequence
+            self.sequence += 1
+        return sse_event(str(kind), message)
+
+    def _rename(self, message: dict[str, Any]) -> None:
+        """The continuing replica's ids made the first's, its usage counted once."""
+        index = message.get("output_index")
+        if isinstance(index, int) and index < len(self.ids):
+            item_id, call_id = self.ids[index]
+            if "item_id" in message:
+                message["item_id"] = item_id
+            if isinstance(message.get("item"), dict):
+                message["item"] = _renamed(message["item"], item_id, call_id)
+        response = message.get("response")
+        if isinstance(response, dict):
+            output = [
+                _renamed(item, *self.ids[i]) if i < len(self.ids) else item
+                for i, item in enumerate(response.get("output") or [])
+            ]
+            head = {k: self.response[k] for k in ("id", "created_at") if k in self.response}
+            message["response"] = {**response, **head, "output": output}
+            if response.get("usage"):
+                message["response"]["usage"] = self._usage(response["usage"])
+
+    def _usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        # The continuing replica counted the continued tokens as input.
+        return {
+            **usage,
+            "input_tokens": usage["input_tokens"] - self.base,
+            "output_tokens": usage["output_tokens"] + self.base,
+        }
+
+    def finish(self) -> bytes:
+        response = {**self.response, "status": "incomplete"}
+        response["incomplete_details"] = {"reason": "max_output_tokens"}
+        event = {"response": response, "sequence_number": self.sequence}
+        return sse_event("response.incomplete", event)
 
     def error_event(self, message: str) -> bytes:
-        return sse_event("error", {"code": "overloaded", "message": message, "param": None})
+        event = {"code": "overloaded", "message": message, "param": None}
+        return sse_event("error", {**event, "sequence_number": self.sequence})
+
+
+def _renamed(item: dict[str, Any], item_id: str, call_id: str | None) -> dict[str, Any]:
+    item = {**item, "id": item_id}
+    return item if call_id is None or "call_id" not in item else {**item, "call_id": call_id}
 
 
 SURFACES: dict[str, type[Surface]] = {

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from zerohop.api.compaction.summarize import Summary
 from zerohop.api.conversation.planner import Plan
 from zerohop.api.conversation.request import Conversation
@@ -54,6 +56,15 @@ class ResponseEncoder:
         self.items.items.extend(ready.leading)  # a compaction item (compact.py)
         # The generation's own usage, set by the surface: a failure reports the usage so far.
         self.usage = Usage(len(ready.planned.prompt))
+        self.token_ids = bool(ready.request.return_token_ids)
+        self.held_ids: list[int] = []  # a step's ids that wrote no event: go with the next
+
+    def resume(self, generation: Generation) -> None:
+        """Continue another replica's answer (`continue_token_ids`): the continued part's
+        items are built, without events (the caller has them), so the stream goes on in the
+        same item at the same output index (zerohop.client renames its ids to the first
+        replica's and drops this stream's `response.created` / `in_progress`)."""
+        self.items.feed(generation.resumed)
 
     async def whole(self, generation: Generation) -> None:
         async for step in generation.steps():
@@ -74,7 +85,17 @@ class ResponseEncoder:
         data = self.items.feed(step.output)
         if step.finish is not None:
             data += self._finish(step.finish)
-        return data
+        return self._with_ids(data, step.token_ids) if self.token_ids else data
+
+    def _with_ids(self, data: bytes, token_ids: list[int]) -> bytes:
+        """`return_token_ids`: the step's token ids (and those of steps before it that wrote
+        nothing) as a `token_ids` field of its last event, which the SDKs ignore."""
+        self.held_ids.extend(token_ids)
+        if not data or not self.held_ids:
+            return data
+        assert data.endswith(b"}\n\n")
+        ids, self.held_ids = orjson.dumps(self.held_ids), []
+        return data[:-3] + b',"token_ids":' + ids + b"}\n\n"
 
     async def closing(self) -> bytes:
         await self.keep()
@@ -102,6 +123,10 @@ class ResponseEncoder:
         return data
 
     def fail(self, error: ApiError) -> None:
+        # The open item closed `incomplete` with its text so far, without events.
+        enabled, self.write.enabled = self.write.enabled, False
+        self.items.finish("incomplete")
+        self.write.enabled = enabled
         self.body.update(
             status="failed",
             error={
@@ -111,6 +136,11 @@ class ResponseEncoder:
             output=self.items.items,
             usage=self._usage(),
         )
+
+    async def keep_failed(self) -> None:
+        """Keep a streamed response that failed (status `failed`, its `error`)."""
+        if self.body["status"] == "failed":
+            await self.keep()
 
     async def keep(self) -> bool:
         """Store the response as it is now; False when it is not kept."""

@@ -62,6 +62,10 @@ class ResponsesRequest(NullMeansDefault):
     service_tier: str | None = None
     seed: int | None = None  # vLLM's extension: reproducible sampling
     context_management: list[Any] | None = None  # compaction (compact.py)
+    # zerohop.client's failover (zerohop extensions, as on Messages and Chat): each event
+    # with output carries its step's `token_ids`; a continuation resumes after the given ones.
+    return_token_ids: bool = False
+    continue_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

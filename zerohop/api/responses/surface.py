@@ -134,6 +134,7 @@ class ResponsesSurface:
         headers = request_id_headers(call.request_id)
         if request.stream:
             await send_stream(generation, encoder, with_send_times(scope, send), headers)
+            await encoder.keep_failed()  # OpenAI keeps a stream that failed, as `failed`
         else:
             await encoder.whole(generation)
             await encoder.keep()
@@ -143,9 +144,14 @@ class ResponsesSurface:
         self, encoder: ResponseEncoder, receive: Receive | None, stream: bool = False
     ) -> Generation:
         planned = encoder.ready.planned
-        wanted = GenerationRequest("responses", planned.prompt, planned.params, planned.reader)
+        continues = encoder.ready.request.continue_token_ids or None
+        wanted = GenerationRequest(
+            "responses", planned.prompt, planned.params, planned.reader, continues
+        )
         generation = Generation(self.ctx, encoder.call, wanted, receive, stream)
         encoder.usage = generation.usage  # a failure reports the usage so far
+        if continues:
+            encoder.resume(generation)
         return generation
 
     async def streamed(
@@ -172,6 +178,7 @@ class ResponsesSurface:
         if generate:
             generation = self._generation(encoder, receive, stream=True)
             await send_stream(generation, encoder, send, headers)
+            await encoder.keep_failed()
             return encoder
         await start_stream(send, headers)
         opening = encoder.opening(Admitted(encoder.usage))
@@ -216,7 +223,7 @@ class ResponsesSurface:
             max_tokens=request.max_output_tokens,
             seed=request.seed,
         )
-        planned = plan(conv, self.ctx, params)
+        planned = plan(conv, self.ctx, params, request.continue_token_ids if answer else None)
         if trigger and answer:  # the compaction item is the whole response (compact.py)
             items, summary = await compact.compacted(self.ctx, call, items, conv)
             return Prepared(request, planned, items[:-1], tools, choice, conv, items[-1:], summary)
