@@ -10,6 +10,8 @@ the explicit `compaction` request; a tampered block and another tenant's refused
 from __future__ import annotations
 
 import base64
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,11 @@ import openai
 import pytest
 
 from tests.live_server import LiveServer
+from zerohop.api.anthropic.context import (
+    MIN_COMPACT_TRIGGER,
+    MIN_COMPACT_TRIGGER_ENV,
+    min_compact_trigger,
+)
 from zerohop.gateway.store.sqlite import KeyStore
 
 MODEL = "tiny-compaction"
@@ -36,10 +43,13 @@ def served(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     acme, _ = store.create_key("acme")
     globex, _ = store.create_key("globex")
     store.close()
-    args = ["--keys-db", str(folder / "keys.db")]
-    server = LiveServer(llama_dir, args, served_model_name=MODEL).start(folder / "server.log")
+    args = ["--keys-db", str(folder / "keys.db"), "--audit-dir", str(folder / "audit")]
+    # The documented floor of a compaction trigger (50,000 tokens) lowered for the tiny model.
+    floor = {MIN_COMPACT_TRIGGER_ENV: "8"}
+    server = LiveServer(llama_dir, args, served_model_name=MODEL, extra_env=floor)
+    server.start(folder / "server.log")
     try:
-        yield server, acme, globex
+        yield server, acme, globex, folder / "audit"
     finally:
         server.stop()
 
@@ -65,7 +75,7 @@ def tampered(blob: str) -> str:
 
 
 def test_responses_compact_then_create_carrying_it(served: Any) -> None:
-    _, acme, globex = served
+    _, acme, globex, _ = served
     client = oai(served, acme)
     compacted = client.responses.compact(model=MODEL, input=TALK)  # type: ignore[arg-type]
     assert compacted.object == "response.compaction" and compacted.usage.output_tokens > 0
@@ -109,7 +119,7 @@ def test_responses_context_management_compacts_past_its_threshold(served: Any) -
 
 
 def test_messages_compaction_round_trip(served: Any) -> None:
-    _, acme, globex = served
+    _, acme, globex, _ = served
     client = claude(served, acme)
     edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 8}}
     message = client.beta.messages.create(
@@ -207,3 +217,76 @@ def test_responses_compaction_streamed_and_triggered(served: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="final input item") as refused:
         client.responses.create(model=MODEL, input=misplaced)  # type: ignore[arg-type]
     assert refused.value.body["param"] == "input[0]"  # type: ignore[index]
+
+
+def audited(served: Any, request_id: str) -> dict[str, Any]:
+    """The request's audit record; the log is written in the background, so it is read
+    again for a while until the record shows."""
+    path = served[3] / "audit.jsonl"
+    for _ in range(100):
+        lines = path.read_text().splitlines() if path.exists() else []
+        found = [json.loads(line) for line in lines if request_id in line]
+        if found and found[-1]["request_id"] == request_id:
+            return found[-1]  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise AssertionError(f"no audit record for {request_id}")
+
+
+def test_compaction_is_counted_with_the_answer(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's tokens join the request's audit record; Messages reports them in
+    `usage.iterations` (the top-level fields are the answer's, as documented); a trigger
+    under the floor (the operator's 8 here, 50,000 by default) is a 400."""
+    client = claude(served, served[1])
+    edit = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 8}}
+    raw = client.beta.messages.with_raw_response.create(
+        model=MODEL,
+        max_tokens=4,
+        messages=TALK,
+        context_management={"edits": [edit]},  # type: ignore[arg-type, list-item]
+    )
+    message = raw.parse()
+    usage = message.usage.model_dump()
+    kinds = [i["type"] for i in usage["iterations"]]
+    assert kinds == ["compaction", "message"], usage
+    summary, answer = usage["iterations"]
+    assert all(answer[k] == usage[k] for k in ("input_tokens", "output_tokens"))
+    assert summary["output_tokens"] > 0 and summary["input_tokens"] > 0
+    record = audited(served, raw.headers["request-id"])
+    read = ("input_tokens", "cache_read_input_tokens")
+    assert record["input_tokens"] + record["cached_tokens"] == sum(
+        summary[k] + answer[k] for k in read
+    )
+    assert record["output_tokens"] == summary["output_tokens"] + answer["output_tokens"]
+    paused = client.beta.messages.create(
+        model=MODEL, max_tokens=4, messages=TALK,  # type: ignore[arg-type]
+        context_management={"edits": [{**edit, "pause_after_compaction": True}]},  # type: ignore[list-item]
+    )  # fmt: skip
+    assert paused.usage.output_tokens == 0 and paused.usage.iterations is not None
+    assert [i.type for i in paused.usage.iterations] == ["compaction"]
+    low = {**edit, "trigger": {"type": "input_tokens", "value": 7}}
+    for count in (False, True):
+        call = client.beta.messages.count_tokens if count else client.beta.messages.create
+        extra: Any = {} if count else {"max_tokens": 4}
+        with pytest.raises(anthropic.BadRequestError, match="at least 8 input tokens") as no:
+            call(model=MODEL, messages=TALK, context_management={"edits": [low]}, **extra)  # type: ignore[operator]
+        assert no.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    monkeypatch.delenv(MIN_COMPACT_TRIGGER_ENV, raising=False)
+    assert min_compact_trigger() == MIN_COMPACT_TRIGGER == 50_000
+    openai_client = oai(served, served[1])
+    created = openai_client.responses.with_raw_response.create(
+        model=MODEL,
+        input=TALK,  # type: ignore[arg-type]
+        max_output_tokens=4,
+        context_management=[{"type": "compaction", "compact_threshold": 8}],
+    )
+    reply = created.parse()
+    assert reply.output[0].type == "compaction" and reply.usage is not None
+    record = audited(served, created.headers["request-id"])
+    assert record["output_tokens"] > reply.usage.output_tokens  # the summary's are counted
+    compacted = openai_client.responses.with_raw_response.compact(model=MODEL, input=TALK)  # type: ignore[arg-type]
+    whole = compacted.parse().usage
+    record = audited(served, compacted.headers["request-id"])
+    assert record["output_tokens"] == whole.output_tokens > 0
+    assert record["input_tokens"] + record["cached_tokens"] == whole.input_tokens

@@ -140,6 +140,15 @@ class Call:
     prompt_text: str | None = None  # only kept with --audit-content
     output_text: list[str] = field(default_factory=list)
     queue_timing: QueueTimer | None = None  # set at admission
+    # Work done for this request under a call of its own (a compaction's summary), charged
+    # to the limits and budget there: added to this request's counts when it finishes.
+    inner_tokens: tuple[int, int, int] = (0, 0, 0)  # prompt, cached, output
+
+    def add_usage(self, inner: Call) -> None:
+        """Count `inner`'s tokens (already charged) in this request's record."""
+        prompt, cached, output = self.inner_tokens
+        done = (inner.prompt_tokens, inner.cached_tokens, inner.output_tokens)
+        self.inner_tokens = (prompt + done[0], cached + done[1], output + done[2])
 
     @property
     def ttft(self) -> float | None:
@@ -368,6 +377,7 @@ class Gateway:
     def finish(self, call: Call, status: int, error_type: str | None = None) -> None:
         """The request is over (answered, refused or failed): audit it and count it."""
         self.release(call)
+        _fold_inner(call)  # after release: the inner work was settled under its own call
         call.status, call.error_type = status, error_type
         now = time.monotonic()
         if self.metrics is not None:
@@ -405,6 +415,14 @@ def _lease_refusal(call: Call, exc: LeaseUnavailable) -> GatewayError:
         status, str(exc), call.decision, retry_after=exc.retry_after, should_retry=True,
         code="budget_lease_unavailable",
     )  # fmt: skip
+
+
+def _fold_inner(call: Call) -> None:
+    prompt, cached, output = call.inner_tokens
+    call.prompt_tokens += prompt
+    call.cached_tokens += cached
+    call.output_tokens += output
+    call.inner_tokens = (0, 0, 0)
 
 
 def _queue_time(call: Call) -> float | None:

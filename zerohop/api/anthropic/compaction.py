@@ -11,6 +11,10 @@
   response is the block alone (`stop_reason` "compaction"), streamed or not; `instructions`
   replace the summarization prompt. Combined with `context_management` it is a 400, as
   documented.
+- Usage, as documented: `usage.iterations` lists the compaction's own tokens (an entry of
+  type "compaction") before the answer's (type "message"); the top-level fields are the
+  answer's only, so a response that is the block alone has zeros there. The request's
+  audit record and charges count both (api/compaction/summarize.py).
 - A summary the model left empty is a failed compaction: the block's `content` is null
   (a no-op when sent back) and no signature is given.
 """
@@ -28,6 +32,7 @@ from zerohop.api.anthropic.schema import CompactionBlock, Message, MessagesReque
 from zerohop.api.compaction.seal import Sealer
 from zerohop.api.compaction.summarize import Summary
 from zerohop.api.errors import ApiError
+from zerohop.api.generation.events import Usage
 from zerohop.api.http.asgi import Send, end_stream, request_id_headers, send_json, start_stream
 
 
@@ -59,6 +64,11 @@ def applied(summary: Summary) -> dict[str, Any]:
     return {"type": "compact_20260112", "compacted_input_tokens": summary.usage.prompt_tokens}
 
 
+def compaction_usage(summary: Summary) -> dict[str, Any]:
+    """The compaction's entry in `usage.iterations`."""
+    return {"type": "compaction", **usage_body(summary.usage)}
+
+
 async def send_block_only(
     send: Send,
     request: MessagesRequest,
@@ -74,7 +84,7 @@ async def send_block_only(
         "role": "assistant",
         "model": request.model,
     }
-    usage = usage_body(summary.usage)
+    usage: dict[str, Any] = {**usage_body(Usage(0)), "iterations": [compaction_usage(summary)]}
     headers = request_id_headers(request_id)
     if not request.stream:
         body: dict[str, Any] = {
@@ -114,9 +124,10 @@ async def send_block_only(
     )
 
 
-def leading(send: Send, made: dict[str, Any], done: dict[str, Any]) -> Send:
+def leading(send: Send, made: dict[str, Any], done: dict[str, Any], summary: Summary) -> Send:
     """`send` for a whole (not streamed) answer after a compaction: its content opens with
-    the block `made`, and its `applied_edits` name the compaction (`done`)."""
+    the block `made`, its `applied_edits` name the compaction (`done`), and its
+    `usage.iterations` the summary's tokens before the answer's."""
     held: list[Any] = []
 
     async def wrapped(message: Any) -> None:
@@ -130,6 +141,9 @@ def leading(send: Send, made: dict[str, Any], done: dict[str, Any]) -> Send:
         body["content"].insert(0, made)
         context = body.setdefault("context_management", {"applied_edits": []})
         context["applied_edits"].append(done)
+        usage = body["usage"]
+        answer = {"type": "message", **{k: v for k, v in usage.items() if k != "iterations"}}
+        usage["iterations"] = [compaction_usage(summary), answer]
         payload = orjson.dumps(body)
         headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(payload)).encode()))

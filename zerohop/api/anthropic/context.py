@@ -18,7 +18,10 @@ Decisions where the API leaves room:
 - Edits apply in their order, each to the result of those before it; an edit that clears
   nothing is left out of `applied_edits`. `compact_20260112` (a summary the model writes)
   is decided here, on the prompt as the edits before it left it (its trigger: more input
-  tokens than its value, by default 150,000) and done by anthropic/compaction.py.
+  tokens than its value, by default 150,000) and done by anthropic/compaction.py. Its
+  trigger must be at least 50,000 input tokens, as documented (a 400 otherwise, on
+  count_tokens too); an operator may lower that floor with the environment variable
+  `ZEROHOP_COMPACT_MIN_TRIGGER` (small models, tests).
 - A compaction block a request carries (`expand_compactions`, before any edit) is verified
   (api/compaction/seal.py; one that does not verify is a 400) and the messages before the
   last one are replaced by its summary, a user-side note opening the conversation, as the
@@ -30,6 +33,7 @@ Decisions where the API leaves room:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,12 +58,15 @@ from zerohop.api.anthropic.schema import (
 )
 from zerohop.api.compaction.seal import Sealer
 from zerohop.api.compaction.summarize import framed
+from zerohop.api.errors import ApiError
 
 PLACEHOLDER = "[this tool result was cleared to save context]"
 DEFAULT_TRIGGER = 100_000  # input tokens
 DEFAULT_KEEP_TOOL_USES = 3
 DEFAULT_KEEP_THINKING_TURNS = 1
 DEFAULT_COMPACT_TRIGGER = 150_000  # input tokens
+MIN_COMPACT_TRIGGER = 50_000  # input tokens, the API's documented floor
+MIN_COMPACT_TRIGGER_ENV = "ZEROHOP_COMPACT_MIN_TRIGGER"  # the operator's override
 
 Counter = Callable[[CountTokensRequest], int]
 
@@ -122,9 +129,10 @@ def edit_context(request: CountTokensRequest, count: Counter) -> Edited | None:
     state = _State(request, count)
     applied = []
     compact = None
-    for edit in config.edits or []:
+    for i, edit in enumerate(config.edits or []):
         if isinstance(edit, Compact):
             trigger = edit.trigger or InputTokens(DEFAULT_COMPACT_TRIGGER)
+            _check_compact_trigger(trigger, f"context_management.edits.{i}.trigger.value")
             compact = edit if state.counted() > trigger.value else compact
             continue
         done = _clear_tool_uses(edit, state) if isinstance(edit, ClearToolUses) else None
@@ -133,6 +141,19 @@ def edit_context(request: CountTokensRequest, count: Counter) -> Edited | None:
         if done is not None:
             applied.append(done)
     return Edited(request, state.request, applied, state.source_tokens, compact)
+
+
+def min_compact_trigger() -> int:
+    """The least compaction trigger a request may set (module docstring)."""
+    value = os.environ.get(MIN_COMPACT_TRIGGER_ENV, "").strip()
+    return int(value) if value.isdigit() else MIN_COMPACT_TRIGGER
+
+
+def _check_compact_trigger(trigger: InputTokens, at: str) -> None:
+    least = min_compact_trigger()
+    if trigger.value < least:
+        message = f"{at}: the compaction trigger must be at least {least} input tokens"
+        raise ApiError(400, message, param=at)
 
 
 # -- compaction blocks ----------------------------------------------------------------------

@@ -184,7 +184,7 @@ class AnthropicSurface:
             await compaction.send_block_only(send, request, call.request_id, made, summary, context)
             return
         going_on = compaction.compacted(request, made)
-        send = compaction.leading(send, made, done)
+        send = compaction.leading(send, made, done, summary)
         await self._generate(going_on, scope, receive, send, call, thread)
 
     async def _generate(

@@ -5,7 +5,9 @@ by one user turn asking for the summary: its prefix is the request's, so the pre
 already holds it (a session's earlier turns were computed when they were served). The
 summary is bounded (`MAX_SUMMARY_TOKENS`, and the room the context leaves), thinking is
 turned off, and it runs through the generation driver for the caller's key, under an engine
-request id of its own: admitted and charged to its limits and budget as every generation is.
+request id of its own: admitted and charged to its limits and budget as every generation is,
+and its tokens added to the request's own audit record, metrics and usage report
+(`Call.add_usage`), so a request that compacts is recorded with both its generations.
 """
 
 from __future__ import annotations
@@ -61,11 +63,21 @@ async def summarize(
     planned = plan(asked, ctx, params)
     wanted = GenerationRequest(api, planned.prompt, planned.params, planned.readers())
     # An engine request of its own: the answer that follows it runs under the call's id.
+    # Charged to the limits and budget under it; its tokens join the call's audit record.
     own = dataclasses.replace(
-        call, request_id=call.request_id + "-compaction", reservation=None, rate_subjects=[]
+        call,
+        request_id=call.request_id + "-compaction",
+        reservation=None,
+        rate_subjects=[],
+        token_times=[],  # the answer's latencies stay its own
+        output_text=[],
+        inner_tokens=(0, 0, 0),
     )
     generation = Generation(ctx, own, wanted)
-    texts = [step.text for step in [s async for s in generation.steps()]]
+    try:
+        texts = [step.text for step in [s async for s in generation.steps()]]
+    finally:
+        call.add_usage(own)  # counted once, whether or not it completed
     return Summary("".join(texts).strip(), generation.usage)
 
 

@@ -52,10 +52,9 @@ def _type(item: Any) -> Any:
 
 
 def charge(call: Call, summary: Summary) -> None:
-    """A compaction-only request's tokens (the summary's) on its audit record and metrics."""
-    usage = summary.usage
-    call.prompt_tokens, call.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-    call.output_tokens, call.stop_reason = usage.output_tokens, COMPACTION
+    """A compaction-only request's record: its tokens are the summary's, which summarize
+    added to the call (`Call.add_usage`); its stop reason is the compaction."""
+    call.stop_reason = COMPACTION
 
 
 def _compactions(items: list[Any]) -> list[Any]:
