@@ -186,12 +186,20 @@ def test_a_responses_session_keeps_its_replica_by_prompt_cache_key() -> None:
     assert opening == "Be brief.\nHi."
 
 
-def test_a_responses_stream_moves_only_before_its_first_event() -> None:
-    surface = Responses({"stream": True, "input": "Hi."})
-    assert surface.resumable and surface.continuation() == surface.payload
-    created = {"type": "response.created", "sequence_number": 0, "response": {}}
+def test_a_responses_stream_resumes_after_the_tokens_the_caller_has() -> None:
+    surface = Responses({"stream": True, "input": "Hi.", "max_output_tokens": 8})
+    assert surface.resumable and surface.first_body()["return_token_ids"] is True
+    created = {"type": "response.created", "sequence_number": 0, "response": {"id": "r1"}}
     surface.feed(b"event: response.created\ndata: " + orjson.dumps(created) + b"\n\n")
-    assert not surface.resumable and not surface.done
-    done = {"type": "response.completed", "sequence_number": 1, "response": {}}
-    surface.feed(b"event: response.completed\ndata: " + orjson.dumps(done) + b"\n\n")
-    assert surface.done
+    delta = {"type": "response.output_text.delta", "sequence_number": 1, "token_ids": [5, 6]}
+    out = surface.feed(b"event: x\ndata: " + orjson.dumps(delta) + b"\n\n")
+    assert b"token_ids" not in out, "the caller did not ask for them"
+    assert surface.resumable and not surface.done
+    body = surface.continuation()
+    assert body is not None and body["continue_token_ids"] == [5, 6]
+    assert body["max_output_tokens"] == 6
+    again = {"type": "response.created", "sequence_number": 0, "response": {"id": "r2"}}
+    assert surface.feed(b"event: x\ndata: " + orjson.dumps(again) + b"\n\n") == b""
+    done = {"type": "response.completed", "sequence_number": 2, "response": {"id": "r2"}}
+    out = surface.feed(b"event: response.completed\ndata: " + orjson.dumps(done) + b"\n\n")
+    assert surface.done and b'"id":"r1"' in out and b'"sequence_number":2' in out
