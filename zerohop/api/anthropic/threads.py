@@ -31,8 +31,10 @@ Decisions where the API leaves room:
   response's content blocks; a continue decodes them with the request's schema, so what a
   request may hold a thread may too (context edits apply to the whole conversation).
 - Not with `continue_token_ids` (a 400 `thread_unsupported_request`): the thread's turn is
-  the interrupted request's, so zerohop.client does not resume a thread mid-stream (it
-  fails over before the answer starts). `return_token_ids` is accepted.
+  the interrupted request's, so zerohop.client does not resume a thread mid-stream: it
+  fails over (starting the turn over) only before any text reached the caller, and after
+  that ends the stream with the API's `overloaded_error` event (tests/test_client_threads.py).
+  `return_token_ids` is accepted.
 - The store unreachable: a continue is the 404 (the client replays), a create's answer is
   sent and not kept. Threads are best-effort, as in the API.
 """
