@@ -24,12 +24,13 @@ test: $(STAMP) postgres chromium claude-code codex
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The fast loop: the tests that start no `zerohop serve` and are not slow (tests/conftest.py
-# marks them), after lint and types. Under 3 minutes here; `make test` runs everything.
+# marks them), after lint and types, in two workers as `make test`. Under 3 minutes here;
+# `make test` runs everything.
 test-fast: $(STAMP) postgres
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	ZEROHOP_TEST_FAST=1 $(PY) -m pytest -q -m "not server and not slow"
+	ZEROHOP_TEST_FAST=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not server and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
