@@ -20,10 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from zerohop.client import ReplicaPool
 
 MODEL_NAME = "tiny-llama"
 FAST_LOOP_ENV = "ZEROHOP_TEST_FAST"  # set by `make test-fast`: no test here starts a server
@@ -199,3 +202,12 @@ async def engine_has(client: httpx.AsyncClient, running: int, waiting: int) -> N
             return
         assert time.monotonic() < deadline, stats
         await asyncio.sleep(0.02)
+
+
+def kill_busy(pool: ReplicaPool, fleet: list[LiveServer]) -> str:
+    """SIGKILL the replica of `fleet` answering the one request `pool` has in flight; its URL."""
+    busy = [s for s in fleet if pool.replicas[s.url].in_flight]
+    assert len(busy) == 1, pool.stats()
+    assert busy[0].process is not None
+    busy[0].process.kill()
+    return busy[0].url

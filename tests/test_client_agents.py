@@ -22,7 +22,13 @@ import openai
 import pytest
 
 from tests.fixtures.qwen3_template import QWEN3_THINKING_TEMPLATE
-from tests.live_server import MODEL_NAME, LiveServer, started_together, with_chat_template
+from tests.live_server import (
+    MODEL_NAME,
+    LiveServer,
+    kill_busy,
+    started_together,
+    with_chat_template,
+)
 from zerohop.client import ReplicaPool, http_client
 
 STEP_DELAY = "0.01"  # seconds each engine sleeps after a step
@@ -76,15 +82,6 @@ def pool(fleet: list[LiveServer], tmp_path: Path) -> Iterator[ReplicaPool]:
             server.start(tmp_path / f"restarted{i}.log")
     with ReplicaPool([s.url for s in fleet], health_interval=0.5) as replicas:
         yield replicas
-
-
-def kill_busy(pool: ReplicaPool, fleet: list[LiveServer]) -> str:
-    """SIGKILL the replica answering the one request in flight; its URL."""
-    busy = [s for s in fleet if pool.replicas[s.url].in_flight]
-    assert len(busy) == 1, pool.stats()
-    assert busy[0].process is not None
-    busy[0].process.kill()
-    return busy[0].url
 
 
 def claude(pool: ReplicaPool) -> anthropic.Anthropic:

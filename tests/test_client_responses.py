@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.live_server import MODEL_NAME, LiveServer, started_together
+from tests.live_server import MODEL_NAME, LiveServer, kill_busy, started_together
 from tests.test_engine_supervision import engine_pid
 from zerohop.client import ReplicaPool, http_client
 
@@ -42,14 +42,6 @@ def fleet(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def sdk(url: str, **kwargs: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, **kwargs)
-
-
-def kill_busy(pool: ReplicaPool, fleet: list[LiveServer]) -> str:
-    busy = [s for s in fleet if pool.replicas[s.url].in_flight]
-    assert len(busy) == 1, pool.stats()
-    assert busy[0].process is not None
-    busy[0].process.kill()
-    return busy[0].url
 
 
 def test_stream_cut_by_sigkill_resumes_as_one_stream(fleet: list[LiveServer]) -> None:
