@@ -239,13 +239,16 @@ def buffering_proxy(paced_server: LiveServer) -> Iterator[BufferingProxy]:
 
 
 def test_probe_flags_a_buffering_proxy(paced_server: LiveServer, buffering_proxy) -> None:
-    direct = ProbeConfig(paced_server.url, model=MODEL_NAME, max_tokens=64)
+    # Greedy: sampled, the random model can end on EOS after two tokens, a stream too short
+    # for any buffer to show (CI saw one 6 ms long).
+    direct = ProbeConfig(paced_server.url, model=MODEL_NAME, max_tokens=64, temperature=0)
     via_proxy = ProbeConfig(
-        f"http://127.0.0.1:{buffering_proxy.port}", model=MODEL_NAME, max_tokens=64
+        f"http://127.0.0.1:{buffering_proxy.port}", model=MODEL_NAME, max_tokens=64, temperature=0
     )
     check_direct(direct_run(direct).requests[0])
     probe = run_probe(via_proxy).requests[0]
     assert probe.error is None and probe.stamped_events > 0
+    assert len(probe.token_received_s) >= 32, "the stream must be long enough to show a buffer"
     assert probe.buffering.detected is True, probe.buffering
     assert probe.proxy_headers == {"server": "zerohop", "via": "1.1 buffering-proxy"}
 

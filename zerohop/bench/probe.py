@@ -44,6 +44,7 @@ class ProbeConfig:
     model: str | None = None
     prompt: str = DEFAULT_PROMPT
     max_tokens: int = 64
+    temperature: float | None = None  # None: the server's default
     api_key: str | None = None
     http2: bool = False
     repeat: int = 1
@@ -188,6 +189,8 @@ def run_probe(config: ProbeConfig) -> ProbeRun:
     model = config.model or first_model(config, base)
     run = ProbeRun(str(base), config.endpoint, model)
     body = endpoint.body(model, config.prompt, config.max_tokens)
+    if config.temperature is not None:
+        body["temperature"] = config.temperature
     address: str | None = None
     with _client(config, base) as client:
         for index in range(config.repeat):

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from zerohop.cli.arg_types import Subcommands
+from zerohop.cli.arg_types import NONNEGATIVE_NUMBER, Subcommands
 
 PROBE_ENDPOINTS = ("openai-chat", "openai-completions", "anthropic-messages")
 
@@ -32,6 +32,11 @@ def add_probe_parser(sub: Subcommands) -> None:
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     p.add_argument("--prompt", help="the user message (or completion prompt)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--temperature",
+        type=NONNEGATIVE_NUMBER,
+        help="sampling temperature (default: the server's); 0 gives the same length every run",
+    )
     p.add_argument("--api-key", help="sent as Authorization: Bearer and x-api-key")
     p.add_argument(
         "--http2", action="store_true", help="HTTP/2: ALPN on https, prior knowledge (h2c) on http"
@@ -54,6 +59,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         model=args.model,
         prompt=args.prompt or DEFAULT_PROMPT,
         max_tokens=args.max_tokens,
+        temperature=args.temperature,
         api_key=args.api_key,
         http2=args.http2,
         repeat=max(args.repeat, 1),
