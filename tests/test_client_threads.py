@@ -2,7 +2,9 @@
 thread's turn is never resumed mid-stream on another replica (it could not be: the other
 replica has not the thread, and a resumed turn would be stored under its own message id).
 The replica answering a thread's continue is killed after the caller has text; the caller's
-SDK gets the API's own error event, and the other replica is sent nothing."""
+SDK gets the API's own error event, and the other replica is sent nothing. The continue's
+prefix affinity prefers that other replica: the client sends it to the victim only because
+the thread lives there (`zerohop.client.pinning`)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,8 @@ import anthropic
 import pytest
 
 from tests.live_server import MODEL_NAME, started_together
+from tests.test_client_pinning import question_for
 from zerohop.client import ReplicaPool, async_http_client
-from zerohop.client.affinity import rank
-from zerohop.client.surfaces import Messages
 
 BETA = "message-threads-2026-08-12"
 STEP_DELAY = "0.05"  # 64 tokens last about 3 s: the kill lands mid-answer
@@ -59,7 +60,7 @@ async def _continue_and_kill(
     )  # fmt: skip
     victim = next(url for url, r in pool.replicas.items() if r.stats.requests)
     pool.replicas[victim].stats.requests = 0  # count only the continue's requests from here
-    question = _ranking_first(pool, victim)
+    question = question_for(pool, next(url for url in by_url if url != victim))
     pieces: list[str] = []
     error: BaseException | None = None
     try:
@@ -76,14 +77,3 @@ async def _continue_and_kill(
         error = exc
     await client.close()
     return victim, error, pieces
-
-
-def _ranking_first(pool: ReplicaPool, url: str) -> str:
-    """A question whose affinity prefers `url`: a continue carries only its new messages,
-    and the client does not yet pin a thread to the replica that holds it."""
-    for i in range(10**4):
-        question = f"Tell me more, part {i}."
-        key = pool.affinity.key(Messages({"messages": _user(question)}).affinity_text())
-        if rank(key, list(pool.replicas.values()))[0].url == url:
-            return question
-    raise AssertionError("no question ranks this replica first")

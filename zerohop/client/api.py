@@ -13,7 +13,8 @@ yield one dict per event (`generate`: one GenerateResponse per step); the reques
 at the first item, and leaving the `with` block (or `close()`) closes the response, also
 when it was left early. All of them choose replicas by prefix affinity and fail over,
 mid-stream included; `generate` does the same over `grpc://` replicas with the gRPC
-`Generate` call. `stats()` is the pool's per-replica counters. `AsyncClient` is the same in
+`Generate` call; a Messages `thread` continue goes to the replica holding the thread
+(`pinning`). `stats()` is the pool's per-replica counters. `AsyncClient` is the same in
 async (`async with`, `aclose()`, `async for`).
 
 Making a client starts nothing and does no I/O: the pool it makes starts with the first

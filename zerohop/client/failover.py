@@ -8,6 +8,9 @@ last replica's answer (the SDKs then apply their own retry policy) or the last e
 After the first byte, a stream that breaks (reset, early end, an overload or server error
 event) continues on another replica from the token ids the caller already has (see
 `surfaces`), and the caller's stream goes on as if nothing happened.
+
+A request that builds on a thread or a stored response goes to the replica that answered
+that id, whose ids are learned from the answers as they pass (`pinning`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import httpx2
 import orjson
 
+from zerohop.client import pinning
 from zerohop.client.pool import ReplicaPool
 from zerohop.client.replica import Replica
 from zerohop.client.surfaces import Surface, UpstreamFailed, sse_events, surface_for
@@ -105,6 +109,8 @@ class _Call:
         self.failover, self.request, self.surface = failover, request, surface
         self.pool = failover.pool
         self.prompt = surface.affinity_text() if surface is not None else str(request.url.path)
+        self.pinned = pinning.named_id(request.method, request.url.path, surface)
+        self.learns = pinning.learns(surface)
         self.attempts = 0
 
     async def start(self, body: bytes) -> httpx2.Response:
@@ -114,6 +120,8 @@ class _Call:
             body = orjson.dumps(surface.first_body())
         replica, response = await self.open(body, set(), buffered=not streaming)
         if replica is None or not streaming or response.status_code != 200:
+            if replica is not None and response.status_code == 200:
+                self._learn_whole(replica, response)  # a whole answer
             return response
         headers = [
             (k, v)
@@ -122,6 +130,11 @@ class _Call:
         ]
         stream = _ResumingStream(self, replica, response)
         return httpx2.Response(response.status_code, headers=headers, stream=stream)
+
+    def _learn_whole(self, replica: Replica, response: httpx2.Response) -> None:
+        if self.learns and isinstance(response.stream, RawBytes):  # `_buffered`'s bytes
+            encoding = response.headers.get("content-encoding", "")
+            self.pool.pins.learn(pinning.id_in_body(response.stream.raw, encoding), replica.url)
 
     async def open(
         self, body: bytes, exclude: set[str], buffered: bool
@@ -132,7 +145,7 @@ class _Call:
         error: Exception | None = None
         while self.attempts < self.failover.policy.max_attempts and time.monotonic() < deadline:
             try:
-                replica, _ = self.pool.choose(self.prompt, exclude)
+                replica, _ = self.pool.choose(self.prompt, exclude, self.pinned)
             except LookupError as exc:
                 error = error or exc
                 break
@@ -195,6 +208,7 @@ class _ResumingStream(httpx2.AsyncByteStream):
     def __init__(self, call: _Call, replica: Replica, upstream: httpx2.Response) -> None:
         self.call, self.upstream = call, upstream
         self.replica: Replica | None = replica
+        self.learning = call.learns  # until the answer's id has passed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         surface = self.call.surface
@@ -202,6 +216,8 @@ class _ResumingStream(httpx2.AsyncByteStream):
         while True:
             try:
                 async for event in sse_events(self.upstream.aiter_raw()):
+                    if self.learning:
+                        self._learn(event)
                     if out := surface.feed(event):
                         yield out
                     if surface.done:
@@ -238,6 +254,12 @@ class _ResumingStream(httpx2.AsyncByteStream):
             return False
         self.replica, self.upstream = replica, response
         return True
+
+    def _learn(self, event: bytes) -> None:
+        answer_id = pinning.id_in_event(event)
+        if answer_id is not None and self.replica is not None:
+            self.call.pool.pins.learn(answer_id, self.replica.url)
+            self.learning = False
 
     def _release(self) -> None:
         if self.replica is not None:

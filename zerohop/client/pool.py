@@ -31,6 +31,7 @@ import httpx2
 from zerohop.client.affinity import AffinityPolicy, RoundRobinPolicy
 from zerohop.client.discovery import DiscoveryError, Source, StaticSource, source_from_spec
 from zerohop.client.health import poll_http, watch_grpc
+from zerohop.client.pinning import Pins
 from zerohop.client.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -62,12 +63,15 @@ class ReplicaPool:
         refresh_interval: float = 2.0,
         health_interval: float = 1.0,
         verify: bool | str = True,
+        pins: Pins | None = None,
     ) -> None:
         """`verify`: TLS certificate checks for `https://` replicas (False, or a CA bundle's
-        path), for requests and health checks alike."""
+        path), for requests and health checks alike. `pins`: which replica holds each thread
+        and stored response this client relayed (`zerohop.client.pinning`)."""
         self.source = as_source(replicas)
         self.verify = verify
         self.affinity = affinity or AffinityPolicy()
+        self.pins = pins if pins is not None else Pins()
         self.refresh_interval = refresh_interval
         self.health_interval = health_interval
         self.replicas: dict[str, Replica] = {}
@@ -164,14 +168,19 @@ class ReplicaPool:
 
     # -- choosing ----------------------------------------------------------------------
 
-    def choose(self, prompt: str, exclude: set[str]) -> tuple[Replica, bool]:
+    def choose(
+        self, prompt: str, exclude: set[str], pinned: str | None = None
+    ) -> tuple[Replica, bool]:
         """A replica for `prompt` among those not in `exclude` (LookupError: none left),
-        counted as in flight until `release`. Starts the pool if it was not."""
+        counted as in flight until `release`: the one holding the stored id `pinned` while
+        it is usable, else the affinity policy's. Starts the pool if it was not."""
         if self._thread is None or self._closed:
             self.start()
         with self.lock:
             candidates = [r for url, r in self.replicas.items() if url not in exclude]
-            replica, by_affinity = self.affinity.choose(prompt, candidates, self.rng)
+            replica, by_affinity = self.pins.replica(pinned, candidates), True
+            if replica is None:
+                replica, by_affinity = self.affinity.choose(prompt, candidates, self.rng)
             replica.in_flight += 1
             replica.stats.requests += 1
             replica.stats.by_affinity += by_affinity and not exclude  # first tries only
