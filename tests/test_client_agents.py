@@ -1,8 +1,11 @@
-"""zerohop.client carries agent traffic: the official SDKs' tool calls, streamed through
-`http_client`, with the answering replica SIGKILLed mid-call. The
-continuing replica reads the continued tokens through the same call reader and grammar, so the
-SDK assembles one call at the block index (the tool_calls index) it began at, equal to an
-uninterrupted greedy run's. A streamed request that thinks is served through the client.
+"""zerohop.client carries agent traffic: the official SDKs' tool calls, thoughts and
+structured answers, streamed through `http_client`, with the answering replica SIGKILLed
+mid-way. The continuing replica reads the continued tokens through the same thought / call
+reader and grammar, so the SDK assembles one call at the block index (the tool_calls index,
+the Responses item) it began at, one thinking block goes on at index 0 with its signature,
+and an answer in a JSON schema stays in it, each equal to an uninterrupted greedy run's.
+The thought is adaptive (it runs to max_tokens): a `budget_tokens` is at least 1024, over a
+thousand steps of these slowed engines.
 
 Two replicas of the tiny llama with Qwen3's template; the engines sleep a little after each
 step, so a stream is still being decoded when its replica dies. A replica killed by one test
@@ -148,3 +151,115 @@ def test_chat_tool_call_cut_by_sigkill_continues_at_its_index(
     jsonschema.validate(arguments, SCHEMA)
     assert arguments == json.loads(whole[0].function.arguments)
     assert calls[0].function.name == "get_weather"
+
+
+THINKING: dict[str, Any] = {
+    "model": MODEL_NAME,
+    "max_tokens": 48,
+    "extra_body": GREEDY,
+    "messages": USER,
+    "thinking": {"type": "adaptive"},
+}
+RAW = {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"}
+
+
+def test_thought_cut_by_sigkill_goes_on_in_its_block(
+    fleet: list[LiveServer], pool: ReplicaPool
+) -> None:
+    client = claude(pool)
+    whole = client.messages.create(**THINKING)
+    victim, after, events = "", 0, []
+    with client.messages.stream(**THINKING) as stream:
+        for event in stream:
+            events += [event] if event.type in RAW else []
+            if event.type == "content_block_delta" and event.delta.type == "thinking_delta":
+                after += bool(victim)
+                if not victim and len(events) > 3:
+                    victim = kill_busy(pool, fleet)
+        final = stream.get_final_message()
+    assert pool.stats()[victim]["resumes"] == 1
+    assert after > 0, "the continuation wrote part of the thought"
+    starts = [(e.index, e.content_block.type) for e in events if e.type == "content_block_start"]
+    assert starts == [(0, "thinking"), (1, "text")], "one thought, then the text"
+    assert [e.index for e in events if e.type == "content_block_stop"] == [0, 1]
+    deltas = [(e.index, e.delta) for e in events if e.type == "content_block_delta"]
+    kinds = [(i, d.type) for i, d in deltas if d.type != "thinking_delta"]
+    assert kinds[0] == (0, "signature_delta") and all(i == 1 for i, _ in kinds[1:])
+    assert all(i == 0 for i, d in deltas if d.type == "thinking_delta")
+    thought = "".join(d.thinking for _, d in deltas if d.type == "thinking_delta")
+    text = "".join(d.text for _, d in deltas if d.type == "text_delta")
+    first, answer = final.content
+    assert first.type == "thinking" and answer.type == "text"
+    assert first.thinking == thought == whole.content[0].thinking != ""  # type: ignore[union-attr]
+    assert first.signature == deltas[len(deltas) - len(kinds)][1].signature != ""  # type: ignore[union-attr]
+    assert answer.text == text == whole.content[1].text  # type: ignore[union-attr]
+    assert final.stop_reason == whole.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == whole.usage.output_tokens, "each token counted once"
+
+
+def test_structured_answer_cut_by_sigkill_keeps_its_schema(
+    fleet: list[LiveServer], pool: ReplicaPool
+) -> None:
+    client = openai.OpenAI(
+        base_url="http://zerohop/v1", api_key="unused", max_retries=0,
+        http_client=http_client(pool=pool),
+    )  # fmt: skip
+    schema = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}
+    asked = {**CHAT, "response_format": schema, "tools": openai.omit, "tool_choice": openai.omit}
+    whole = client.chat.completions.create(**asked).choices[0].message.content
+    victim, pieces = "", []
+    with client.chat.completions.stream(**asked) as stream:
+        for event in stream:
+            if event.type == "content.delta":
+                pieces.append(event.delta)
+                if len(pieces) == 5:
+                    victim = kill_busy(pool, fleet)
+        final = stream.get_final_completion()
+    assert pool.stats()[victim]["resumes"] == 1
+    assert len(pieces) > 5, "the continuation wrote part of the answer"
+    answer = final.choices[0].message.content
+    assert answer == "".join(pieces) == whole
+    jsonschema.validate(json.loads(answer), SCHEMA)
+    assert final.choices[0].finish_reason == "stop"
+
+
+def test_responses_function_call_cut_by_sigkill_is_one_item(
+    fleet: list[LiveServer], pool: ReplicaPool
+) -> None:
+    client = openai.OpenAI(
+        base_url="http://zerohop/v1", api_key="unused", max_retries=0,
+        http_client=http_client(pool=pool),
+    )  # fmt: skip
+    asked: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "input": USER,
+        "max_output_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": SCHEMA}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    }
+    whole = client.responses.create(**asked)
+    victim, after, events = "", 0, []
+    for event in client.responses.create(**asked, stream=True):
+        events.append(event)
+        if event.type == "response.function_call_arguments.delta":
+            after += bool(victim)
+            if not victim:
+                victim = kill_busy(pool, fleet)
+    assert pool.stats()[victim]["resumes"] == 1
+    assert after > 0, "the continuation wrote part of the call"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = [e.item for e in events if e.type == "response.output_item.added"]  # type: ignore[union-attr]
+    done = [e.item for e in events if e.type == "response.output_item.done"]  # type: ignore[union-attr]
+    assert len(added) == len(done) == 1 and added[0].type == done[0].type == "function_call"
+    item, call = done[0], added[0]
+    assert (item.id, item.call_id) == (call.id, call.call_id)  # type: ignore[union-attr]
+    pieces = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert {(e.item_id, e.output_index) for e in pieces} == {(call.id, 0)}  # type: ignore[union-attr]
+    arguments = "".join(e.delta for e in pieces)  # type: ignore[union-attr]
+    assert item.arguments == arguments  # type: ignore[union-attr]
+    final = events[-1]
+    assert final.type == "response.completed" and final.response.output == [item]
+    assert json.loads(arguments) == json.loads(whole.output[0].arguments)  # type: ignore[union-attr]
+    assert final.response.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(arguments), SCHEMA)

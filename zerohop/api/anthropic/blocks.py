@@ -78,7 +78,9 @@ class ContentBlocks:
 
     def resume(self, events: list[Event]) -> None:
         """Take the events of a continued answer's start (a client's failover), which the
-        caller has: the blocks go on where they stopped, at the same indices."""
+        caller has: the blocks go on where they stopped, at the same indices (a thinking
+        block first, opened as `opening` did, its event dropped)."""
+        self.opening()
         for event in events:
             self._event(event)
 
