@@ -1,7 +1,9 @@
 """zerohop.client resumes a Responses stream: the official `openai` SDK streams through
 `http_client`, the answering replica is SIGKILLed after some text deltas, and the caller
 gets one valid stream (sequence numbers 0..n, one terminal event, the first replica's ids)
-whose text and usage equal an uninterrupted greedy run's. A streamed response that fails
+whose text and usage equal an uninterrupted greedy run's. A stream cut (by a proxy) once
+the caller has every output token leaves nothing to continue: the client ends it with the
+`response.incomplete` the replica would have sent. A streamed response that fails
 mid-stream (its engine killed) is kept as `failed`, with its error.
 
 Two replicas of the tiny llama; the engines sleep a little after each step, so a stream is
@@ -19,6 +21,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.cutting_proxy import cutting_proxy
 from tests.live_server import MODEL_NAME, LiveServer, kill_busy, started_together
 from tests.test_engine_supervision import engine_pid
 from zerohop.client import ReplicaPool, http_client
@@ -72,8 +75,41 @@ def test_stream_cut_by_sigkill_resumes_as_one_stream(fleet: list[LiveServer]) ->
     assert not any("token_ids" in (e.model_extra or {}) for e in events), "not asked for"
 
 
+def alive(fleet: list[LiveServer]) -> LiveServer:
+    """The replica the first test left alive."""
+    return fleet[1] if fleet[1].process and fleet[1].process.poll() is None else fleet[0]
+
+
+def test_a_stream_cut_with_no_tokens_left_ends_incomplete(fleet: list[LiveServer]) -> None:
+    server, asked = alive(fleet), {**GREEDY, "max_output_tokens": 12}
+    with (
+        cutting_proxy(server.port, b"event: response.incomplete") as url,
+        ReplicaPool([url], health_interval=0.5) as pool,
+    ):
+        client = sdk("http://zerohop", http_client=http_client(pool=pool))
+        events = list(client.responses.create(**asked, stream=True))
+        assert pool.stats()[url]["resumes"] == 1
+    direct = list(sdk(server.url).responses.create(**asked, stream=True))
+    assert [e.type for e in events] == [e.type for e in direct]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final, whole = events[-1].response, direct[-1].response  # type: ignore[union-attr]
+    assert final.status == "incomplete" and final.incomplete_details is not None
+    assert final.incomplete_details.reason == "max_output_tokens"
+    assert final.id == events[0].response.id  # type: ignore[union-attr]
+    assert final.output == [e.item for e in events if e.type == "response.output_item.done"]  # type: ignore[union-attr]
+    different = {"id", "created_at", "output", "usage"}
+    assert final.model_dump(exclude=different) == whole.model_dump(exclude=different)
+    assert [o.model_dump(exclude={"id"}) for o in final.output] == [
+        o.model_dump(exclude={"id"}) for o in whole.output
+    ]
+    assert final.usage is not None and whole.usage is not None
+    cached = {"input_tokens_details"}  # the second run reads the prompt's prefix cache
+    assert final.usage.model_dump(exclude=cached) == whole.usage.model_dump(exclude=cached)
+    assert not any("usage" in (e.model_extra or {}) for e in events), "not asked for"
+
+
 def test_streamed_response_failing_midstream_is_kept_failed(fleet: list[LiveServer]) -> None:
-    server = fleet[1] if fleet[1].process and fleet[1].process.poll() is None else fleet[0]
+    server = alive(fleet)
     client = sdk(server.url)
     events = []
     for event in client.responses.create(**{**GREEDY, "max_output_tokens": 400}, stream=True):

@@ -286,7 +286,10 @@ class Responses(Surface):
     replica builds the continued items without events and goes on in the open one; its
     `response.created` / `in_progress` and the item it reopens are dropped here, and its
     events renamed to the first replica's ids (response, items, calls) and numbered on from
-    the caller's last `sequence_number`."""
+    the caller's last `sequence_number`. A replica that fails once the caller has all
+    `max_output_tokens` leaves nothing to continue: `finish` ends the stream with the
+    response as the caller has it (its items; its usage: the input's, which a replica's
+    `response.created` carries under `return_token_ids`, and the output tokens)."""
 
     ENDS = ("response.completed", "response.incomplete", "response.failed")
     PREAMBLE = ("response.created", "response.in_progress")
@@ -297,6 +300,9 @@ class Responses(Surface):
         self.response: dict[str, Any] = {}  # the first replica's response object
         self.ids: list[tuple[str, str | None]] = []  # each item's id and call_id, by index
         self.reopened = 0  # the items the caller has when the current replica took over
+        self.items: list[dict[str, Any]] = []  # each item as the caller last saw it
+        self.closed = 0  # of them, those whose output_item.done the caller has (in order)
+        self.input_usage: dict[str, Any] = {}  # response.created's (with return_token_ids)
 
     def affinity_text(self) -> str:
         key = self.payload.get("prompt_cache_key")
@@ -326,13 +332,16 @@ class Responses(Surface):
         if kind == "error" or kind in self.ENDS:
             self.done = True
         self.token_ids.extend(message.get("token_ids") or ())
+        usage = message.get("usage")  # response.created's (return_token_ids), else None
         if not self.payload.get("return_token_ids"):
             message.pop("token_ids", None)
+            message.pop("usage", None)
         if kind in self.PREAMBLE and self.resumed:
             return b""
         if kind == "response.created":
             self.started = True
             self.response = dict(message["response"])
+            self.input_usage = usage or {}
         self.delivered |= isinstance(kind, str) and kind.endswith(".delta")
         if kind == "response.output_item.added":
             index = message["output_index"]
@@ -342,6 +351,8 @@ class Responses(Surface):
             self.ids[index:] = [(item["id"], item.get("call_id"))]
         if self.resumed:
             self._rename(message)
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            self._keep(message["output_index"], message["item"], kind.endswith(".done"))
         if "sequence_number" in message:
             message["sequence_number"] = self.sequence
             self.sequence += 1
@@ -375,9 +386,23 @@ class Responses(Surface):
             "output_tokens": usage["output_tokens"] + self.base,
         }
 
+    def _keep(self, index: int, item: dict[str, Any], done: bool) -> None:
+        self.items[index:] = [item]
+        self.closed = index + 1 if done else index
+
     def finish(self) -> bytes:
-        response = {**self.response, "status": "incomplete"}
+        """The response as the caller has it: its items (one still open: `incomplete`), and
+        usage from the input's (response.created's) and the output tokens it has."""
+        output = [
+            item if i < self.closed or "status" not in item else {**item, "status": "incomplete"}
+            for i, item in enumerate(self.items)
+        ]
+        response = {**self.response, "status": "incomplete", "output": output}
         response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if self.input_usage:
+            tokens, usage = len(self.token_ids), self.input_usage
+            total = usage["input_tokens"] + tokens
+            response["usage"] = {**usage, "output_tokens": tokens, "total_tokens": total}
         event = {"response": response, "sequence_number": self.sequence}
         return sse_event("response.incomplete", event)
 

@@ -74,7 +74,10 @@ class ResponseEncoder:
 
     def opening(self, admitted: Admitted) -> bytes:
         self.write.enabled = True
-        opening = self.write("response.created", response=self.body)
+        # `return_token_ids` (zerohop.client): the input's usage, for an end the client writes
+        # itself when a replica fails with no output tokens left to continue.
+        extra = {"usage": usage_body(admitted.usage)} if self.token_ids else {}
+        opening = self.write("response.created", response=self.body, **extra)
         opening += self.write("response.in_progress", response=self.body)
         for index, item in enumerate(self.ready.leading):  # a compaction item: no deltas
             opening += self.write("response.output_item.added", output_index=index, item=item)
@@ -149,14 +152,17 @@ class ResponseEncoder:
         return await self.store.put(self.tenant, self.body, self.ready.items)
 
     def _usage(self) -> dict[str, Any]:
-        usage = self.usage
-        return {
-            "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {
-                "cached_tokens": usage.cached_tokens,
-                "cache_write_tokens": 0,
-            },
-            "output_tokens": usage.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": usage.thought_tokens},
-            "total_tokens": usage.prompt_tokens + usage.output_tokens,
-        }
+        return usage_body(self.usage)
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.thought_tokens},
+        "total_tokens": usage.prompt_tokens + usage.output_tokens,
+    }
