@@ -3,7 +3,8 @@
 - `POST /v1/responses/compact` (Codex's remote compaction, the SDK's `responses.compact`)
   takes a create request's `model`, `input`, `instructions` and `previous_response_id` and
   answers a `response.compaction` object whose `output` is the input's user messages, as
-  sent, followed by one `compaction` item: its `encrypted_content` is the model's summary of
+  sent (each an output `message` item: its `id`, or a new one, and status "completed"),
+  followed by one `compaction` item: its `encrypted_content` is the model's summary of
   the whole conversation, sealed for the caller's tenant. Earlier compaction items are
   summarized with the rest and are not repeated.
 - A later request that carries a `compaction` item gets the summary in its prompt where the
@@ -29,6 +30,7 @@ from zerohop.api.compaction.seal import Sealer, sealer, signature_of
 from zerohop.api.compaction.summarize import Summary, framed, summarize
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
+from zerohop.api.responses.output import new_id
 from zerohop.api.serving.service import ServingContext
 from zerohop.gateway.gateway import Call
 
@@ -127,7 +129,10 @@ def _user_messages(items: list[Any]) -> list[Any]:
         content = item.get("content")
         if isinstance(content, str):
             content = [{"type": "input_text", "text": content}]
-        kept.append({"type": "message", "role": "user", "content": content})
+        # An output item (the spec's Message): it has an id and a status, as the API's do.
+        message_id = item.get("id") or new_id("msg_")
+        message = {"id": message_id, "type": "message", "role": "user", "content": content}
+        kept.append({**message, "status": "completed"})
     return kept
 
 

@@ -1,6 +1,9 @@
 """`text.format` of a Responses request as the answer's grammar: `text` (none), `json_object`,
 or `json_schema` with its `name`, `schema`, `strict` and `description` at the format's own
-level (the Responses shape; Chat Completions nests them under `json_schema`)."""
+level (the Responses shape; Chat Completions nests them under `json_schema`); and as the
+response echoes it: a `json_schema` format with every field the Open Responses spec requires
+(`description` null when absent, `strict` true when absent: the answer follows the schema
+here whatever `strict` says, the schema being its grammar)."""
 
 from __future__ import annotations
 
@@ -39,6 +42,15 @@ def text_grammar(fmt: dict[str, Any] | None) -> str | None:
             400, f"Missing required parameter: '{FIELD}.schema'.", param=f"{FIELD}.schema"
         )
     return _compiled(lambda: g.json_schema_grammar(schema))
+
+
+def echoed_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
+    """`text.format` as the response object echoes it (module docstring)."""
+    if not fmt:
+        return {"type": "text"}
+    if fmt.get("type") != "json_schema":
+        return fmt
+    return {"description": None, **fmt, "strict": fmt.get("strict") is not False}
 
 
 def _compiled(build: Callable[[], str]) -> str:

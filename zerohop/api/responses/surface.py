@@ -66,7 +66,7 @@ from zerohop.api.http.asgi import (
 )
 from zerohop.api.http.send_times import with_send_times
 from zerohop.api.responses import compact
-from zerohop.api.responses.formats import text_grammar
+from zerohop.api.responses.formats import echoed_format, text_grammar
 from zerohop.api.responses.items import as_items, input_turns
 from zerohop.api.responses.listing import input_items_page, with_ids
 from zerohop.api.responses.response_encoder import Prepared, ResponseEncoder
@@ -267,7 +267,7 @@ class ResponsesSurface:
         """The response object before any output (`status` in_progress)."""
         request = ready.request
         text = request.text
-        fmt = text.format if text and text.format else {"type": "text"}
+        fmt = echoed_format(text.format if text else None)
         effort = request.reasoning.effort if request.reasoning else None
         summary = request.reasoning.summary if request.reasoning else None
         return {
