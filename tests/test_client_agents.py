@@ -24,6 +24,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.cutting_proxy import cutting_proxy
 from tests.fixtures.qwen3_template import QWEN3_THINKING_TEMPLATE
 from tests.live_server import (
     MODEL_NAME,
@@ -32,7 +33,12 @@ from tests.live_server import (
     started_together,
     with_chat_template,
 )
+from tests.test_client_pinning import question_for
+from zerohop.api.conversation.events import OutputReader
+from zerohop.api.conversation.reasoning import ReasoningParser
+from zerohop.api.generation.continued import thought_tokens
 from zerohop.client import ReplicaPool, http_client
+from zerohop.engine.text.tokenizer import Tokenizer
 
 STEP_DELAY = "0.01"  # seconds each engine sleeps after a step
 MAX_TOKENS = 192  # the random model writes a call in about 130
@@ -263,3 +269,95 @@ def test_responses_function_call_cut_by_sigkill_is_one_item(
     assert json.loads(arguments) == json.loads(whole.output[0].arguments)  # type: ignore[union-attr]
     assert final.response.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
     jsonschema.validate(json.loads(arguments), SCHEMA)
+
+
+def alive(fleet: list[LiveServer]) -> LiveServer:
+    """A replica the tests before left running (each kills one, the next restarts it)."""
+    return next(s for s in fleet if s.process is not None and s.process.poll() is None)
+
+
+def test_a_thought_cut_with_no_tokens_left_ends_as_the_replica_would(
+    fleet: list[LiveServer],
+) -> None:
+    server, asked = alive(fleet), {**THINKING, "max_tokens": 12}
+    # The thought ran to max_tokens and was signed: cut before the empty text block.
+    marker = b'event: content_block_start\ndata: {"type":"content_block_start","index":1'
+    with (
+        cutting_proxy(server.port, marker) as url,
+        ReplicaPool([url], health_interval=0.5) as pool,
+    ):
+        with claude(pool).messages.stream(**asked) as stream:
+            events = [e for e in stream if e.type in RAW]
+            final = stream.get_final_message()
+        assert pool.stats()[url]["resumes"] == 1
+    direct = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    with direct.messages.stream(**asked) as stream:
+        expected = [e for e in stream if e.type in RAW]
+        whole = stream.get_final_message()
+
+    def shape(events: list[Any]) -> list[tuple[str, Any]]:
+        return [(e.type, getattr(e, "index", None)) for e in events]
+
+    assert shape(events) == shape(expected)
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content == whole.content and final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == whole.usage.output_tokens == 12
+
+
+def test_reasoning_tokens_after_a_failover_count_the_first_replicas_thought(
+    fleet: list[LiveServer],
+) -> None:
+    server = alive(fleet)
+    # Cut mid-thought, after the caller has its first events (each with a sequence number).
+    with (
+        cutting_proxy(server.port, b'"sequence_number":12') as url,
+        ReplicaPool([url, server.url], health_interval=0.5) as pool,
+    ):
+        client = openai.OpenAI(
+            base_url="http://zerohop/v1", api_key="unused", max_retries=0,
+            http_client=http_client(pool=pool),
+        )  # fmt: skip
+        asked = {"model": MODEL_NAME, "input": question_for(pool, url), **GREEDY}
+        events = list(client.responses.create(**asked, max_output_tokens=48, stream=True))
+        assert pool.stats()[url]["resumes"] == 1
+    whole = openai.OpenAI(base_url=server.url + "/v1", api_key="unused").responses.create(
+        **asked, max_output_tokens=48
+    )
+    kinds = [e.type for e in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response." + whole.status
+    reasoning = [e for e in events if e.type == "response.reasoning_text.delta"]
+    assert len(reasoning) > 12, "the continuation went on with the thought"
+    usage, expected = events[-1].response.usage, whole.usage  # type: ignore[union-attr]
+    assert usage is not None and expected is not None
+    assert (usage.input_tokens, usage.output_tokens) == (
+        expected.input_tokens,
+        expected.output_tokens,
+    )
+    assert usage.input_tokens_details.cached_tokens <= usage.input_tokens
+    thought = expected.output_tokens_details.reasoning_tokens
+    assert usage.output_tokens_details.reasoning_tokens == thought > 0
+
+
+def uninterrupted_thought_tokens(tokenizer: Tokenizer, tokens: list[int]) -> int:
+    """The driver's count, one token a step: a token read while the thought is open."""
+    reader, text, counted = OutputReader(ReasoningParser(in_thought=True)), "", 0
+    for i in range(1, len(tokens) + 1):
+        counted += not reader.thought_ended
+        now = tokenizer.decode(tokens[:i]).rstrip("\ufffd")
+        reader.feed(now[len(text) :])
+        text = now
+    return counted
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["plan the trip</think>\n\nParis is nice.", "a</think>b", "still thinking </thi", "x" * 9],
+)
+def test_a_continued_thought_counts_as_an_uninterrupted_runs(tiny_model: Any, answer: str) -> None:
+    tokenizer = Tokenizer.from_dir(tiny_model("qwen3"))  # the fleet's model: built already
+    tokens = tokenizer.encode(answer, add_special_tokens=False)
+    counted = thought_tokens(
+        tokenizer.decode, tokens, lambda: OutputReader(ReasoningParser(in_thought=True))
+    )
+    assert counted == uninterrupted_thought_tokens(tokenizer, tokens)
+    assert (counted < len(tokens)) == ("</think>" in answer)

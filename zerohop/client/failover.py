@@ -10,7 +10,8 @@ event) continues on another replica from the token ids the caller already has (s
 `surfaces`), and the caller's stream goes on as if nothing happened.
 
 A request that builds on a thread or a stored response goes to the replica that answered
-that id, whose ids are learned from the answers as they pass (`pinning`).
+that id, whose ids are learned from the answers as they pass (`pinning`), the continuing
+replica's included: it keeps the answer under the id the caller holds (`surfaces`).
 """
 
 from __future__ import annotations
@@ -253,6 +254,9 @@ class _ResumingStream(httpx2.AsyncByteStream):
                 self.call.pool.release(replica)
             return False
         self.replica, self.upstream = replica, response
+        # The id the caller holds is kept there now (a continued response's, which the
+        # continuation carries; a thread turn's, started over there): learned from its events.
+        self.learning = self.call.learns
         return True
 
     def _learn(self, event: bytes) -> None:

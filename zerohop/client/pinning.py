@@ -8,7 +8,10 @@ answered each id it relays: a thread turn's message id (`message_start`'s, or a 
 answer's `id`) and a stored response's id (`response.created`'s, or a whole answer's), the
 last `remember` of them. A request that names one (`thread.previous_message_id`,
 `previous_response_id`, the `{id}` of `/v1/responses/{id}`, its `/cancel` and
-`/input_items`) goes to that replica while it is usable.
+`/input_items`) goes to that replica while it is usable. After a mid-stream failover the
+continuing replica's opening event is learned as well: it names the id the caller holds (a
+continued response is stored under the first replica's id; a thread turn that started over
+is the caller's under the new replica's id), so later requests go where it is kept.
 
 When that replica is down, or the id is not one this client relayed (another client's, or
 one forgotten), the request is placed as any other: a fleet sharing a PostgreSQL store

@@ -34,6 +34,8 @@ Decisions where the API leaves room:
   the interrupted request's, so zerohop.client does not resume a thread mid-stream: it
   fails over (starting the turn over) only before any text reached the caller, and after
   that ends the stream with the API's `overloaded_error` event (tests/test_client_threads.py).
+  It holds a thread turn's `message_start` back until the first text, so a turn started
+  over is the caller's under the id it is kept under (tests/test_client_ids.py).
   `return_token_ids` is accepted.
 - The store unreachable: a continue is the 404 (the client replays), a create's answer is
   sent and not kept. Threads are best-effort, as in the API.

@@ -13,6 +13,7 @@ from zerohop.api.compaction.summarize import Summary
 from zerohop.api.conversation.planner import Plan
 from zerohop.api.conversation.request import Conversation
 from zerohop.api.errors import ApiError
+from zerohop.api.generation.continued import continued_thought_tokens
 from zerohop.api.generation.driver import Generation
 from zerohop.api.generation.events import Admitted, Finish, Step, Usage
 from zerohop.api.openai.stream import PING
@@ -37,8 +38,9 @@ class Prepared:
     summary: Summary | None = None  # a compaction_trigger's: the response is `leading` only
 
 
-# A failed response's `error.code` (the API's codes), by the failure's HTTP status.
-_FAILED_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
+# A failed response's `error.code` (the API's codes), by the failure's HTTP status: a 5xx
+# is the server's `server_error` (zerohop.client fails over on it), any other the request's.
+_FAILED_CODES = {429: "rate_limit_exceeded"}
 
 
 class ResponseEncoder:
@@ -63,8 +65,11 @@ class ResponseEncoder:
         """Continue another replica's answer (`continue_token_ids`): the continued part's
         items are built, without events (the caller has them), so the stream goes on in the
         same item at the same output index (zerohop.client renames its ids to the first
-        replica's and drops this stream's `response.created` / `in_progress`)."""
+        replica's and drops this stream's `response.created` / `in_progress`). The continued
+        thought tokens count as reasoning tokens, as in an uninterrupted run (the client
+        counts the continued tokens as output, not input)."""
         self.items.feed(generation.resumed)
+        generation.usage.thought_tokens = continued_thought_tokens(generation)
 
     async def whole(self, generation: Generation) -> None:
         async for step in generation.steps():
@@ -133,7 +138,7 @@ class ResponseEncoder:
         self.body.update(
             status="failed",
             error={
-                "code": _FAILED_CODES.get(error.status, "server_error"),
+                "code": _failed_code(error.status),
                 "message": error.message,
             },
             output=self.items.items,
@@ -153,6 +158,10 @@ class ResponseEncoder:
 
     def _usage(self) -> dict[str, Any]:
         return usage_body(self.usage)
+
+
+def _failed_code(status: int) -> str:
+    return "server_error" if status >= 500 else _FAILED_CODES.get(status, "invalid_prompt")
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

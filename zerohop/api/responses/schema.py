@@ -11,6 +11,7 @@ added to the API later is skipped, not a 400.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from zerohop.api.errors import ApiError
@@ -20,6 +21,7 @@ from zerohop.api.openai.schema import decode
 TRUNCATIONS = ("auto", "disabled")
 PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's range: -2.0 to 2.0
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
 
 
 class Reasoning(NullMeansDefault):
@@ -66,6 +68,9 @@ class ResponsesRequest(NullMeansDefault):
     # with output carries its step's `token_ids`; a continuation resumes after the given ones.
     return_token_ids: bool = False
     continue_token_ids: list[int] | None = None
+    # The id the caller holds of the response a continuation goes on with (an empty
+    # `continue_token_ids`: starts over): stored under it (surface.py, `_claim`).
+    continue_response_id: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -82,6 +87,16 @@ class ResponsesRequest(NullMeansDefault):
                 raise _invalid(name, f"must be between -2.0 and 2.0, got {value}")
         if self.background and not self.store:
             raise _invalid("background", "background responses must be stored (store: true)")
+        self._check_continued_id()
+
+    def _check_continued_id(self) -> None:
+        wanted = self.continue_response_id
+        if wanted is None:
+            return
+        if self.continue_token_ids is None:
+            raise _invalid("continue_response_id", "only with continue_token_ids")
+        if not RESPONSE_ID.fullmatch(wanted):
+            raise _invalid("continue_response_id", "must be a response id (resp_...)")
 
 
 def decode_request(body: bytes) -> ResponsesRequest:

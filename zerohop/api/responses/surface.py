@@ -38,6 +38,14 @@ Decisions where the API leaves room:
   `GET` polls it and `cancel` stops it (on any replica sharing the store: the one running it
   sees the stored status at its next lease tick). `stream` with `background` streams as a
   foreground request does, and keeps it.
+- zerohop.client's failover continues a stream on another replica (`continue_token_ids`) and
+  names the id its caller holds (`continue_response_id`, accepted only with
+  `continue_token_ids`, in the form `resp_...`): the response is that id, and kept under it.
+  The id never replaces a kept response but a `failed` one of the same tenant (the stream
+  that failed over, kept by its replica): the tenant's other responses are a 400 naming
+  `continue_response_id`, before anything is generated; another tenant's id, which this
+  tenant cannot see, is refused by the store when the answer is kept (the answer is sent and
+  not kept, as when the store is unreachable).
 """
 
 from __future__ import annotations
@@ -124,6 +132,7 @@ class ResponsesSurface:
         assert request.model is not None
         self.ctx.check_model(request.model, call)
         ready = await self._prepare(request, call)
+        await self._claim(request, call)
         encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
         encoder.store = self.store if request.store else None
         if ready.summary is not None:
@@ -169,6 +178,7 @@ class ResponsesSurface:
         assert request.model is not None
         self.ctx.check_model(request.model, call)
         ready = await self._prepare(request, call, kept)
+        await self._claim(request, call)
         encoder = ResponseEncoder(ready, call, self._skeleton(ready, call))
         encoder.store = self.store if request.store else None
         headers = request_id_headers(call.request_id)
@@ -271,7 +281,7 @@ class ResponsesSurface:
         effort = request.reasoning.effort if request.reasoning else None
         summary = request.reasoning.summary if request.reasoning else None
         return {
-            "id": "resp_" + call.request_id.removeprefix("req_"),
+            "id": request.continue_response_id or "resp_" + call.request_id.removeprefix("req_"),
             "object": "response",
             "created_at": int(time.time()),
             "completed_at": None,  # set when it completes (response_encoder.py)
@@ -372,6 +382,22 @@ class ResponsesSurface:
         output, summary = await compact.compacted(self.ctx, call, ready.items, conv)
         body = compact.compaction_body(call, output, summary)
         await send_json(send, 200, body, request_id_headers(call.request_id))
+
+    async def _claim(self, request: ResponsesRequest, call: Call) -> None:
+        """A continuation's `continue_response_id` may be kept under: not one of the tenant's
+        kept responses but a `failed` one (module docstring)."""
+        wanted = request.continue_response_id
+        if wanted is None or self.store is None or not request.store:
+            return
+        try:
+            found = await self.store.get(call.identity.tenant.name, wanted, check=False)
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        if found.status != "failed":
+            message = f"continue_response_id: the response {wanted} is kept already"
+            raise ApiError(400, message, param="continue_response_id")
 
     async def _found(self, call: Call, response_id: str, param: str | None = None) -> Found:
         """The tenant's stored response; a key that may not use its model gets the 403."""
