@@ -43,6 +43,7 @@ HEADERS = tuple(
         "token_mask.h",
         "int16_rows.h",
         "panel_product.h",
+        "kquant.h",
     )
 )
 log = logging.getLogger("zerohop.kernels")

@@ -12,6 +12,7 @@
 
 #include "attention.h"
 #include "dense_gemm.h"
+#include "kquant.h"
 #include "panel_product.h"
 #include "pointwise.h"
 
@@ -22,16 +23,18 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 
 // One weight matrix as zerohop's kernels hold it: "dense" (dense_pack's panels of a float32,
 // float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m), "q8_0_panels" and "q4_1_panels"
-// (q8_0_pack's and q4_1_pack's: the products on AVX-512 VNNI).
+// (q8_0_pack's and q4_1_pack's: the products on AVX-512 VNNI), and the K-quants q4_k, q5_k,
+// q6_k and their "_panels" (kquant.h: six tensors each).
 class Product {
  public:
-  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels };
+  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
           c10::optional<torch::Tensor> bias, int64_t out_features = 0)
-      : kind_(parse(kind)), tensors_(std::move(tensors)), bias_(std::move(bias)),
+      : kind_(parse(kind)), name_(kind), tensors_(std::move(tensors)), bias_(std::move(bias)),
         out_features_(out_features) {
-    const size_t expected = kind_ == Kind::kDense                                   ? 1
+    const size_t expected = kind_ == Kind::kKQuant                                  ? 6
+                            : kind_ == Kind::kDense                                 ? 1
                             : kind_ == Kind::kQ8_0 || kind_ == Kind::kQ8_0Panels ? 2
                                                                                  : 3;
     TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
@@ -45,6 +48,7 @@ class Product {
       case Kind::kQ4_1: out = q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]); break;
       case Kind::kQ8_0Panels:
       case Kind::kQ4_1Panels: out = panel_linear(x); break;
+      case Kind::kKQuant: out = kquant::linear(name_, x, tensors_, out_features_); break;
     }
     if (bias_) out.add_(*bias_);
     return out;
@@ -68,11 +72,15 @@ class Product {
     if (kind == "q8_0") return Kind::kQ8_0;
     if (kind == "q8_0_panels") return Kind::kQ8_0Panels;
     if (kind == "q4_1_panels") return Kind::kQ4_1Panels;
+    if (kind.rfind("q4_k", 0) == 0 || kind.rfind("q5_k", 0) == 0 || kind.rfind("q6_k", 0) == 0) {
+      return Kind::kKQuant;
+    }
     TORCH_CHECK(kind == "q4_1", "unknown product kind ", kind);
     return Kind::kQ4_1;
   }
 
   Kind kind_;
+  std::string name_;
   std::vector<torch::Tensor> tensors_;
   c10::optional<torch::Tensor> bias_;
   int64_t out_features_;  // dense and panel kinds: N (their panels pad it to a multiple of 16)

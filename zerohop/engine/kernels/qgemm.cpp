@@ -33,6 +33,7 @@
 #include "attention.h"
 #include "decode_step.h"
 #include "dense_gemm.h"
+#include "kquant.h"
 #include "pointwise.h"
 #include "spin_pool.h"
 #include "token_mask.h"
@@ -594,6 +595,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q8_0_panel_linear", &zerohop::panels::q8_0_linear,
              "x @ W.T for q8_0 panels (q8_0_pack's), with out_features");
 #endif
+  module.def("kquant_linear", &zerohop::kquant::linear,
+             "x @ W.T for a K-quant kind (q4_k/q5_k/q6_k: six row-major tensors, the float"
+             " path) or its _panels (kquant.py's pack_panels; AVX-512 VNNI), with out_features");
   module.def("dense_pack", &zerohop::dense_pack,
              "a float32/float16/bfloat16 W [N, K] in the dense kernel's panels [N / 16, K, 16]");
   module.def("dense_linear", &zerohop::dense_linear,

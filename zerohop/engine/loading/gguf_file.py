@@ -1,9 +1,9 @@
 """GGUF files (llama.cpp's format): metadata, model config and dequantized weights.
 
 Read with the `gguf` package, llama.cpp's own reader, mapped copy-on-write. Q8_0, Q4_0 and
-Q4_1 matrices can stay in their blocks (`zerohop.engine.model.quant`) and F16/BF16 matrices at 16
-bits; other quantized tensors are dequantized on load (`gguf.quants.dequantize`) to float32
-and then to the engine's dtype.
+Q4_1 matrices can stay in their blocks (`zerohop.engine.model.quant`), Q4_K, Q5_K and Q6_K in
+theirs (`zerohop.engine.model.kquant`) and F16/BF16 matrices at 16 bits; other quantized tensors
+are dequantized on load (`gguf.quants.dequantize`) to float32 and then to the engine's dtype.
 Tensor names become the Hugging Face names the model code uses, and the converter's Q/K row
 permutation of `llama`-architecture files is undone as transformers does.
 """
@@ -21,6 +21,7 @@ import torch
 
 from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.model.config import ModelConfig, RopeConfig
+from zerohop.engine.model.kquant import GGUF_K_KINDS, from_gguf_kquant
 from zerohop.engine.model.quant import GGUF_KINDS, QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
 ARCHITECTURES = {
@@ -152,8 +153,8 @@ class GGUFFile:
 
     def tensors(self, keep_quantized: bool = False) -> dict[str, torch.Tensor | QuantizedWeight]:
         """Every weight under its Hugging Face name: dequantized, or with `keep_quantized`,
-        Q8_0/Q4_0/Q4_1 matrices kept in their blocks (`QuantizedWeight`) and F16/BF16 ones
-        at 16 bits."""
+        Q8_0/Q4_0/Q4_1 and K-quant matrices kept in their blocks (`QuantizedWeight`) and
+        F16/BF16 ones at 16 bits."""
         heads = self.arch_int("attention.head_count")
         kv_heads = self.arch_int("attention.head_count_kv", heads)
         out = {}
@@ -169,7 +170,7 @@ class GGUFFile:
 
     def _weight(self, tensor: Any, keep_quantized: bool) -> torch.Tensor | QuantizedWeight:
         kind = tensor.tensor_type.name
-        if keep_quantized and kind in GGUF_KINDS:
+        if keep_quantized and (kind in GGUF_KINDS or kind in GGUF_K_KINDS):
             return self._blocks(tensor)
         if keep_quantized and kind in SIXTEEN_BIT and len(tensor.shape) == 2:
             return _sixteen_bit(tensor.data, kind)
@@ -180,12 +181,14 @@ class GGUFFile:
             and weight.dim() == 2
             and weight.shape[1] % 32 == 0
         ):
-            return quantize_q8_0(weight)  # K-quants, Q5_*: 8 bits keep them close
+            return quantize_q8_0(weight)  # Q5_0, Q5_1: 8 bits keep them close
         return weight
 
     def _blocks(self, tensor: Any) -> QuantizedWeight:
         rows, cols = (int(n) for n in reversed(tensor.shape))
         try:
+            if tensor.tensor_type.name in GGUF_K_KINDS:
+                return from_gguf_kquant(tensor.data, tensor.tensor_type.name, (rows, cols))
             return from_gguf_blocks(tensor.data, tensor.tensor_type.name, (rows, cols))
         except (ValueError, TypeError) as exc:
             raise ModelLoadError(f"{self.path}: tensor '{tensor.name}' is damaged ({exc})") from exc

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from zerohop.engine.model.kquant import KQuantWeight, pack_panels
 from zerohop.engine.model.quant import QuantizedWeight
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -26,7 +28,9 @@ class KernelWeight:
     """A linear layer as zerohop's C++ kernels hold it, for the C++ decode step to run."""
 
     # "dense" (panels of W), "q8_0" (qs, scales), "q4_1" (qs, scales, mins), or where the
-    # kernels have AVX-512 VNNI "q8_0_panels" / "q4_1_panels" (q8_0_pack's / q4_1_pack's)
+    # kernels have AVX-512 VNNI "q8_0_panels" / "q4_1_panels" (q8_0_pack's / q4_1_pack's);
+    # K-quants "q4_k" / "q5_k" / "q6_k" (their six row-major tensors) or with VNNI
+    # "q4_k_panels" etc. (kquant.pack_panels')
     kind: str
     tensors: tuple[torch.Tensor, ...]
     bias: torch.Tensor | None
@@ -70,11 +74,17 @@ def make_plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear
     return linear
 
 
-def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) -> Linear:
-    """x @ W.T + bias straight from the blocks (float32 x on CPU); never a dequantized copy."""
+def make_quantized_linear(
+    weight: QuantizedWeight, bias: torch.Tensor | None, wide: bool | None = None
+) -> Linear:
+    """x @ W.T + bias straight from the blocks (float32 x on CPU); never a dequantized copy.
+    `wide`: the AVX-512 VNNI panels where the kernels have them (None) or not (False: the
+    float path, as on CPUs without them)."""
     from zerohop.engine import kernels
 
     ops = kernels.load()
+    if isinstance(weight, KQuantWeight):
+        return _kquant_linear(ops, weight, bias, ops.wide() if wide is None else wide)
     qs, scales, mins = weight.qs, weight.scales, weight.mins
     tensors: tuple[torch.Tensor | None, ...]
     kind, out_features = weight.kind, 0
@@ -98,6 +108,18 @@ def make_quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None) ->
     else:
         linear = lambda x: product(x.contiguous()).add_(bias)  # noqa: E731
     return _with_kernel_weight(linear, KernelWeight(kind, tensors, bias, out_features))
+
+
+def _kquant_linear(ops: Any, weight: KQuantWeight, bias: torch.Tensor | None, wide: bool) -> Linear:
+    kind = f"{weight.kind}_panels" if wide else weight.kind
+    tensors = pack_panels(weight) if wide else weight.kernel_tensors()
+    out_features = weight.shape[0]
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = ops.kquant_linear(kind, x.contiguous(), tensors, out_features)
+        return out if bias is None else out.add_(bias)
+
+    return _with_kernel_weight(linear, KernelWeight(kind, tuple(tensors), bias, out_features))
 
 
 def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:

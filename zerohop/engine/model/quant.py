@@ -58,7 +58,10 @@ class QuantizedWeight:
     @staticmethod
     def concat(weights: list[QuantizedWeight]) -> QuantizedWeight:
         """The matrices stacked along N (same kind and K)."""
-        first = weights[0]
+        return weights[0].stacked(weights)
+
+    def stacked(self, weights: list[QuantizedWeight]) -> QuantizedWeight:
+        first = self
         assert all(w.kind == first.kind and w.shape[1] == first.shape[1] for w in weights)
         rows = sum(w.shape[0] for w in weights)
         mins = None if first.mins is None else torch.cat([w.mins for w in weights])

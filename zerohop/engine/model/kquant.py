@@ -1,0 +1,206 @@
+"""llama.cpp's K-quants (Q4_K, Q5_K, Q6_K) kept compact in memory and multiplied as they are.
+
+Super-blocks of 256 weights along K, in sub-blocks of 32 (Q6_K: 16) with small integer scales:
+  q4_k: w = d * sc * q - dmin * m,   q 0..15, sc and m 6-bit per 32, fp16 d and dmin per 256
+  q5_k: the same with q 0..31 (a fifth bit from a separate plane)
+  q6_k: w = d * sc * (q - 32),        q 0..63, int8 sc per 16, fp16 d per 256
+A `KQuantWeight` holds, per row: the low nibbles as q4_1 does (`qs` [N, K / 2], in each block of
+32 element j low and j + 16 high), q5_k's fifth bits (`high` [N, K / 8], bit i of byte j is
+element 8j + i) or q6_k's top two (`high` [N, K / 4], bits 2i..2i+1 of byte j: element 4j + i),
+the sub-block scales (uint8 [N, K / 32]; q6_k int8 [N, K / 16]) and mins (uint8 [N, K / 32]),
+and d, dmin as float16 [N, K / 256]. Bytes per 256 weights, resident against the file's:
+q4_k 148 / 144 (+2.8%), q5_k 180 / 176 (+2.3%), q6_k 210 / 210 (the same). The panels the
+kernels multiply (`pack_panels`, kernels/kquant.h) hold the same bytes rearranged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from zerohop.engine.model.quant import QuantizedWeight
+
+SUPER = 256
+K_KINDS = ("q4_k", "q5_k", "q6_k")
+GGUF_K_KINDS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
+FILE_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}  # per 256 weights
+_NONE = torch.empty(0, dtype=torch.uint8)  # an absent part, for the kernels' fixed six tensors
+
+
+@dataclass(slots=True)
+class KQuantWeight(QuantizedWeight):
+    """One [N, K] K-quant matrix (see the module docstring); `scales` and `mins` are the
+    sub-blocks' integer scales and mins, `d` and `dmin` the super-blocks' float16 ones."""
+
+    high: torch.Tensor | None = None
+    d: torch.Tensor = _NONE
+    dmin: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in K_KINDS, self.kind
+        rows, cols = self.shape
+        assert cols % SUPER == 0, "K must be a multiple of 256"
+        assert tuple(self.qs.shape) == (rows, cols // 2)
+        assert tuple(self.d.shape) == (rows, cols // SUPER) and self.d.dtype == torch.float16
+        assert (self.high is None) == (self.kind == "q4_k")
+        assert (self.mins is None) == (self.dmin is None) == (self.kind == "q6_k")
+
+    @property
+    def parts(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.qs, self.high, self.scales, self.mins, self.d, self.dmin)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.parts if t is not None)
+
+    def with_parts(self, parts: list[torch.Tensor | None], rows: int) -> KQuantWeight:
+        qs, high, scales, mins, d, dmin = parts
+        assert qs is not None and scales is not None and d is not None
+        return KQuantWeight(self.kind, (rows, self.shape[1]), qs, scales, mins, high, d, dmin)
+
+    def stacked(self, weights: list[QuantizedWeight]) -> QuantizedWeight:
+        ks = [w for w in weights if isinstance(w, KQuantWeight)]
+        assert len(ks) == len(weights) and all(w.kind == self.kind for w in ks)
+        columns = zip(*(w.parts for w in ks), strict=True)
+        parts = [None if p[0] is None else torch.cat(list(p)) for p in columns]
+        return self.with_parts(parts, sum(w.shape[0] for w in ks))
+
+    def permute_rows(self, order: torch.Tensor) -> QuantizedWeight:
+        parts = [None if t is None else t.index_select(0, order).contiguous() for t in self.parts]
+        return self.with_parts(parts, self.shape[0])
+
+    def values(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The integers q [n, K] (uint8: q4_k 0..15, q5_k 0..31, q6_k 0..63)."""
+        pick = lambda t: t if rows is None else t.index_select(0, rows)  # noqa: E731
+        packed = pick(self.qs)
+        count = packed.shape[0]
+        blocks = packed.view(count, -1, 16)
+        q = torch.cat((blocks & 0x0F, blocks >> 4), dim=-1).reshape(count, -1)
+        if self.high is None:
+            return q
+        high = pick(self.high)
+        bits = 1 if self.kind == "q5_k" else 2
+        shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+        top = (high.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+        return q | (top.reshape(count, -1) << 4)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 matrix (as gguf.quants.dequantize computes it), or only `rows`."""
+        pick = lambda t: t if rows is None else t.index_select(0, rows)  # noqa: E731
+        q = self.values(rows).float()
+        count, cols = q.shape[0], self.shape[1]
+        d = pick(self.d).float()
+        sub = 16 if self.kind == "q6_k" else 32
+        per = SUPER // sub
+        scale = (d.repeat_interleave(per, dim=1) * pick(self.scales).float()).unsqueeze(-1)
+        q = q.view(count, cols // sub, sub)
+        if self.kind == "q6_k":
+            return (scale * (q - 32.0)).reshape(count, cols)
+        assert self.mins is not None and self.dmin is not None
+        dmin = pick(self.dmin).float().repeat_interleave(per, dim=1)
+        offset = (dmin * pick(self.mins).float()).unsqueeze(-1)
+        return (scale * q - offset).reshape(count, cols)
+
+    def kernel_tensors(self) -> list[torch.Tensor]:
+        """The six row-major tensors the kernels' fallback takes (absent ones empty)."""
+        return [_NONE if t is None else t for t in self.parts]
+
+
+def _scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes a super-block -> eight 6-bit scales and eight 6-bit mins."""
+    d, m, md = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
+    mins = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    return sc, mins
+
+
+def _low_nibbles(q: np.ndarray, rows: int) -> torch.Tensor:
+    """Integers [rows, K] -> q4_1-style nibbles [rows, K / 2]."""
+    blocks = q.reshape(rows, -1, 2, 16) & 0x0F
+    return torch.from_numpy((blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, -1))
+
+
+def _planes(top: np.ndarray, rows: int, bits: int) -> torch.Tensor:
+    """Top bits [rows, K] -> `bits`-bit fields packed into bytes, element order."""
+    fields = top.reshape(rows, -1, 8 // bits).astype(np.uint8)
+    shifts = np.arange(0, 8, bits, dtype=np.uint8)
+    packed = np.bitwise_or.reduce(fields << shifts, axis=-1).astype(np.uint8)
+    return torch.from_numpy(packed.reshape(rows, -1))
+
+
+def from_gguf_kquant(raw: np.ndarray, gguf_type: str, shape: tuple[int, int]) -> KQuantWeight:
+    """A GGUF Q4_K/Q5_K/Q6_K tensor's raw bytes (rows of super-blocks) as a KQuantWeight."""
+    kind = GGUF_K_KINDS[gguf_type]
+    rows, cols = shape
+    supers = cols // SUPER
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows * supers, FILE_BYTES[kind])
+    f16 = lambda b: torch.from_numpy(b.copy().view(np.float16).reshape(rows, supers))  # noqa: E731
+    if kind == "q6_k":
+        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 256)
+        top = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+        scales = torch.from_numpy(blocks[:, 192:208].copy().view(np.int8).reshape(rows, -1))
+        return KQuantWeight(
+            kind, shape, _low_nibbles(low, rows), scales, None,
+            _planes(top.reshape(-1, 256), rows, 2), f16(blocks[:, 208:210]), None,
+        )  # fmt: skip
+    sc, mins = _scale_min(blocks[:, 4:16])
+    qs = blocks[:, -128:].reshape(-1, 4, 1, 32)
+    low = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 256)
+    high = None
+    if kind == "q5_k":
+        qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+        high = _planes((qh & 1).reshape(-1, 256), rows, 1)
+    return KQuantWeight(
+        kind, shape, _low_nibbles(low, rows), torch.from_numpy(sc.reshape(rows, -1).copy()),
+        torch.from_numpy(mins.reshape(rows, -1).copy()), high, f16(blocks[:, 0:2]),
+        f16(blocks[:, 2:4]),
+    )  # fmt: skip
+
+
+def pack_panels(weight: KQuantWeight) -> list[torch.Tensor]:
+    """The weight in the kernels' panels of 16 rows (kernels/kquant.h), P = ceil(N / 16):
+    nibbles [P, blocks, 8, 32] as q4_1's panels; q5_k's fifth bits [P, blocks, 2, 32] (byte t
+    of plane g / 4: bit 2 (g % 4) the first pair of group g, the next bit its second); q6_k's
+    top bits [P, blocks, 4, 32] (plane g / 2: bits 4 (g % 2) the first, + 2 the second); scales
+    [P, blocks, 16] (q6_k [P, blocks, 2, 16] int8, the two halves), mins [P, blocks, 16],
+    d and dmin [P, supers, 16] float16. Missing rows are zero."""
+    rows, cols = weight.shape
+    panels = (rows + 15) // 16
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, panels * 16 - rows))  # noqa: E731
+    by_panel = lambda t: pad(t).view(panels, 16, -1).transpose(1, 2).contiguous()  # noqa: E731
+    blocks = cols // 32
+    q = pad(weight.values()).view(panels, 16, blocks, 16, 2).permute(0, 2, 3, 1, 4)
+    q = q.reshape(panels, blocks, 8, 2, 32)
+    low = q & 0x0F
+    out = [(low[:, :, :, 0] | (low[:, :, :, 1] << 4)).contiguous()]
+    top = q >> 4
+    if weight.kind == "q5_k":
+        fields = (
+            top.reshape(panels, blocks, 2, 8, 32) << torch.arange(8, dtype=torch.uint8)[:, None]
+        )
+        out.append(_or_fields(fields))
+    elif weight.kind == "q6_k":
+        shifts = torch.arange(0, 8, 2, dtype=torch.uint8)[:, None]
+        out.append(_or_fields(top.reshape(panels, blocks, 4, 4, 32) << shifts))
+    else:
+        out.append(_NONE)
+    if weight.kind == "q6_k":
+        out.append(by_panel(weight.scales).view(panels, blocks, 2, 16))
+        out.append(_NONE)
+    else:
+        assert weight.mins is not None
+        out += [by_panel(weight.scales), by_panel(weight.mins)]
+    out.append(by_panel(weight.d))
+    out.append(_NONE if weight.dmin is None else by_panel(weight.dmin))
+    return out
+
+
+def _or_fields(fields: torch.Tensor) -> torch.Tensor:
+    """[..., F, 32] bit fields, each already shifted to its place, OR-ed into [..., 32]."""
+    out = fields[..., 0, :].clone()
+    for i in range(1, fields.shape[-2]):
+        out |= fields[..., i, :]
+    return out.contiguous()
