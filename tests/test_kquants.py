@@ -20,7 +20,14 @@ from tests.fixtures.tiny_gguf import K_QUANT_OVERRIDES, load_hf_gguf, quantize, 
 from tests.fixtures.tiny_models import BOS_ID, build_tiny_model
 from zerohop import LLM, SamplingParams
 from zerohop.engine import kernels
-from zerohop.engine.model.kquant import FILE_BYTES, KQuantWeight, from_gguf_kquant
+from zerohop.engine.model.kquant import (
+    FILE_BYTES,
+    KPanelRows,
+    KQuantWeight,
+    from_gguf_kquant,
+    pack_panels,
+    tied_panel_rows,
+)
 from zerohop.engine.model.linear import kernel_weight, make_quantized_linear
 from zerohop.engine.model.quant import QuantizedWeight
 
@@ -102,6 +109,15 @@ def test_a_rows_product_does_not_depend_on_its_batch(qtype: str) -> None:
                 assert torch.equal(together[row], alone[row]), (wide, count, row)
 
 
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_rows_read_from_panels_equal_the_blocks_rows(qtype: str) -> None:
+    # A tied embedding looked up from its output layer's panels: the same float32 rows.
+    _, weight = k_weight(40, 512, qtype)
+    rows = tied_panel_rows(weight, f"{weight.kind}_panels", tuple(pack_panels(weight)))
+    ids = torch.tensor([0, 39, 7, 15, 16, 3, 7])
+    assert torch.equal(rows.dequantize(ids), weight.dequantize(ids))
+
+
 def test_kernels_refuse_what_does_not_match() -> None:
     ops = kernels.load()
     _, weight = k_weight(16, 512, "Q4_K")
@@ -165,3 +181,44 @@ def test_engine_runs_the_file_in_its_kinds(k_file: Path) -> None:
             row = want[len(prompt) - 1 + step]
             assert int(row.argmax()) == out.token_ids[step], (prompt, step)
             assert max(abs(lp - float(row[t])) for t, lp in got.items()) < 5e-3, (prompt, step)
+
+
+def test_tokens_do_not_depend_on_batch_chunks_or_cache(k_file: Path) -> None:
+    # The same prompts alone, together, chunked into 16-token steps and from the prefix cache:
+    # the same tokens and the same logprobs to the bit (decode rows in the C++ step, prompt
+    # rows in the Python pass, both from the K-quant panels).
+    rng = np.random.default_rng(3)
+    shared = rng.integers(4, 512, size=40).tolist()
+    batch = [[BOS_ID, *shared[: n % 2 * 40], *rng.integers(4, 512, size=n).tolist()]
+             for n in (3, 9, 20, 31, 44)]  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3, ignore_eos=True)
+
+    def run(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list]]:
+        return [(out.token_ids, out.logprobs) for out in llm.generate(prompts, params)]
+
+    plain = LLM(str(k_file), num_kv_blocks=128, enable_prefix_caching=False)
+    alone = [run(plain, [prompt])[0] for prompt in batch]
+    assert run(plain, batch) == alone
+    chunked = LLM(str(k_file), num_kv_blocks=128, max_num_batched_tokens=16)
+    assert run(chunked, batch) == alone
+    assert run(chunked, batch) == alone  # now with the shared prefixes cached
+
+
+def test_tied_embedding_is_read_from_the_output_panels(tmp_path: Path) -> None:
+    overrides = {**K_QUANT_OVERRIDES["llama"], "tie_word_embeddings": True}
+    folder = build_tiny_model(tmp_path / "llama", "llama", **overrides)
+    (tmp_path / "file").mkdir()
+    path = write_gguf(folder, tmp_path / "file" / "tiny-tied-Q4_K.gguf", "Q4_K")
+    llm = LLM(str(path), num_kv_blocks=64)
+    model = llm.engine.model
+    if kernels.load().wide():  # held once, as the output layer's panels
+        assert isinstance(model.embed_tokens, KPanelRows)
+    hf = load_hf_gguf(path)
+    prompt = [BOS_ID, *np.random.default_rng(5).integers(4, 512, size=12).tolist()]
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=5, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids])).logits[0], dim=-1)
+    for step, got in enumerate(out.logprobs):
+        row = want[len(prompt) - 1 + step]
+        assert max(abs(lp - float(row[t])) for t, lp in got.items()) < 5e-3, step

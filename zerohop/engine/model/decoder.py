@@ -20,6 +20,7 @@ from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_attention
 from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.fused import FusedOps
+from zerohop.engine.model.kquant import KQuantWeight, tied_panel_rows
 from zerohop.engine.model.linear import (
     Linear,
     kernel_weight,
@@ -65,6 +66,8 @@ def _lookup_from_panels(
     packed = kernel_weight(lm_head)
     if not isinstance(embedding, QuantizedWeight) or packed is None:
         return embedding
+    if isinstance(embedding, KQuantWeight) and packed.kind == f"{embedding.kind}_panels":
+        return tied_panel_rows(embedding, packed.kind, packed.tensors)
     if packed.kind != "q8_0_panels" or packed.bias is not None:
         return embedding
     qs, scales = packed.tensors

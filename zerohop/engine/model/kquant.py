@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zerohop.engine.model.quant import QuantizedWeight
+from zerohop.engine.model.quant import PanelRows, QuantizedWeight
 
 SUPER = 256
 K_KINDS = ("q4_k", "q5_k", "q6_k")
@@ -88,24 +88,76 @@ class KQuantWeight(QuantizedWeight):
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 matrix (as gguf.quants.dequantize computes it), or only `rows`."""
-        pick = lambda t: t if rows is None else t.index_select(0, rows)  # noqa: E731
-        q = self.values(rows).float()
-        count, cols = q.shape[0], self.shape[1]
-        d = pick(self.d).float()
-        sub = 16 if self.kind == "q6_k" else 32
-        per = SUPER // sub
-        scale = (d.repeat_interleave(per, dim=1) * pick(self.scales).float()).unsqueeze(-1)
-        q = q.view(count, cols // sub, sub)
-        if self.kind == "q6_k":
-            return (scale * (q - 32.0)).reshape(count, cols)
-        assert self.mins is not None and self.dmin is not None
-        dmin = pick(self.dmin).float().repeat_interleave(per, dim=1)
-        offset = (dmin * pick(self.mins).float()).unsqueeze(-1)
-        return (scale * q - offset).reshape(count, cols)
+        pick = lambda t: None if t is None or rows is None else t.index_select(0, rows)  # noqa: E731
+        if rows is None:
+            return _floats(self.kind, self.values(), self.scales, self.mins, self.d, self.dmin)
+        parts = (self.scales, self.mins, self.d, self.dmin)
+        return _floats(self.kind, self.values(rows), *(pick(t) for t in parts))
 
     def kernel_tensors(self) -> list[torch.Tensor]:
         """The six row-major tensors the kernels' fallback takes (absent ones empty)."""
         return [_NONE if t is None else t for t in self.parts]
+
+
+def _floats(
+    kind: str,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    d: torch.Tensor,
+    dmin: torch.Tensor | None,
+) -> torch.Tensor:
+    """Rows of integers q [n, K] with their scales as float32 weights [n, K]."""
+    count, cols = q.shape
+    sub = 16 if kind == "q6_k" else 32
+    per = SUPER // sub
+    scale = (d.float().repeat_interleave(per, dim=1) * scales.float()).unsqueeze(-1)
+    values = q.float().view(count, cols // sub, sub)
+    if kind == "q6_k":
+        return (scale * (values - 32.0)).reshape(count, cols)
+    assert mins is not None and dmin is not None
+    offset = (dmin.float().repeat_interleave(per, dim=1) * mins.float()).unsqueeze(-1)
+    return (scale * values - offset).reshape(count, cols)
+
+
+@dataclass(slots=True)
+class KPanelRows(PanelRows):
+    """A K-quant matrix held only as the kernels' panels (`pack_panels`' six tensors), read a
+    row at a time: a tied embedding looked up from its output layer's weights."""
+
+    kind: str = "q4_k"
+    panels: tuple[torch.Tensor, ...] = ()
+
+    def dequantize(self, rows: torch.Tensor) -> torch.Tensor:
+        panel, lane = rows // 16, rows % 16
+        count, (q, high, scales, mins, d, dmin) = rows.shape[0], self.panels
+        blocks = q.shape[1]
+        # q's byte [.., g, 2i + c] holds columns 4g + c (low nibble) and 4g + 2 + c (high).
+        bytes_ = q[panel].view(count, blocks, 8, 16, 2)[torch.arange(count), :, :, lane]
+        values = torch.stack((bytes_ & 0x0F, bytes_ >> 4), dim=-2)  # [n, blocks, 8, 2, 2]
+        if self.kind != "q4_k":
+            planes = high[panel].view(count, blocks, -1, 16, 2)[torch.arange(count), :, :, lane]
+            bits = 1 if self.kind == "q5_k" else 2
+            shifts = torch.arange(0, 8, bits, dtype=torch.uint8).view(1, 1, 8 // bits, 1, 1)
+            # Field f of plane j: group g = j * (8 // bits // 2) + f // 2, its pair f % 2.
+            top = (planes.unsqueeze(2) >> shifts) & ((1 << bits) - 1)  # [n, blocks, f, j, c]
+            top = top.permute(0, 1, 3, 2, 4).reshape(count, blocks, 8, 2, 2)
+            values = values | (top << 4)
+        lanes = lambda t: t[panel, ..., lane]  # noqa: E731  # [n, ...] of a [P, ..., 16]
+        sc = lanes(scales).reshape(count, -1)
+        return _floats(
+            self.kind, values.reshape(count, -1), sc,
+            None if self.kind == "q6_k" else lanes(mins), lanes(d),
+            None if self.kind == "q6_k" else lanes(dmin),
+        )  # fmt: skip
+
+
+def tied_panel_rows(
+    weight: KQuantWeight, kind: str, panels: tuple[torch.Tensor, ...]
+) -> KPanelRows:
+    """`weight`, a tied embedding, read from its output layer's panels (kind "<k>_panels")."""
+    assert kind == f"{weight.kind}_panels"
+    return KPanelRows(weight.shape, panels[0], panels[2], weight.kind, panels)
 
 
 def _scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
