@@ -463,9 +463,9 @@ BROKEN_FOLDERS = {
     "rope_type": (
         lambda f: edit_json(
             f / "config.json",
-            rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
+            rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4},
         ),
-        "yarn",
+        "dynamic",
     ),
     "missing-field": (
         lambda f: edit_json(f / "config.json", hidden_size=None),

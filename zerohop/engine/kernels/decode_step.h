@@ -107,8 +107,8 @@ class DecodeStep {
                        std::move(v_cache)});
   }
 
-  // hidden: [B, H] embedded tokens (updated in place); cos/sin: [B, D]; one new token per
-  // sequence, written to slot_mapping; returns logits [len(logits_rows), vocab].
+  // hidden: [B, H] embedded tokens (updated in place); cos/sin: [B, R] (R <= D); one new token
+  // per sequence, written to slot_mapping; returns logits [len(logits_rows), vocab].
   torch::Tensor run(torch::Tensor hidden, torch::Tensor cos, torch::Tensor sin,
                     torch::Tensor slot_mapping, torch::Tensor key_slots,
                     torch::Tensor context_lens, torch::Tensor logits_rows) {
@@ -124,8 +124,9 @@ class DecodeStep {
       const torch::Tensor k = qkv.narrow(1, q_dim, kv_dim).view({batch, kv_heads_, head_dim_});
       const torch::Tensor v =
           qkv.narrow(1, q_dim + kv_dim, kv_dim).view({batch, kv_heads_, head_dim_});
-      rotate(q, cos, sin);
-      rotate(k, cos, sin);
+      // A partial rotary (Phi-3): cos/sin cover only the leading dims that turn.
+      rotate(q.narrow(2, 0, cos.size(1)), cos, sin);
+      rotate(k.narrow(2, 0, cos.size(1)), cos, sin);
       write_kv(k, v, layer.k_cache, layer.v_cache, slot_mapping);
       decode_attention(q, layer.k_cache, layer.v_cache, key_slots, context_lens, scale_,
                        attended);

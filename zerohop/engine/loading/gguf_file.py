@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from zerohop.engine.base.errors import ModelLoadError
-from zerohop.engine.model.config import ModelConfig, RopeConfig
+from zerohop.engine.model.config import ModelConfig, RopeConfig, yarn_attention_factor
 from zerohop.engine.model.kquant import GGUF_K_KINDS, from_gguf_kquant
 from zerohop.engine.model.quant import GGUF_KINDS, QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
@@ -46,6 +47,7 @@ _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3: q, k and v fused
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
@@ -103,12 +105,6 @@ class GGUFFile:
         hidden = self.arch_int("embedding_length")
         heads = self.arch_int("attention.head_count")
         head_dim = self.arch_int("attention.key_length", hidden // heads)
-        rotary = self.arch_int("rope.dimension_count", head_dim)
-        if rotary != head_dim:
-            raise ModelLoadError(
-                f"{self.path}: field '{arch}.rope.dimension_count' = {rotary} (partial rotary)"
-                f" is not supported; head size is {head_dim}"
-            )
         embed = self._tensor("token_embd.weight")
         return ModelConfig(
             architecture=ARCHITECTURES[arch],
@@ -121,7 +117,7 @@ class GGUFFile:
             vocab_size=int(embed.shape[1]),
             max_position_embeddings=self.arch_int("context_length", 2048),
             rms_norm_eps=float(self.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope=self._rope(),
+            rope=self._rope(head_dim),
             tie_word_embeddings="output.weight" not in self._tensors,
             attention_bias="blk.0.attn_q.bias" in self._tensors,
             qk_norm="blk.0.attn_q_norm.weight" in self._tensors,
@@ -129,20 +125,43 @@ class GGUFFile:
             torch_dtype=None,
         )
 
-    def _rope(self) -> RopeConfig:
+    def _rope(self, head_dim: int) -> RopeConfig:
         arch = self.architecture
         rope = RopeConfig(theta=float(self.get(f"{arch}.rope.freq_base", 10000.0)))
+        rotary = self.arch_int("rope.dimension_count", head_dim)
+        if rotary != head_dim and arch != "phi3":
+            raise ModelLoadError(
+                f"{self.path}: field '{arch}.rope.dimension_count' = {rotary} (partial rotary)"
+                f" is not supported; head size is {head_dim}"
+            )
+        rope.rotary_dim = rotary if rotary != head_dim else None
         scaling = self.get(f"{arch}.rope.scaling.type", "none")
         if scaling == "linear":
             rope.type, rope.factor = "linear", float(self.require(f"{arch}.rope.scaling.factor"))
+        elif scaling == "yarn":
+            self._yarn(rope)
         elif scaling != "none":
             raise ModelLoadError(
                 f"{self.path}: field '{arch}.rope.scaling.type' = {scaling!r} is not supported;"
-                " supported: none, linear"
+                " supported: none, linear, yarn"
             )
         if ROPE_FREQS in self._tensors:
             rope.freq_factors = tuple(self._dequantize(self._tensor(ROPE_FREQS)).tolist())
         return rope
+
+    def _yarn(self, rope: RopeConfig) -> None:
+        """YaRN as llama.cpp reads it: cos/sin scaled by 0.1 * ln(factor) + 1 (over its
+        `yarn_log_multiplier` twin where that is set), times `rope.scaling.attn_factor`."""
+        key = f"{self.architecture}.rope.scaling."
+        rope.type, rope.factor = "yarn", float(self.require(key + "factor"))
+        rope.original_max_position_embeddings = self.arch_int(
+            "rope.scaling.original_context_length", self.arch_int("context_length", 2048)
+        )
+        log_mul = float(self.get(key + "yarn_log_multiplier", 0.0))
+        mscale = yarn_attention_factor(rope.factor, None, 1.0, log_mul or None)
+        rope.attention_factor = mscale * float(self.get(key + "attn_factor", 1.0))
+        rope.beta_fast = float(self.get(key + "yarn_beta_fast", 32.0))
+        rope.beta_slow = float(self.get(key + "yarn_beta_slow", 1.0))
 
     def eos_token_ids(self) -> list[int]:
         keys = ("eos_token_id", "eot_token_id", "eom_token_id")
@@ -165,6 +184,8 @@ class GGUFFile:
                 weight = unpermute_rows(weight, heads)
             elif self.architecture == "llama" and ".attn_k." in name:
                 weight = unpermute_rows(weight, kv_heads)
+            if self.architecture == "phi3" and hf_name.endswith(".mlp.up_proj.weight"):
+                hf_name = hf_name.replace(".up_proj.", ".gate_up_proj.")  # gate and up fused
             out[hf_name] = weight
         return out
 

@@ -4,6 +4,7 @@ for the architectures the decoder implements."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,11 @@ from zerohop.engine.base.errors import ModelLoadError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -31,6 +33,11 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs`: divisors per frequency
+    attention_factor: float = 1.0  # cos and sin are scaled by it (YaRN's mscale)
+    beta_fast: float = 32.0  # YaRN's ramp: dims rotating faster than this keep their frequency
+    beta_slow: float = 1.0  # ... and slower than this are interpolated by `factor`
+    truncate: bool = True  # YaRN's correction range rounded outward to whole dims
+    rotary_dim: int | None = None  # rotate only this many leading dims of a head (Phi-3)
 
 
 @dataclass(slots=True)
@@ -130,14 +137,14 @@ def _reject_unsupported(raw: dict[str, Any], source: str) -> None:
                 f"{source}: field 'sliding_window' = {window} (below max_position_embeddings"
                 f" {max_pos}) is not supported"
             )
-    if raw.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ModelLoadError(f"{source}: field 'partial_rotary_factor' is not supported")
 
 
 def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
     # transformers 5 writes `rope_parameters`; older versions `rope_theta` + `rope_scaling`.
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type in ("su", "yarn") and "Phi3ForCausalLM" in (raw.get("architectures") or []):
+        rope_type = "longrope"  # what transformers' Phi3Config makes of them
     if rope_type not in SUPPORTED_ROPE_TYPES:
         field_name = "rope_parameters" if "rope_parameters" in raw else "rope_scaling"
         raise ModelLoadError(
@@ -146,10 +153,63 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
         )
     rope = RopeConfig(theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))))
     rope.type = rope_type
-    if rope_type != "default":
+    rope.rotary_dim = _rotary_dim(raw, params, source)
+    if rope_type in ("linear", "llama3"):
         rope.factor = float(params["factor"])
+    if rope_type == "yarn":
+        _read_yarn(rope, raw, params)
     if rope_type == "llama3":
         rope.low_freq_factor = float(params["low_freq_factor"])
         rope.high_freq_factor = float(params["high_freq_factor"])
         rope.original_max_position_embeddings = int(params["original_max_position_embeddings"])
     return rope
+
+
+def _rotary_dim(raw: dict[str, Any], params: dict[str, Any], source: str) -> int | None:
+    """How many leading dims of each head RoPE rotates, where less than the head
+    (transformers 5 keeps `partial_rotary_factor` in the rope parameters)."""
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial == 1.0:
+        return None
+    if "Phi3ForCausalLM" not in (raw.get("architectures") or []):
+        raise ModelLoadError(f"{source}: field 'partial_rotary_factor' is not supported")
+    heads = raw.get("num_attention_heads") or 1
+    head_dim = raw.get("head_dim") or raw.get("hidden_size", 0) // heads
+    return int(head_dim * partial)
+
+
+def _read_yarn(rope: RopeConfig, raw: dict[str, Any], params: dict[str, Any]) -> None:
+    """YaRN's parameters as transformers' `_compute_yarn_parameters` reads them."""
+    max_pos = raw.get("max_position_embeddings", 2048)
+    # A top-level `original_max_position_embeddings` wins, as transformers' standardizing does.
+    original = raw.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings", max_pos
+    )
+    factor = params.get("factor")
+    rope.factor = float(max_pos / original if factor is None else factor)
+    rope.original_max_position_embeddings = int(original)
+    rope.attention_factor = yarn_attention_factor(
+        rope.factor,
+        params.get("attention_factor"),
+        params.get("mscale"),
+        params.get("mscale_all_dim"),
+    )
+    rope.beta_fast = float(params.get("beta_fast") or 32)
+    rope.beta_slow = float(params.get("beta_slow") or 1)
+    rope.truncate = bool(params.get("truncate", True))
+
+
+def yarn_attention_factor(
+    factor: float, given: float | None, mscale: float | None, mscale_all_dim: float | None
+) -> float:
+    """cos/sin's scale: the given one, else 0.1 * ln(factor) + 1 (over its mscale_all_dim twin
+    where both mscales are set, as DeepSeek's configs do)."""
+    if given is not None:
+        return float(given)
+    if mscale and mscale_all_dim:
+        return _mscale(factor, mscale) / _mscale(factor, mscale_all_dim)
+    return _mscale(factor, 1.0)
+
+
+def _mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

@@ -1,7 +1,9 @@
-"""Rotary position embeddings with the default, `linear` and `llama3` frequency schemes.
+"""Rotary position embeddings with the default, `linear`, `llama3` and `yarn` frequency schemes.
 
 Computed the way transformers computes them (float32 inverse frequencies, cos/sin of the
-outer product, `rotate_half` layout), so logits match Hugging Face bit for bit.
+outer product times the attention factor, `rotate_half` layout), so logits match Hugging Face
+bit for bit. With a partial rotary (Phi-3's `partial_rotary_factor`) the tables cover only the
+rotated leading dims of each head; the rest pass through.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
         return inv_freq / rope.factor
     if rope.type == "llama3":
         return _llama3_frequencies(inv_freq, rope)
+    if rope.type == "yarn":
+        return _yarn_frequencies(head_dim, rope)
     return inv_freq
 
 
@@ -40,8 +44,33 @@ def _llama3_frequencies(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tenso
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_frequencies(dim: int, rope: RopeConfig) -> torch.Tensor:
+    """transformers' `_compute_yarn_parameters`: fast dims keep their frequency, slow ones are
+    divided by `factor`, with a linear ramp between beta_fast and beta_slow rotations."""
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolated = 1.0 / pos_freqs
+    interpolated = 1.0 / (rope.factor * pos_freqs)
+    low, high = _yarn_correction_range(dim, rope)
+    if low == high:
+        high += 0.001  # no division by zero
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolated * (1 - keep) + extrapolated * keep
+
+
+def _yarn_correction_range(dim: int, rope: RopeConfig) -> tuple[float, float]:
+    def correction_dim(rotations: float) -> float:
+        length = rope.original_max_position_embeddings
+        return (dim * math.log(length / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
 class RotaryEmbedding:
-    """A cos/sin table for every position, indexed per token at run time."""
+    """A cos/sin table for every position, indexed per token at run time: [P, rotary_dim]."""
 
     def __init__(
         self,
@@ -51,12 +80,13 @@ class RotaryEmbedding:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        inv_freq = inverse_frequencies(head_dim, rope)
+        self.rotary_dim = rope.rotary_dim or head_dim
+        inv_freq = inverse_frequencies(self.rotary_dim, rope)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(dtype=dtype, device=device)
-        self.sin = emb.sin().to(dtype=dtype, device=device)
+        self.cos = (emb.cos() * rope.attention_factor).to(dtype=dtype, device=device)
+        self.sin = (emb.sin() * rope.attention_factor).to(dtype=dtype, device=device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, [T, 1, D]: once per step, shared by every layer."""
@@ -68,8 +98,17 @@ class RotaryEmbedding:
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, H, D], k: [T, Hkv, D], cos/sin from `RotaryEmbedding.lookup`."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    """q: [T, H, D], k: [T, Hkv, D], cos/sin from `RotaryEmbedding.lookup` ([T, 1, R]): the
+    first R dims of each head rotated, the rest as they are."""
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :rotary], x[..., rotary:]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
