@@ -28,7 +28,7 @@ from zerohop.engine.model.kquant import (
     pack_panels,
     tied_panel_rows,
 )
-from zerohop.engine.model.linear import kernel_weight, make_quantized_linear
+from zerohop.engine.model.linear import KernelWeight, kernel_weight, make_quantized_linear
 from zerohop.engine.model.quant import QuantizedWeight
 
 QT = gguf.GGMLQuantizationType
@@ -49,9 +49,15 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def held_bytes(linear: object) -> int:
-    weight = kernel_weight(linear)  # type: ignore[arg-type]
+    weight = linear if isinstance(linear, KernelWeight) else kernel_weight(linear)  # type: ignore[arg-type]
     assert weight is not None
     return sum(t.numel() * t.element_size() for t in weight.tensors)
+
+
+def held_parts(linear: object) -> tuple[KernelWeight, ...]:
+    weight = kernel_weight(linear)  # type: ignore[arg-type]
+    assert weight is not None
+    return weight.parts
 
 
 def paths() -> list[bool]:
@@ -133,9 +139,8 @@ def test_kernels_refuse_what_does_not_match() -> None:
 # A tiny llama GGUF in K-quants: loaded in its kinds, against transformers on the same file
 # ------------------------------------------------------------------------------------------
 
-# As Q4_K_M mixes them, but attn_v: a Q6_K v beside Q4_K q and k makes a mixed qkv product,
-# which the C++ decode step leaves to the Python pass.
-MIXED = {r"^output\.": "Q6_K", r"ffn_down": "Q6_K"}
+# As Q4_K_M mixes them: a Q6_K v beside Q4_K q and k makes qkv a "stack" of two kinds.
+MIXED = {r"^output\.": "Q6_K", r"ffn_down": "Q6_K", r"attn_v": "Q6_K"}
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +159,8 @@ def test_engine_runs_the_file_in_its_kinds(k_file: Path) -> None:
     linears = [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj, model.lm_head]
     held = [kernel_weight(linear) for linear in linears]
     kinds = [w.kind if w is not None else None for w in held]
+    assert kinds[0] == "stack"
+    assert held[0] is not None and [p.kind for p in held[0].parts] == kinds[1:2] * 2 + kinds[3:4]
     assert kinds[1] == kinds[2] == "q4_k" + suffix and kinds[3] == kinds[4] == "q6_k" + suffix
     assert isinstance(model.embed_tokens, KQuantWeight)
     assert llm.engine.runner.decode_step is not None  # the C++ step runs the kinds too
@@ -164,8 +171,9 @@ def test_engine_runs_the_file_in_its_kinds(k_file: Path) -> None:
     products = [model.lm_head] + [
         getattr(lay, name)
         for lay in model.layers
-        for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        for name in ("o_proj", "gate_up_proj", "down_proj")
     ]
+    products += [part for lay in model.layers for part in held_parts(lay.qkv_proj)]
     resident = model.embed_tokens.nbytes + sum(held_bytes(linear) for linear in products)
     assert file_bytes < resident <= 1.05 * file_bytes
     # Logits within tolerance of transformers on the same file (dequantized), prompt and decode.

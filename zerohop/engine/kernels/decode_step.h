@@ -27,13 +27,14 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 // q6_k and their "_panels" (kquant.h: six tensors each).
 class Product {
  public:
-  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant };
+  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant, kStack };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
           c10::optional<torch::Tensor> bias, int64_t out_features = 0)
       : kind_(parse(kind)), name_(kind), tensors_(std::move(tensors)), bias_(std::move(bias)),
         out_features_(out_features) {
-    const size_t expected = kind_ == Kind::kKQuant                                  ? 6
+    const size_t expected = kind_ == Kind::kStack                                   ? 0
+                            : kind_ == Kind::kKQuant                                ? 6
                             : kind_ == Kind::kDense                                 ? 1
                             : kind_ == Kind::kQ8_0 || kind_ == Kind::kQ8_0Panels ? 2
                                                                                  : 3;
@@ -49,8 +50,22 @@ class Product {
       case Kind::kQ8_0Panels:
       case Kind::kQ4_1Panels: out = panel_linear(x); break;
       case Kind::kKQuant: out = kquant::linear(name_, x, tensors_, out_features_); break;
+      case Kind::kStack: {
+        std::vector<torch::Tensor> outs;
+        for (const auto& part : parts_) outs.push_back(part(x));
+        out = torch::cat(outs, 1);
+        break;
+      }
     }
     if (bias_) out.add_(*bias_);
+    return out;
+  }
+
+  // Products of different kinds that read the same input (a Q4_K_M file's Q4_K q and k beside
+  // its Q6_K v), their outputs side by side.
+  static Product stacked(std::vector<Product> parts) {
+    Product out("stack", {}, c10::nullopt);
+    out.parts_ = std::move(parts);
     return out;
   }
 
@@ -68,6 +83,7 @@ class Product {
   }
 
   static Kind parse(const std::string& kind) {
+    if (kind == "stack") return Kind::kStack;
     if (kind == "dense") return Kind::kDense;
     if (kind == "q8_0") return Kind::kQ8_0;
     if (kind == "q8_0_panels") return Kind::kQ8_0Panels;
@@ -83,6 +99,7 @@ class Product {
   std::string name_;
   std::vector<torch::Tensor> tensors_;
   c10::optional<torch::Tensor> bias_;
+  std::vector<Product> parts_;  // kStack's
   int64_t out_features_;  // dense and panel kinds: N (their panels pad it to a multiple of 16)
 };
 

@@ -617,6 +617,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
            pybind11::arg("out_features") = 0,
            "a weight matrix: kind dense (dense_pack's panels, with out_features), q8_0 (qs, d)"
            " or q4_1 (qs, d, m), and a bias");
+  module.def(
+      "stacked_product",
+      [](std::vector<zerohop::Product> parts) {
+        return zerohop::Product::stacked(std::move(parts));
+      },
+      "Products that read the same input, their outputs side by side");
   pybind11::class_<zerohop::DecodeStep>(module, "DecodeStep")
       .def(pybind11::init<int64_t, int64_t, int64_t, double, double, torch::Tensor,
                           zerohop::Product>())

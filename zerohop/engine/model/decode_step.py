@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerohop.engine.model.attention import AttentionBatch
-from zerohop.engine.model.linear import Linear, kernel_weight
+from zerohop.engine.model.linear import Linear, kernel_product, kernel_weight
 
 if TYPE_CHECKING:
     from zerohop.engine.model.decoder import CausalLM
@@ -56,7 +56,7 @@ def build_decode_step(
         weight = kernel_weight(linear)
         if weight is None:
             raise LookupError
-        return ops.Product(weight.kind, list(weight.tensors), weight.bias, weight.out_features)
+        return kernel_product(ops, weight)
 
     cfg = model.config
     try:

@@ -28,6 +28,7 @@ from zerohop.engine.model.linear import (
     make_onednn_linear,
     make_plain_linear,
     make_quantized_linear,
+    make_side_by_side,
     onednn_available,
 )
 from zerohop.engine.model.quant import BLOCK, PanelRows, QuantizedWeight, quantize_q8_0
@@ -157,8 +158,7 @@ class CausalLM:
             return self.linear(torch.cat(weights), bias)
         if len({getattr(weight, "kind", None) for weight in weights}) == 1:
             return self.linear(QuantizedWeight.concat(weights), bias)
-        linears = [self.linear(weight, b) for weight, b in parts]  # mixed types in one file
-        return lambda x: torch.cat([linear(x) for linear in linears], dim=-1)
+        return make_side_by_side([self.linear(weight, b) for weight, b in parts])  # mixed types
 
     def linear(self, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None) -> Linear:
         if isinstance(weight, QuantizedWeight):

@@ -35,11 +35,34 @@ class KernelWeight:
     tensors: tuple[torch.Tensor, ...]
     bias: torch.Tensor | None
     out_features: int = 0  # dense and panel kinds: N (the panels pad it to a multiple of 16)
+    parts: tuple[KernelWeight, ...] = ()  # "stack": products side by side (mixed kinds)
 
 
 def kernel_weight(linear: Linear) -> KernelWeight | None:
     """The weight behind a linear layer when zerohop's kernels run it, else None."""
     return getattr(linear, "kernel_weight", None)
+
+
+def kernel_product(ops: Any, weight: KernelWeight) -> Any:
+    """The C++ Product (kernels/decode_step.h) for `weight`."""
+    if weight.kind == "stack":
+        return ops.stacked_product([kernel_product(ops, part) for part in weight.parts])
+    return ops.Product(weight.kind, list(weight.tensors), weight.bias, weight.out_features)
+
+
+def make_side_by_side(linears: list[Linear]) -> Linear:
+    """Products of different kinds that read the same input (a Q4_K_M file's Q4_K q and k
+    beside its Q6_K v), their outputs side by side: one "stack" for the C++ decode step where
+    the kernels hold every part."""
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in linears], dim=-1)
+
+    held = [kernel_weight(part) for part in linears]
+    parts = tuple(weight for weight in held if weight is not None)
+    if len(parts) < len(held):
+        return linear
+    return _with_kernel_weight(linear, KernelWeight("stack", (), None, 0, parts))
 
 
 def _with_kernel_weight(linear: Linear, weight: KernelWeight) -> Linear:
