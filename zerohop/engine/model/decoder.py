@@ -20,6 +20,7 @@ from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_attention
 from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.fused import FusedOps
+from zerohop.engine.model.fused_weights import split_fused
 from zerohop.engine.model.kquant import KQuantWeight, tied_panel_rows
 from zerohop.engine.model.linear import (
     Linear,
@@ -90,7 +91,8 @@ class CausalLM:
         self.dtype = dtype
         self.device = torch.device(device)
         self.quantization = quantization
-        weights = _WeightSource(tensors, dtype, self.device, source, name_in_file, quantization)
+        fused = split_fused(tensors, config)  # Phi-3's qkv_proj and gate_up_proj, by rows
+        weights = _WeightSource(fused, dtype, self.device, source, name_in_file, quantization)
         kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
         self.cache_kernels = (
             CacheKernels(kernels.write_kv, kernels.decode_attention, kernels.prompt_attention)
@@ -234,8 +236,11 @@ class CausalLM:
         layers = self.layers
 
         def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            ops.rotate(q, cos, sin)  # in place: q and k are fresh views of this layer's qkv
-            ops.rotate(k, cos, sin)
+            # In place: q and k are fresh views of this layer's qkv; a partial rotary turns
+            # only the leading dims that cos and sin cover.
+            rotary = cos.shape[-1]
+            ops.rotate(q[..., :rotary], cos, sin)
+            ops.rotate(k[..., :rotary], cos, sin)
             return q, k
 
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps, None)
