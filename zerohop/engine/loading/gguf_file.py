@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,7 +21,12 @@ import numpy as np
 import torch
 
 from zerohop.engine.base.errors import ModelLoadError
-from zerohop.engine.model.config import ModelConfig, RopeConfig, yarn_attention_factor
+from zerohop.engine.model.config import (
+    ExpertConfig,
+    ModelConfig,
+    RopeConfig,
+    yarn_attention_factor,
+)
 from zerohop.engine.model.kquant import GGUF_K_KINDS, from_gguf_kquant
 from zerohop.engine.model.quant import GGUF_KINDS, QuantizedWeight, from_gguf_blocks, quantize_q8_0
 
@@ -29,6 +35,7 @@ ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 SUPPORTED_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
@@ -55,7 +62,15 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the mixture-of-experts router
 }
+# [experts, rows, cols] tensors, one matrix per expert: model.layers.N.mlp.experts.E.<part>
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+_EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight")
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 WeightT = TypeVar("WeightT", torch.Tensor, QuantizedWeight)
 ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-frequency divisors, precomputed
@@ -113,7 +128,9 @@ class GGUFFile:
             num_heads=heads,
             num_kv_heads=self.arch_int("attention.head_count_kv", heads),
             head_dim=head_dim,
-            intermediate_size=self.arch_int("feed_forward_length"),
+            intermediate_size=self.arch_int(
+                "feed_forward_length", self.get(f"{arch}.expert_feed_forward_length")
+            ),
             vocab_size=int(embed.shape[1]),
             max_position_embeddings=self.arch_int("context_length", 2048),
             rms_norm_eps=float(self.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
@@ -123,6 +140,23 @@ class GGUFFile:
             qk_norm="blk.0.attn_q_norm.weight" in self._tensors,
             eos_token_ids=self.eos_token_ids(),
             torch_dtype=None,
+            experts=self._experts(),
+        )
+
+    def _experts(self) -> ExpertConfig | None:
+        if self.architecture != "qwen3moe":
+            return None
+        # llama.cpp's qwen3moe renormalizes the chosen experts' weights unless told otherwise;
+        # a layer without a router keeps a dense MLP.
+        layers = range(self.arch_int("block_count"))
+        return ExpertConfig(
+            count=self.arch_int("expert_count"),
+            used=self.arch_int("expert_used_count"),
+            intermediate_size=self.arch_int("expert_feed_forward_length"),
+            norm_topk_prob=bool(self.get(f"{self.architecture}.expert_weights_norm", True)),
+            dense_layers=tuple(
+                i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in self._tensors
+            ),
         )
 
     def _rope(self, head_dim: int) -> RopeConfig:
@@ -187,6 +221,29 @@ class GGUFFile:
             if self.architecture == "phi3" and hf_name.endswith(".mlp.up_proj.weight"):
                 hf_name = hf_name.replace(".up_proj.", ".gate_up_proj.")  # gate and up fused
             out[hf_name] = weight
+        out.update(self._expert_weights(keep_quantized))
+        return out
+
+    def _expert_weights(self, keep_quantized: bool) -> dict[str, torch.Tensor | QuantizedWeight]:
+        """Each [experts, rows, cols] tensor as one matrix per expert, each loaded as a 2-D
+        tensor of its type would be (a view of the file where it stays in its blocks)."""
+        out = {}
+        for name, tensor in self._tensors.items():
+            match = _LAYER_NAME.fullmatch(name)
+            if match is None or match.group(2) not in _EXPERT_TENSORS:
+                continue
+            if len(tensor.shape) != 3:
+                raise ModelLoadError(
+                    f"{self.path}: tensor '{name}' has shape {tuple(reversed(tensor.shape))};"
+                    " expert tensors are [experts, rows, columns]"
+                )
+            layer, part = match.group(1), _EXPERT_TENSORS[match.group(2)]
+            for e in range(int(tensor.shape[2])):
+                expert = _ExpertSlice(
+                    tensor.name, tensor.tensor_type, tensor.shape[:2], tensor.data[e]
+                )
+                weight = self._weight(expert, keep_quantized)
+                out[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"] = weight
         return out
 
     def _weight(self, tensor: Any, keep_quantized: bool) -> torch.Tensor | QuantizedWeight:
@@ -216,8 +273,8 @@ class GGUFFile:
 
     def _hf_names(self) -> Iterator[tuple[str, str]]:
         for name in self._tensors:
-            if name == ROPE_FREQS:
-                continue
+            if name == ROPE_FREQS or any(f".{part}." in name for part in _EXPERT_TENSORS):
+                continue  # expert tensors: _expert_weights
             hf_name = hf_tensor_name(name)
             if hf_name is None:
                 raise ModelLoadError(f"{self.path}: tensor '{name}' is not one zerohop knows")
@@ -246,6 +303,16 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: tensor '{tensor.name}' is damaged ({exc})") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class _ExpertSlice:
+    """One expert's matrix of a 3-D expert tensor, with the reader's tensor fields."""
+
+    name: str
+    tensor_type: Any
+    shape: Any  # ggml order, innermost first: (cols, rows)
+    data: np.ndarray
+
+
 def _sixteen_bit(data: np.ndarray, kind: str) -> torch.Tensor:
     """An F16 or BF16 matrix as a torch view of the file's bytes (no copy, no widening):
     the reader gives F16 as float16 and BF16 as raw bytes."""
@@ -265,6 +332,9 @@ def hf_tensor_name(gguf_name: str) -> str | None:
 
 def gguf_tensor_name(hf_name: str) -> str:
     """The GGUF name of a Hugging Face tensor name (itself when there is none)."""
+    if expert := _EXPERT_NAME.fullmatch(hf_name):
+        part = {hf: name for name, hf in _EXPERT_TENSORS.items()}.get(expert[3], expert[3])
+        return f"blk.{expert[1]}.{part}.weight (expert {expert[2]})"
     for gguf_name, name in _GLOBAL_TENSORS.items():
         if name == hf_name:
             return gguf_name

@@ -19,6 +19,7 @@ SUPPORTED_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,6 +42,21 @@ class RopeConfig:
 
 
 @dataclass(slots=True)
+class ExpertConfig:
+    """A sparse MLP's shape (Qwen3-MoE): `count` experts, `used` of them per token."""
+
+    count: int
+    used: int
+    intermediate_size: int
+    norm_topk_prob: bool  # renormalize the chosen experts' weights to sum to one
+    sparse_step: int = 1  # every sparse_step-th layer is sparse (transformers' decoder_sparse_step)
+    dense_layers: tuple[int, ...] = ()  # transformers' mlp_only_layers
+
+    def in_layer(self, layer: int) -> bool:
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
+
+
+@dataclass(slots=True)
 class ModelConfig:
     architecture: str
     hidden_size: int
@@ -58,6 +74,10 @@ class ModelConfig:
     qk_norm: bool  # RMSNorm on each head of q and k before RoPE (Qwen3)
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
+    experts: ExpertConfig | None = None  # mixture of experts (moe.py): None, every layer dense
+
+    def moe_layer(self, layer: int) -> bool:
+        return self.experts is not None and self.experts.in_layer(layer)
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
@@ -92,9 +112,10 @@ class ModelConfig:
             rope=_rope_config(raw, source),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            experts=_expert_config(raw, fields) if arch == "Qwen3MoeForCausalLM" else None,
         )
 
 
@@ -109,6 +130,28 @@ class _ConfigReader:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ModelLoadError(f"{self.source}: field '{name}' must be a positive integer")
         return value
+
+
+def _expert_config(raw: dict[str, Any], fields: _ConfigReader) -> ExpertConfig:
+    # transformers 5 saves Qwen3-MoE's `num_experts` as `num_local_experts`.
+    count_name = "num_experts" if "num_experts" in raw else "num_local_experts"
+    dense = raw.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
+        raise ModelLoadError(f"{fields.source}: field 'mlp_only_layers' must be a list of ints")
+    experts = ExpertConfig(
+        count=fields.int(count_name),
+        used=fields.int("num_experts_per_tok"),
+        intermediate_size=fields.int("moe_intermediate_size"),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        sparse_step=fields.int("decoder_sparse_step", 1),
+        dense_layers=tuple(dense),
+    )
+    if experts.used > experts.count:
+        raise ModelLoadError(
+            f"{fields.source}: field 'num_experts_per_tok' = {experts.used} exceeds"
+            f" '{count_name}' = {experts.count}"
+        )
+    return experts
 
 
 def _architecture(raw: dict[str, Any], source: str) -> str:

@@ -46,14 +46,16 @@ def build_decode_step(
     model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> DecodeStep | None:
     """The C++ step for this model and cache, or None where the Python pass must run."""
-    if model.fused_ops is None or any(layer.q_norm is not None for layer in model.layers):
+    if model.fused_ops is None or any(
+        layer.q_norm is not None or layer.moe is not None for layer in model.layers
+    ):
         return None
     from zerohop.engine.kernels import load
 
     ops = load()
 
-    def product(linear: Linear) -> Any:  # the C++ Product
-        weight = kernel_weight(linear)
+    def product(linear: Linear | None) -> Any:  # the C++ Product
+        weight = None if linear is None else kernel_weight(linear)
         if weight is None:
             raise LookupError
         return kernel_product(ops, weight)

@@ -32,6 +32,7 @@ from zerohop.engine.model.linear import (
     make_side_by_side,
     onednn_available,
 )
+from zerohop.engine.model.moe import Expert, MoeBlock, silu_mul
 from zerohop.engine.model.quant import BLOCK, PanelRows, QuantizedWeight, quantize_q8_0
 from zerohop.engine.model.rope import RotaryEmbedding, apply_rotary
 
@@ -48,8 +49,9 @@ class LayerWeights:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up_proj: Linear  # gate and up stacked
-    down_proj: Linear
+    gate_up_proj: Linear | None  # gate and up stacked; None where the MLP is `moe`
+    down_proj: Linear | None
+    moe: MoeBlock | None = None  # a mixture-of-experts MLP (moe.py)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,7 +140,9 @@ class CausalLM:
             matrix("self_attn.k_proj", kv_dim, hidden, bias),
             matrix("self_attn.v_proj", kv_dim, hidden, bias),
         ]
-        gate_up = [matrix("mlp.gate_proj", inter, hidden), matrix("mlp.up_proj", inter, hidden)]
+        moe = self._load_moe(w, p) if c.moe_layer(i) else None
+        dense = ("mlp.gate_proj", "mlp.up_proj") if moe is None else ()
+        gate_up = [matrix(name, inter, hidden) for name in dense]
         return LayerWeights(
             input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
             qkv_proj=self.stacked_linear(qkv),
@@ -147,8 +151,35 @@ class CausalLM:
             q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
             k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
             post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
-            gate_up_proj=self.stacked_linear(gate_up),
-            down_proj=self.linear(*matrix("mlp.down_proj", hidden, inter)),
+            gate_up_proj=self.stacked_linear(gate_up) if gate_up else None,
+            down_proj=None if moe else self.linear(*matrix("mlp.down_proj", hidden, inter)),
+            moe=moe,
+        )
+
+    def _load_moe(self, w: _WeightSource, prefix: str) -> MoeBlock:
+        experts = self.config.experts
+        assert experts is not None
+        hidden, inter = self.config.hidden_size, experts.intermediate_size
+
+        def matrix(name: str, out_dim: int, in_dim: int) -> _Matrix:
+            return w.take_matrix(f"{prefix}mlp.experts.{name}.weight", (out_dim, in_dim)), None
+
+        def expert(e: int) -> Expert:
+            gate_up = [matrix(f"{e}.{name}", inter, hidden) for name in ("gate_proj", "up_proj")]
+            down = self.linear(*matrix(f"{e}.down_proj", hidden, inter))
+            return Expert(self.stacked_linear(gate_up), down)
+
+        # The router stays in float (as llama.cpp keeps it): a rounded logit can pick another
+        # expert, where a rounded weight only moves the output a little.
+        router = w.take_float(f"{prefix}mlp.gate.weight", (experts.count, hidden))
+        ops = self.fused_ops
+        return MoeBlock(
+            router=self.float_linear(router, None),
+            experts=[expert(e) for e in range(experts.count)],
+            top_k=experts.used,
+            norm_topk_prob=experts.norm_topk_prob,
+            activation=ops.silu_mul if ops else silu_mul,
+            set_decode_rows=ops.set_decode_rows if ops else None,
         )
 
     def stacked_linear(self, parts: list[_Matrix]) -> Linear:
@@ -204,9 +235,7 @@ class CausalLM:
             normed = rms_norm(hidden, layer.input_norm, eps)
             hidden = hidden + self.attention(layer, normed, rope, attn, k_cache, v_cache)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            gate, up = layer.gate_up_proj(normed).chunk(2, dim=-1)
-            gate = F.silu(gate) * up
-            hidden = hidden + layer.down_proj(gate)
+            hidden = hidden + self.mlp(layer, normed)
         last = rms_norm(hidden[logits_rows], self.norm, eps)
         return self.lm_head(last).float()
 
@@ -234,6 +263,7 @@ class CausalLM:
         eps = self.config.rms_norm_eps
         hidden, cos, sin = self.kernel_inputs(input_ids, positions)
         layers = self.layers
+        decode_rows = attn.decode.num_seqs if attn.decode else 0
 
         def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # In place: q and k are fresh views of this layer's qkv; a partial rotary turns
@@ -247,13 +277,22 @@ class CausalLM:
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
             attended = self.attention(layer, normed, rope, attn, k_cache, v_cache)
             normed = ops.rms_norm(attended, layer.post_norm, eps, hidden)  # hidden += attended
-            mlp = layer.down_proj(ops.silu_mul(layer.gate_up_proj(normed)))
+            mlp = self.mlp(layer, normed, decode_rows)
             if i + 1 < len(layers):
                 normed = ops.rms_norm(mlp, layers[i + 1].input_norm, eps, hidden)  # hidden += mlp
             else:
                 hidden += mlp
         last = ops.rms_norm(hidden.index_select(0, logits_rows), self.norm, eps, None)
         return self.lm_head(last)
+
+    def mlp(self, layer: LayerWeights, x: torch.Tensor, decode_rows: int = -1) -> torch.Tensor:
+        """One layer's MLP, dense or mixture of experts; x's first `decode_rows` rows are
+        decodes (-1: all of them)."""
+        if layer.moe is not None:
+            return layer.moe(x, decode_rows)
+        assert layer.gate_up_proj is not None and layer.down_proj is not None
+        activation = self.fused_ops.silu_mul if self.fused_ops else silu_mul
+        return layer.down_proj(activation(layer.gate_up_proj(x)))
 
     def attention(
         self,
@@ -306,6 +345,13 @@ class _WeightSource:
             return quantize_q8_0(weight)
         if self.keeps_16_bit(weight):
             return weight.contiguous()
+        return self.take(name, shape)
+
+    def take_float(self, name: str, shape: tuple[int, int]) -> torch.Tensor:
+        """A matrix in the model's dtype, whatever the file stores it as."""
+        weight = self._find(name, shape)
+        if isinstance(weight, QuantizedWeight):
+            return weight.dequantize().to(dtype=self.dtype, device=self.device)
         return self.take(name, shape)
 
     def keeps_16_bit(self, weight: torch.Tensor) -> bool:
