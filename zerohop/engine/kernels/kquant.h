@@ -10,7 +10,7 @@
 // they sum into two integer dots, each scaled by its own.
 //
 // Elsewhere (or forced, for the tests), a plain float path from the row-major tensors: each
-// block's 32 weights as floats, dotted with the float activations.
+// block's 32 weights as floats, dotted with the float activations in eight lanes.
 //
 // Either way a row's result is the same at every row count and tile: the blocks are summed in
 // order, one fma (two for q6_k, or the min term) a block, whatever rows share the pass.
@@ -88,6 +88,17 @@ inline void block_values(const Rows& w, int64_t n, int64_t b, float* out) {
   for (int j = 0; j < kBlock; ++j) out[j] = scale * static_cast<float>(q[j]) - offset;
 }
 
+// One block's dot in eight independent lanes (vectorized without reassociating: each lane's
+// sum has one order), then the lanes in a fixed tree.
+inline float block_dot(const float* w, const float* x) {
+  float lanes[8] = {};
+  for (int k = 0; k < kBlock; k += 8) {
+    for (int l = 0; l < 8; ++l) lanes[l] += w[k + l] * x[k + l];
+  }
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 inline torch::Tensor rows_linear(const torch::Tensor& x, const Rows& w, int64_t n_out) {
   const int64_t rows = x.size(0), cols = x.size(1), blocks = cols / kBlock;
   auto out = torch::empty({rows, n_out}, x.options());
@@ -100,10 +111,7 @@ inline torch::Tensor rows_linear(const torch::Tensor& x, const Rows& w, int64_t 
       for (int64_t b = 0; b < blocks; ++b) {
         block_values(w, n, b, values);
         for (int64_t r = 0; r < rows; ++r) {
-          const float* xb = xd + r * cols + b * kBlock;
-          float partial = 0.0f;
-          for (int j = 0; j < kBlock; ++j) partial += values[j] * xb[j];
-          od[r * n_out + n] += partial;
+          od[r * n_out + n] += block_dot(values, xd + r * cols + b * kBlock);
         }
       }
     }
