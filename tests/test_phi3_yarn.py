@@ -25,7 +25,7 @@ from transformers import Qwen2Config
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
+from tests.fixtures.tiny_gguf import gguf_contents, quantize, write_contents, write_gguf
 from tests.fixtures.tiny_models import (
     ARCHS,
     BOS_ID,
@@ -39,6 +39,7 @@ from zerohop.engine import kernels
 from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.model.config import ModelConfig
 from zerohop.engine.model.fused_weights import split_fused
+from zerohop.engine.model.kquant import from_gguf_kquant
 from zerohop.engine.model.quant import quantize_q8_0
 from zerohop.engine.model.rope import RotaryEmbedding
 
@@ -188,21 +189,26 @@ def test_yarn_gguf_matches_the_folder(folder: Factory, tmp_path: Path) -> None:
     assert_greedy_matches(written, path, (ORIGINAL + 9,))
 
 
-def test_fused_quantized_rows_split_exactly() -> None:
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+def test_fused_quantized_rows_split_exactly(kind: str) -> None:
     """A block-quantized fused matrix splits into its row ranges, blocks untouched."""
-    config = ModelConfig.from_dict({**ARCHS_CONFIG, "architectures": ["Phi3ForCausalLM"]})
-    weight = torch.randn(128, 64)
-    fused = quantize_q8_0(weight)
+    config = ModelConfig.from_dict(
+        {**ARCHS_CONFIG, "hidden_size": 256, "architectures": ["Phi3ForCausalLM"]}
+    )
+    q_dim, kv_dim = 256, 128  # 4 heads of 64, 2 KV heads
+    weight = torch.randn(q_dim + 2 * kv_dim, 256)
+    if kind == "Q8_0":
+        fused = quantize_q8_0(weight)
+    else:
+        raw = quantize(weight.numpy(), gguf.GGMLQuantizationType.Q4_K)
+        fused = from_gguf_kquant(raw, kind, tuple(weight.shape))
     parts = split_fused({"model.layers.0.self_attn.qkv_proj.weight": fused}, config)
     whole = fused.dequantize()
-    for name, rows in (
-        ("q_proj", slice(0, 64)),
-        ("k_proj", slice(64, 96)),
-        ("v_proj", slice(96, 128)),
-    ):
+    bounds = {"q_proj": (0, q_dim), "k_proj": (q_dim, kv_dim), "v_proj": (q_dim + kv_dim, kv_dim)}
+    for name, (start, rows) in bounds.items():
         part = parts[f"model.layers.0.self_attn.{name}.weight"]
-        assert part.shape == (rows.stop - rows.start, 64)
-        assert torch.equal(part.dequantize(), whole[rows])
+        assert type(part) is type(fused) and part.shape == (rows, 256)
+        assert torch.equal(part.dequantize(), whole[start : start + rows])
 
 
 # ------------------------------------------------------------------------------------------
