@@ -10,6 +10,7 @@ to the bit the same at every row count.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -48,14 +49,14 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).norm() / want.norm())
 
 
-def held_bytes(linear: object) -> int:
-    weight = linear if isinstance(linear, KernelWeight) else kernel_weight(linear)  # type: ignore[arg-type]
+def held_bytes(linear: Any) -> int:
+    weight = linear if isinstance(linear, KernelWeight) else kernel_weight(linear)
     assert weight is not None
     return sum(t.numel() * t.element_size() for t in weight.tensors)
 
 
-def held_parts(linear: object) -> tuple[KernelWeight, ...]:
-    weight = kernel_weight(linear)  # type: ignore[arg-type]
+def held_parts(linear: Any) -> tuple[KernelWeight, ...]:
+    weight = kernel_weight(linear)
     assert weight is not None
     return weight.parts
 

@@ -88,11 +88,11 @@ class KQuantWeight(QuantizedWeight):
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The float32 matrix (as gguf.quants.dequantize computes it), or only `rows`."""
-        pick = lambda t: None if t is None or rows is None else t.index_select(0, rows)  # noqa: E731
         if rows is None:
             return _floats(self.kind, self.values(), self.scales, self.mins, self.d, self.dmin)
         parts = (self.scales, self.mins, self.d, self.dmin)
-        return _floats(self.kind, self.values(rows), *(pick(t) for t in parts))
+        picked = (None if t is None else t.index_select(0, rows) for t in parts)
+        return _floats(self.kind, self.values(rows), *picked)
 
     def kernel_tensors(self) -> list[torch.Tensor]:
         """The six row-major tensors the kernels' fallback takes (absent ones empty)."""
