@@ -251,3 +251,34 @@ def test_a_missing_expert_is_named_in_the_files_terms(sparse_folder: Path, tmp_p
     path = write_contents(contents, tmp_path / "seven.gguf")
     with pytest.raises(ModelLoadError, match=r"'blk\.1\.ffn_up_exps\.weight \(expert 7\)'"):
         LLM(str(path), **ENGINE)
+
+
+# ------------------------------------------------------------------------------------------
+# OLMoE: 4 of 8 experts unnormalized, q/k norms over all heads' projection
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def olmoe_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("moe") / "olmoe", "olmoe")
+
+
+@pytest.mark.parametrize("source", ["folder", "F32 GGUF"])
+def test_olmoe_greedy_matches_transformers(olmoe_folder: Path, tmp_path: Path, source: str) -> None:
+    path = olmoe_folder
+    if source == "F32 GGUF":
+        path = write_gguf(olmoe_folder, tmp_path / "olmoe-F32.gguf", "F32")
+    llm = LLM(str(path), **ENGINE)
+    model = llm.engine.model
+    assert model.config.qk_norm_whole and model.layers[0].q_norm.shape == (64,)  # type: ignore[union-attr]
+    moe = model.layers[1].moe
+    assert moe is not None and moe.top_k == 4 and not moe.norm_topk_prob
+    batch = prompts(3, seed=5)
+    for prompt, out in zip(batch, llm.generate(batch, greedy()), strict=True):
+        assert out.token_ids == hf_greedy(olmoe_folder, prompt, MAX_NEW)
+
+
+def test_olmoe_clip_qkv_is_refused(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "clipped", "olmoe", clip_qkv=8.0)
+    with pytest.raises(ModelLoadError, match=r"config\.json: field 'clip_qkv' = 8\.0"):
+        LLM(str(folder), **ENGINE)

@@ -36,6 +36,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 SUPPORTED_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
@@ -141,19 +142,28 @@ class GGUFFile:
             eos_token_ids=self.eos_token_ids(),
             torch_dtype=None,
             experts=self._experts(),
+            qk_norm_whole=self._qk_norm_whole(head_dim),
         )
 
+    def _qk_norm_whole(self, head_dim: int) -> bool:
+        """Whether the q norm spans all heads (OLMoE's) rather than one head (Qwen3's)."""
+        norm = self._tensors.get("blk.0.attn_q_norm.weight")
+        return norm is not None and int(norm.shape[0]) != head_dim
+
     def _experts(self) -> ExpertConfig | None:
-        if self.architecture != "qwen3moe":
+        arch = self.architecture
+        if arch not in ("qwen3moe", "olmoe"):
             return None
-        # llama.cpp's qwen3moe renormalizes the chosen experts' weights unless told otherwise;
-        # a layer without a router keeps a dense MLP.
+        # llama.cpp renormalizes the chosen experts' weights for qwen3moe, not for olmoe,
+        # unless the file says; olmoe's experts are feed_forward_length wide; a layer without
+        # a router keeps a dense MLP.
         layers = range(self.arch_int("block_count"))
+        width = self.get(f"{arch}.feed_forward_length") if arch == "olmoe" else None
         return ExpertConfig(
             count=self.arch_int("expert_count"),
             used=self.arch_int("expert_used_count"),
-            intermediate_size=self.arch_int("expert_feed_forward_length"),
-            norm_topk_prob=bool(self.get(f"{self.architecture}.expert_weights_norm", True)),
+            intermediate_size=self.arch_int("expert_feed_forward_length", width),
+            norm_topk_prob=bool(self.get(f"{arch}.expert_weights_norm", arch == "qwen3moe")),
             dense_layers=tuple(
                 i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in self._tensors
             ),

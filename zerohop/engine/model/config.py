@@ -20,7 +20,9 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
 )
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "OlmoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,6 +77,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
     experts: ExpertConfig | None = None  # mixture of experts (moe.py): None, every layer dense
+    qk_norm_whole: bool = False  # the q and k norms span all heads' projection (OLMoE)
 
     def moe_layer(self, layer: int) -> bool:
         return self.experts is not None and self.experts.in_layer(layer)
@@ -112,10 +115,11 @@ class ModelConfig:
             rope=_rope_config(raw, source),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-            experts=_expert_config(raw, fields) if arch == "Qwen3MoeForCausalLM" else None,
+            experts=_expert_config(raw, fields, arch) if arch in MOE_ARCHITECTURES else None,
+            qk_norm_whole=arch == "OlmoeForCausalLM",
         )
 
 
@@ -132,7 +136,7 @@ class _ConfigReader:
         return value
 
 
-def _expert_config(raw: dict[str, Any], fields: _ConfigReader) -> ExpertConfig:
+def _expert_config(raw: dict[str, Any], fields: _ConfigReader, arch: str) -> ExpertConfig:
     # transformers 5 saves Qwen3-MoE's `num_experts` as `num_local_experts`.
     count_name = "num_experts" if "num_experts" in raw else "num_local_experts"
     dense = raw.get("mlp_only_layers") or []
@@ -141,7 +145,10 @@ def _expert_config(raw: dict[str, Any], fields: _ConfigReader) -> ExpertConfig:
     experts = ExpertConfig(
         count=fields.int(count_name),
         used=fields.int("num_experts_per_tok"),
-        intermediate_size=fields.int("moe_intermediate_size"),
+        # OLMoE's experts are intermediate_size wide (it has no dense MLP)
+        intermediate_size=fields.int(
+            "intermediate_size" if arch == "OlmoeForCausalLM" else "moe_intermediate_size"
+        ),
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         sparse_step=fields.int("decoder_sparse_step", 1),
         dense_layers=tuple(dense),
@@ -168,6 +175,8 @@ def _architecture(raw: dict[str, Any], source: str) -> str:
 def _reject_unsupported(raw: dict[str, Any], source: str) -> None:
     if raw.get("mlp_bias"):
         raise ModelLoadError(f"{source}: field 'mlp_bias' = true is not supported")
+    if raw.get("clip_qkv") is not None:
+        raise ModelLoadError(f"{source}: field 'clip_qkv' = {raw['clip_qkv']} is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(
             f"{source}: field 'hidden_act' = {raw['hidden_act']!r} is not supported"

@@ -130,6 +130,7 @@ class CausalLM:
         hidden, inter, head = c.hidden_size, c.intermediate_size, c.head_dim
         q_dim, kv_dim = c.num_heads * head, c.num_kv_heads * head
         bias, qk_norm = c.attention_bias, c.qk_norm
+        q_norm_dim, k_norm_dim = (q_dim, kv_dim) if c.qk_norm_whole else (head, head)
 
         def matrix(name: str, out_dim: int, in_dim: int, has_bias: bool = False) -> _Matrix:
             weight = w.take_matrix(f"{p}{name}.weight", (out_dim, in_dim))
@@ -148,8 +149,8 @@ class CausalLM:
             qkv_proj=self.stacked_linear(qkv),
             qkv_sizes=(q_dim, kv_dim, kv_dim),
             o_proj=self.linear(*matrix("self_attn.o_proj", hidden, q_dim)),
-            q_norm=w.take(p + "self_attn.q_norm.weight", (head,)) if qk_norm else None,
-            k_norm=w.take(p + "self_attn.k_norm.weight", (head,)) if qk_norm else None,
+            q_norm=w.take(p + "self_attn.q_norm.weight", (q_norm_dim,)) if qk_norm else None,
+            k_norm=w.take(p + "self_attn.k_norm.weight", (k_norm_dim,)) if qk_norm else None,
             post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
             gate_up_proj=self.stacked_linear(gate_up) if gate_up else None,
             down_proj=None if moe else self.linear(*matrix("mlp.down_proj", hidden, inter)),
@@ -307,10 +308,13 @@ class CausalLM:
         cfg = self.config
         n = x.shape[0]
         q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
+        if layer.q_norm is not None and cfg.qk_norm_whole:  # over all heads at once (OLMoE)
+            q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q = q.view(n, cfg.num_heads, cfg.head_dim)
         k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        if layer.q_norm is not None:
+        if layer.q_norm is not None and not cfg.qk_norm_whole:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = rope(q, k)
