@@ -45,6 +45,13 @@ from zerohop.engine.model.rope import RotaryEmbedding
 
 MAX_NEW = 8
 ORIGINAL = YARN_ROPE["original_max_position_embeddings"]
+# Phi-4-mini's kind of RoPE scaling, for 6 rotated pairs (3/4 of a 16-dim head).
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0],
+    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0],
+}
 Factory = Callable[..., Path]
 
 ARCHS_CONFIG: dict[str, Any] = {
@@ -120,12 +127,32 @@ def test_partial_rotary_tables_equal_transformers(partial: float) -> None:
     assert_tables_equal(Phi3RotaryEmbedding(config), ours, int(16 * partial))
 
 
-def assert_tables_equal(reference: torch.nn.Module, ours: ModelConfig, width: int) -> None:
-    positions = torch.arange(128)
+@pytest.mark.parametrize("context", [4 * ORIGINAL, ORIGINAL], ids=["long", "short"])
+def test_longrope_tables_equal_transformers(context: int) -> None:
+    """Long factors where the model's context passes the original one, as transformers takes
+    them for a sequence that long; short ones within it."""
+    config_cls, _, overrides = ARCHS["phi3"]
+    overrides = {**copy.deepcopy(overrides), "rope_parameters": copy.deepcopy(LONGROPE)}
+    config = config_cls(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=context,
+        original_max_position_embeddings=ORIGINAL,
+        **overrides,
+    )
+    ours = ModelConfig.from_dict({**config.to_dict(), "architectures": ["Phi3ForCausalLM"]})
+    assert ours.rope.type == "longrope" and (ours.rope.attention_factor > 1) == (context > ORIGINAL)
+    assert_tables_equal(Phi3RotaryEmbedding(config), ours, 12, context)
+
+
+def assert_tables_equal(
+    reference: torch.nn.Module, ours: ModelConfig, width: int, count: int = 128
+) -> None:
+    positions = torch.arange(count)
     with torch.no_grad():
         cos, sin = reference(torch.zeros(1, dtype=torch.float32), positions[None])
-    table = RotaryEmbedding(ours.head_dim, 128, ours.rope, torch.float32, "cpu")
-    assert table.cos.shape == (128, width) == cos[0].shape
+    table = RotaryEmbedding(ours.head_dim, count, ours.rope, torch.float32, "cpu")
+    assert table.cos.shape == (count, width) == cos[0].shape
     torch.testing.assert_close(table.cos, cos[0], rtol=0, atol=0)
     torch.testing.assert_close(table.sin, sin[0], rtol=0, atol=0)
 
@@ -157,6 +184,32 @@ def test_yarn_greedy_matches_transformers_past_the_original_context(
         monkeypatch.setattr(kernels, "available", lambda: False)
     path = folder("qwen2-yarn")
     assert_greedy_matches(path, path, (5, ORIGINAL + 9))  # to position 48 of 32 original
+
+
+@pytest.mark.parametrize(
+    ("context", "lengths"),
+    [(4 * ORIGINAL, (ORIGINAL + 9,)), (ORIGINAL, (5, 17))],
+    ids=["long", "short"],
+)
+def test_longrope_greedy_matches_transformers(
+    folder: Factory, tmp_path: Path, context: int, lengths: tuple[int, ...]
+) -> None:
+    """Phi-4-mini's LongRoPE, from the folder and from the GGUF file (factors as tensors)."""
+    path = longrope_phi3(folder, context)
+    assert_greedy_matches(path, path, lengths)
+    written = write_gguf(path, tmp_path / "longrope.gguf", "F32")
+    names = {t.name for t in gguf.GGUFReader(written).tensors}
+    assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= names
+    assert_greedy_matches(written, path, lengths)
+
+
+def longrope_phi3(folder: Factory, context: int) -> Path:
+    return folder(
+        "phi3",
+        max_position_embeddings=context,
+        original_max_position_embeddings=ORIGINAL,
+        rope_parameters=copy.deepcopy(LONGROPE),
+    )
 
 
 def test_yarn_changes_the_model(folder: Factory) -> None:
@@ -217,22 +270,19 @@ def test_fused_quantized_rows_split_exactly(kind: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("arch", "rope", "field"),
+    ("arch", "rope", "needle"),
     [
-        (
-            "phi3",
-            {"rope_type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6},
-            "rope_parameters",
-        ),
-        ("llama", {"rope_type": "dynamic", "factor": 2.0}, "rope_parameters"),
+        ("llama", {"rope_type": "dynamic", "factor": 2.0}, "dynamic"),
+        ("phi3", {**LONGROPE, "short_factor": [1.0] * 5}, "'short_factor' must list 6 numbers"),
     ],
-    ids=["phi3-longrope", "llama-dynamic"],
+    ids=["llama-dynamic", "phi3-longrope-short-factors"],
 )
 def test_unsupported_rope_types_are_refused(
-    folder: Factory, tmp_path: Path, arch: str, rope: dict, field: str
+    folder: Factory, tmp_path: Path, arch: str, rope: dict, needle: str
 ) -> None:
-    source = folder(arch) if arch != "phi3" else folder("phi3", partial_rotary_factor=1.0)
+    source = folder(arch)
     config = json.loads((source / "config.json").read_text())
+    field = "rope_parameters"
     config[field] = {**config[field], **rope}
     model = tmp_path / arch
     model.mkdir()
@@ -243,7 +293,7 @@ def test_unsupported_rope_types_are_refused(
     with pytest.raises(ModelLoadError) as info:
         LLM(str(model), num_kv_blocks=16)
     message = str(info.value)
-    assert "config.json" in message and field in message and rope["rope_type"] in message
+    assert "config.json" in message and field in message and needle in message
 
 
 def test_partial_rotary_outside_phi3_is_refused() -> None:
@@ -253,7 +303,7 @@ def test_partial_rotary_outside_phi3_is_refused() -> None:
         ModelConfig.from_dict({**config, "partial_rotary_factor": 0.5}, source="config.json")
 
 
-def test_gguf_longrope_is_refused(folder: Factory, tmp_path: Path) -> None:
+def test_gguf_longrope_without_its_factors_is_refused(folder: Factory, tmp_path: Path) -> None:
     contents = gguf_contents(folder("phi3", partial_rotary_factor=1.0), "F32")
     contents.put("phi3.rope.scaling.type", "longrope", VT.STRING)
     path = write_contents(contents, tmp_path / "longrope.gguf")

@@ -75,6 +75,7 @@ _EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.we
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 WeightT = TypeVar("WeightT", torch.Tensor, QuantizedWeight)
 ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-frequency divisors, precomputed
+LONGROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")  # phi3's LongRoPE
 
 
 class GGUFFile:
@@ -184,6 +185,8 @@ class GGUFFile:
             rope.type, rope.factor = "linear", float(self.require(f"{arch}.rope.scaling.factor"))
         elif scaling == "yarn":
             self._yarn(rope)
+        elif scaling in ("none", "longrope") and LONGROPE_FACTORS[0] in self._tensors:
+            self._longrope(rope, head_dim)
         elif scaling != "none":
             raise ModelLoadError(
                 f"{self.path}: field '{arch}.rope.scaling.type' = {scaling!r} is not supported;"
@@ -206,6 +209,26 @@ class GGUFFile:
         rope.attention_factor = mscale * float(self.get(key + "attn_factor", 1.0))
         rope.beta_fast = float(self.get(key + "yarn_beta_fast", 32.0))
         rope.beta_slow = float(self.get(key + "yarn_beta_slow", 1.0))
+
+    def _longrope(self, rope: RopeConfig, head_dim: int) -> None:
+        """LongRoPE as llama.cpp's converter writes Phi-3's: the factors as tensors, cos/sin
+        scaled by `rope.scaling.attn_factor`."""
+        rope.type = "longrope"
+        rope.original_max_position_embeddings = self.arch_int(
+            "rope.scaling.original_context_length", self.arch_int("context_length", 2048)
+        )
+        key = f"{self.architecture}.rope.scaling.attn_factor"
+        rope.attention_factor = float(self.get(key, 1.0))
+        count = (rope.rotary_dim or head_dim) // 2
+        parts = zip(("short_factor", "long_factor"), LONGROPE_FACTORS, strict=True)
+        for name, tensor_name in parts:
+            values = self._dequantize(self._tensor(tensor_name)).reshape(-1).tolist()
+            if len(values) != count:
+                raise ModelLoadError(
+                    f"{self.path}: tensor '{tensor_name}' has {len(values)} factors;"
+                    f" the rotary dims need {count}"
+                )
+            setattr(rope, name, tuple(values))
 
     def eos_token_ids(self) -> list[int]:
         keys = ("eos_token_id", "eot_token_id", "eom_token_id")
@@ -283,6 +306,8 @@ class GGUFFile:
 
     def _hf_names(self) -> Iterator[tuple[str, str]]:
         for name in self._tensors:
+            if name in LONGROPE_FACTORS:
+                continue
             if name == ROPE_FREQS or any(f".{part}." in name for part in _EXPERT_TENSORS):
                 continue  # expert tensors: _expert_weights
             hf_name = hf_tensor_name(name)

@@ -23,7 +23,7 @@ SUPPORTED_ARCHITECTURES = (
     "OlmoeForCausalLM",
 )
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "OlmoeForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -41,6 +41,10 @@ class RopeConfig:
     beta_slow: float = 1.0  # ... and slower than this are interpolated by `factor`
     truncate: bool = True  # YaRN's correction range rounded outward to whole dims
     rotary_dim: int | None = None  # rotate only this many leading dims of a head (Phi-3)
+    # LongRoPE (Phi-3.5, Phi-4-mini): divisors per frequency within the original context, and
+    # the ones for a context past it (rope.py picks by the model's context, as llama.cpp does).
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -197,8 +201,8 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type in ("su", "yarn") and "Phi3ForCausalLM" in (raw.get("architectures") or []):
         rope_type = "longrope"  # what transformers' Phi3Config makes of them
+    field_name = "rope_parameters" if "rope_parameters" in raw else "rope_scaling"
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        field_name = "rope_parameters" if "rope_parameters" in raw else "rope_scaling"
         raise ModelLoadError(
             f"{source}: field '{field_name}' has rope type {rope_type!r}; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -210,6 +214,8 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
         rope.factor = float(params["factor"])
     if rope_type == "yarn":
         _read_yarn(rope, raw, params)
+    if rope_type == "longrope":
+        _read_longrope(rope, raw, params, f"{source}: field '{field_name}'")
     if rope_type == "llama3":
         rope.low_freq_factor = float(params["low_freq_factor"])
         rope.high_freq_factor = float(params["high_freq_factor"])
@@ -225,9 +231,12 @@ def _rotary_dim(raw: dict[str, Any], params: dict[str, Any], source: str) -> int
         return None
     if "Phi3ForCausalLM" not in (raw.get("architectures") or []):
         raise ModelLoadError(f"{source}: field 'partial_rotary_factor' is not supported")
+    return int(_head_dim(raw) * partial)
+
+
+def _head_dim(raw: dict[str, Any]) -> int:
     heads = raw.get("num_attention_heads") or 1
-    head_dim = raw.get("head_dim") or raw.get("hidden_size", 0) // heads
-    return int(head_dim * partial)
+    return int(raw.get("head_dim") or raw.get("hidden_size", 0) // heads)
 
 
 def _read_yarn(rope: RopeConfig, raw: dict[str, Any], params: dict[str, Any]) -> None:
@@ -249,6 +258,34 @@ def _read_yarn(rope: RopeConfig, raw: dict[str, Any], params: dict[str, Any]) ->
     rope.beta_fast = float(params.get("beta_fast") or 32)
     rope.beta_slow = float(params.get("beta_slow") or 1)
     rope.truncate = bool(params.get("truncate", True))
+
+
+def _read_longrope(
+    rope: RopeConfig, raw: dict[str, Any], params: dict[str, Any], where: str
+) -> None:
+    """LongRoPE as transformers' `_compute_longrope_parameters` reads it."""
+    max_pos = raw.get("max_position_embeddings", 2048)
+    original = raw.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings", max_pos
+    )
+    factor = params.get("factor") or max_pos / original
+    given = params.get("attention_factor")
+    rope.original_max_position_embeddings = int(original)
+    rope.attention_factor = (
+        float(given) if given is not None else longrope_attention_factor(factor, original)
+    )
+    count = (rope.rotary_dim or _head_dim(raw)) // 2
+    for name in ("short_factor", "long_factor"):
+        values = params.get(name)
+        if not isinstance(values, list) or len(values) != count:
+            raise ModelLoadError(f"{where}: '{name}' must list {count} numbers")
+        setattr(rope, name, tuple(float(v) for v in values))
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def yarn_attention_factor(

@@ -1,9 +1,13 @@
-"""Rotary position embeddings with the default, `linear`, `llama3` and `yarn` frequency schemes.
+"""Rotary position embeddings: the default, `linear`, `llama3`, `yarn` and `longrope` schemes.
 
 Computed the way transformers computes them (float32 inverse frequencies, cos/sin of the
 outer product times the attention factor, `rotate_half` layout), so logits match Hugging Face
-bit for bit. With a partial rotary (Phi-3's `partial_rotary_factor`) the tables cover only the
-rotated leading dims of each head; the rest pass through.
+bit for bit. LongRoPE's factors are chosen once, by the model's context (the long ones where it
+passes the original context, as llama.cpp chooses by its context size), where transformers
+chooses them by each sequence's length: the two agree wherever the model's context and the
+sequence lie on the same side of the original context. With a partial rotary (Phi-3's
+`partial_rotary_factor`) the tables cover only the rotated leading dims of each head; the rest
+pass through.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ import torch
 from zerohop.engine.model.config import RopeConfig
 
 
-def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+def inverse_frequencies(head_dim: int, rope: RopeConfig, context: int = 0) -> torch.Tensor:
+    """One frequency per pair of rotated dims; `context`: the positions the model serves
+    (LongRoPE takes its long factors where that passes the original context)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if rope.type == "longrope":
+        long = context > rope.original_max_position_embeddings
+        factors = rope.long_factor if long else rope.short_factor
+        assert factors is not None, "LongRoPE needs its factors"
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta**exponents)
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.freq_factors is not None:
         assert len(rope.freq_factors) == len(inv_freq), "one rope_freqs factor per frequency"
@@ -81,7 +92,7 @@ class RotaryEmbedding:
         device: torch.device | str,
     ) -> None:
         self.rotary_dim = rope.rotary_dim or head_dim
-        inv_freq = inverse_frequencies(self.rotary_dim, rope)
+        inv_freq = inverse_frequencies(self.rotary_dim, rope, max_positions)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
