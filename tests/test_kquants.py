@@ -33,8 +33,10 @@ from zerohop.engine.model.linear import KernelWeight, kernel_weight, make_quanti
 from zerohop.engine.model.quant import QuantizedWeight
 
 QT = gguf.GGMLQuantizationType
-K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
-RESIDENT = {"q4_k": 148, "q5_k": 180, "q6_k": 210}  # bytes per 256 weights (kquant.py)
+# Q5_0 and Q5_1 (what llama-quantize gives rows not a multiple of 256 in Q4_K and Q5_K files)
+# are held the same way, with a d (and m) per block of 32.
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"]
+RESIDENT = {"q4_k": 148, "q5_k": 180, "q6_k": 210, "q5_0": 176, "q5_1": 192}  # per 256 weights
 
 
 def k_weight(rows: int, cols: int, qtype: str, seed: int = 0) -> tuple[np.ndarray, KQuantWeight]:
@@ -224,6 +226,26 @@ def test_tied_embedding_is_read_from_the_output_panels(tmp_path: Path) -> None:
         assert isinstance(model.embed_tokens, KPanelRows)
     hf = load_hf_gguf(path)
     prompt = [BOS_ID, *np.random.default_rng(5).integers(4, 512, size=12).tolist()]
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=5, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids])).logits[0], dim=-1)
+    for step, got in enumerate(out.logprobs):
+        row = want[len(prompt) - 1 + step]
+        assert max(abs(lp - float(row[t])) for t, lp in got.items()) < 5e-3, step
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
+def test_q5_files_run_in_their_kinds(tmp_path: Path, qtype: str) -> None:
+    # Rows of 64: a Q4_K_M file of a small model holds such matrices in Q5_0 (and Q5_1).
+    folder = build_tiny_model(tmp_path / "llama", "llama")
+    (tmp_path / "file").mkdir()
+    path = write_gguf(folder, tmp_path / "file" / f"tiny-{qtype}.gguf", qtype)
+    llm = LLM(str(path), num_kv_blocks=64)
+    held = kernel_weight(llm.engine.model.layers[0].o_proj)
+    assert held is not None and held.kind.startswith(qtype.lower())
+    hf = load_hf_gguf(path)
+    prompt = [BOS_ID, *np.random.default_rng(6).integers(4, 512, size=12).tolist()]
     params = SamplingParams(temperature=0, max_tokens=4, logprobs=5, ignore_eos=True)
     out = llm.generate([prompt], params)[0]
     with torch.no_grad():

@@ -24,7 +24,7 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 // One weight matrix as zerohop's kernels hold it: "dense" (dense_pack's panels of a float32,
 // float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m), "q8_0_panels" and "q4_1_panels"
 // (q8_0_pack's and q4_1_pack's: the products on AVX-512 VNNI), and the K-quants q4_k, q5_k,
-// q6_k and their "_panels" (kquant.h: six tensors each).
+// q6_k (with q5_0, q5_1) and their "_panels" (kquant.h: six tensors each).
 class Product {
  public:
   enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant, kStack };
@@ -88,8 +88,8 @@ class Product {
     if (kind == "q8_0") return Kind::kQ8_0;
     if (kind == "q8_0_panels") return Kind::kQ8_0Panels;
     if (kind == "q4_1_panels") return Kind::kQ4_1Panels;
-    if (kind.rfind("q4_k", 0) == 0 || kind.rfind("q5_k", 0) == 0 || kind.rfind("q6_k", 0) == 0) {
-      return Kind::kKQuant;
+    for (const char* k_kind : {"q4_k", "q5_k", "q6_k", "q5_0", "q5_1"}) {
+      if (kind.rfind(k_kind, 0) == 0) return Kind::kKQuant;
     }
     TORCH_CHECK(kind == "q4_1", "unknown product kind ", kind);
     return Kind::kQ4_1;

@@ -35,11 +35,19 @@ namespace zerohop::kquant {
 
 constexpr int64_t kBlock = 32, kSuper = 256, kPanel = 16;
 
-enum class Kind { kQ4K, kQ5K, kQ6K };
+// q5_0 and q5_1 (w = d (q - 16), w = d q - dmin, fp16 d and dmin per block of 32) share
+// q5_k's planes, with no sub-block scales.
+enum class Kind { kQ4K, kQ5K, kQ6K, kQ5_0, kQ5_1 };
+
+// Weights along K per d.
+constexpr int64_t span_of(Kind k) { return k == Kind::kQ5_0 || k == Kind::kQ5_1 ? 32 : kSuper; }
+constexpr bool has_sums(Kind k) { return k == Kind::kQ4K || k == Kind::kQ5K || k == Kind::kQ5_1; }
 
 inline Kind parse_kind(const std::string& name) {
   if (name == "q4_k") return Kind::kQ4K;
   if (name == "q5_k") return Kind::kQ5K;
+  if (name == "q5_0") return Kind::kQ5_0;
+  if (name == "q5_1") return Kind::kQ5_1;
   TORCH_CHECK(name == "q6_k", "unknown K-quant kind ", name);
   return Kind::kQ6K;
 }
@@ -55,7 +63,7 @@ struct Rows {
 
 // Row n's block b as 32 floats.
 inline void block_values(const Rows& w, int64_t n, int64_t b, float* out) {
-  const int64_t cols = w.cols, s = b * kBlock / kSuper;
+  const int64_t cols = w.cols, span = span_of(w.kind), s = b * kBlock / span;
   const uint8_t* nib = w.qs + n * cols / 2 + b * 16;
   int q[kBlock];
   for (int j = 0; j < 16; ++j) {
@@ -63,7 +71,7 @@ inline void block_values(const Rows& w, int64_t n, int64_t b, float* out) {
     q[j + 16] = nib[j] >> 4;
   }
   const int64_t first = n * cols + b * kBlock;  // the block's first element in the row-major K
-  if (w.kind == Kind::kQ5K) {
+  if (w.kind == Kind::kQ5K || w.kind == Kind::kQ5_0 || w.kind == Kind::kQ5_1) {
     for (int j = 0; j < kBlock; ++j) {
       const int64_t e = first + j;
       q[j] |= ((w.high[e / 8] >> (e % 8)) & 1) << 4;
@@ -74,7 +82,16 @@ inline void block_values(const Rows& w, int64_t n, int64_t b, float* out) {
       q[j] |= ((w.high[e / 4] >> (2 * (e % 4))) & 3) << 4;
     }
   }
-  const float d = static_cast<float>(w.d[n * (cols / kSuper) + s]);
+  const float d = static_cast<float>(w.d[n * (cols / span) + s]);
+  if (w.kind == Kind::kQ5_0) {
+    for (int j = 0; j < kBlock; ++j) out[j] = d * static_cast<float>(q[j] - 16);
+    return;
+  }
+  if (w.kind == Kind::kQ5_1) {
+    const float dmin = static_cast<float>(w.dmin[n * (cols / span) + s]);
+    for (int j = 0; j < kBlock; ++j) out[j] = d * static_cast<float>(q[j]) - dmin;
+    return;
+  }
   if (w.kind == Kind::kQ6K) {
     const auto* sc = reinterpret_cast<const int8_t*>(w.scales) + n * (cols / 16) + 2 * b;
     const float lo = d * static_cast<float>(sc[0]), hi = d * static_cast<float>(sc[1]);
@@ -135,7 +152,7 @@ inline void widen(const Panel& w, int64_t b, int64_t g, __m512i& first, __m512i&
       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q + (b * 8 + g) * 2 * kPanel)));
   first = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
   second = _mm512_srli_epi16(bytes, 4);
-  if constexpr (K == Kind::kQ5K) {
+  if constexpr (K == Kind::kQ5K || K == Kind::kQ5_0 || K == Kind::kQ5_1) {
     const __m512i plane = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(w.high + (b * 2 + g / 4) * 2 * kPanel)));
     const __m512i top = _mm512_srl_epi16(plane, _mm_cvtsi32_si128(static_cast<int>(2 * (g % 4))));
@@ -143,6 +160,10 @@ inline void widen(const Panel& w, int64_t b, int64_t g, __m512i& first, __m512i&
     const __m512i next = _mm512_and_si512(top, _mm512_set1_epi16(2));
     first = _mm512_or_si512(first, _mm512_slli_epi16(fifth, 4));
     second = _mm512_or_si512(second, _mm512_slli_epi16(next, 3));
+    if constexpr (K == Kind::kQ5_0) {
+      first = _mm512_sub_epi16(first, _mm512_set1_epi16(16));
+      second = _mm512_sub_epi16(second, _mm512_set1_epi16(16));
+    }
   } else if constexpr (K == Kind::kQ6K) {
     const __m512i plane = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(w.high + (b * 4 + g / 2) * 2 * kPanel)));
@@ -176,7 +197,8 @@ void panel_rows(const Panel& w, const wide::Int16Rows& x, int64_t first_row, flo
   for (int r = 0; r < ROWS; ++r) sum[r] = _mm512_setzero_ps();
   const int16_t* xq = x.q.data() + first_row * cols;
   const float* dx = x.scales.data() + first_row * blocks;
-  const float* sx = kSix ? nullptr : x.sums.data() + first_row * blocks;
+  const float* sx = has_sums(K) ? x.sums.data() + first_row * blocks : nullptr;
+  constexpr int64_t kPer = span_of(K) / kBlock;  // blocks per d
   for (int64_t b = 0; b < blocks; ++b) {
     __m512i dot[ROWS], dot2[ROWS];
     for (int r = 0; r < ROWS; ++r) dot[r] = dot2[r] = _mm512_setzero_si512();
@@ -190,8 +212,17 @@ void panel_rows(const Panel& w, const wide::Int16Rows& x, int64_t first_row, flo
         acc = _mm512_dpwssd_epi32(acc, second, panels::broadcast_pair(columns + 2));
       }
     }
-    const __m512 d = half16(w.d + (b / 8) * kPanel);
-    if constexpr (kSix) {
+    const __m512 d = half16(w.d + (b / kPer) * kPanel);
+    if constexpr (K == Kind::kQ5_0 || K == Kind::kQ5_1) {
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512 dxr = _mm512_set1_ps(dx[r * blocks + b]);
+        sum[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, dxr), sum[r]);
+        if constexpr (K == Kind::kQ5_1) {
+          const __m512 offset = half16(w.dmin + b * kPanel);
+          sum[r] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(sx[r * blocks + b]), sum[r]);
+        }
+      }
+    } else if constexpr (kSix) {
       const __m512 lo = _mm512_mul_ps(d, bytes16(w.scales + b * 2 * kPanel, true));
       const __m512 hi = _mm512_mul_ps(d, bytes16(w.scales + b * 2 * kPanel + kPanel, true));
       for (int r = 0; r < ROWS; ++r) {
@@ -201,7 +232,7 @@ void panel_rows(const Panel& w, const wide::Int16Rows& x, int64_t first_row, flo
       }
     } else {
       const __m512 scale = _mm512_mul_ps(d, bytes16(w.scales + b * kPanel, false));
-      const __m512 offset = _mm512_mul_ps(half16(w.dmin + (b / 8) * kPanel),
+      const __m512 offset = _mm512_mul_ps(half16(w.dmin + (b / kPer) * kPanel),
                                           bytes16(w.mins + b * kPanel, false));
       for (int r = 0; r < ROWS; ++r) {
         const __m512 dxr = _mm512_set1_ps(dx[r * blocks + b]);
@@ -235,10 +266,11 @@ torch::Tensor panels_linear(const torch::Tensor& x, const std::vector<torch::Ten
   const int64_t panels = t[0].size(0);
   TORCH_CHECK(t[0].dim() == 4 && t[0].size(1) == blocks && t[0].numel() == panels * blocks * 256,
               "the K-quant panels do not match the input's inner dimension");
-  TORCH_CHECK(t[4].numel() == panels * (cols / kSuper) * kPanel, "the panels' d do not match");
+  TORCH_CHECK(t[4].numel() == panels * (cols / span_of(K)) * kPanel,
+              "the panels' d do not match");
   TORCH_CHECK(out_features > (panels - 1) * kPanel && out_features <= panels * kPanel,
               "out_features does not match the panels");
-  const wide::Int16Rows xq = wide::round_rows(x.data_ptr<float>(), rows, cols, K != Kind::kQ6K);
+  const wide::Int16Rows xq = wide::round_rows(x.data_ptr<float>(), rows, cols, has_sums(K));
   auto out = torch::empty({rows, out_features}, x.options());
   float* out_data = out.data_ptr<float>();
   const auto bytes = [](const torch::Tensor& v) {
@@ -247,17 +279,19 @@ torch::Tensor panels_linear(const torch::Tensor& x, const std::vector<torch::Ten
   const auto halves = [](const torch::Tensor& v) {
     return static_cast<const uint16_t*>(v.data_ptr());
   };
-  const int64_t high_bytes = K == Kind::kQ5K ? 64 : K == Kind::kQ6K ? 128 : 0;
+  constexpr bool kSubScales = K == Kind::kQ4K || K == Kind::kQ5K || K == Kind::kQ6K;
+  const int64_t high_bytes = K == Kind::kQ4K ? 0 : K == Kind::kQ6K ? 128 : 64;
   const int64_t scale_bytes = K == Kind::kQ6K ? 32 : 16;
-  const int64_t supers = cols / kSuper;
+  const int64_t supers = cols / span_of(K);
   SpinPool::instance().run(panels * kPanel, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin / kPanel; p < (end + kPanel - 1) / kPanel; ++p) {
       const Panel w{bytes(t[0]) + p * blocks * 256,
                     high_bytes ? bytes(t[1]) + p * blocks * high_bytes : nullptr,
-                    bytes(t[2]) + p * blocks * scale_bytes,
-                    K == Kind::kQ6K ? nullptr : bytes(t[3]) + p * blocks * kPanel,
+                    kSubScales ? bytes(t[2]) + p * blocks * scale_bytes : nullptr,
+                    K == Kind::kQ4K || K == Kind::kQ5K ? bytes(t[3]) + p * blocks * kPanel
+                                                       : nullptr,
                     halves(t[4]) + p * supers * kPanel,
-                    K == Kind::kQ6K ? nullptr : halves(t[5]) + p * supers * kPanel};
+                    has_sums(K) ? halves(t[5]) + p * supers * kPanel : nullptr};
       const int64_t live = std::min(kPanel, out_features - p * kPanel);
       const auto valid = static_cast<__mmask16>((1u << live) - 1);
       for (int64_t row0 = 0; row0 < rows; row0 += panels::kRows) {
@@ -277,19 +311,22 @@ inline torch::Tensor linear(const std::string& kind, const torch::Tensor& x,
                             const std::vector<torch::Tensor>& t, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous float32 matrix");
-  TORCH_CHECK(x.size(1) % kSuper == 0, "the inner dimension must be a multiple of 256");
   TORCH_CHECK(t.size() == 6, "K-quant weights take six tensors");
   for (const auto& part : t) TORCH_CHECK(part.is_contiguous(), "K-quant tensors are contiguous");
   const std::string suffix = "_panels";
   const bool is_panels = kind.size() > suffix.size() &&
                          kind.compare(kind.size() - suffix.size(), suffix.size(), suffix) == 0;
   const Kind k = parse_kind(is_panels ? kind.substr(0, kind.size() - suffix.size()) : kind);
+  TORCH_CHECK(x.size(1) % span_of(k) == 0, "the inner dimension must be a multiple of ",
+              span_of(k));
   if (is_panels) {
 #ifdef ZH_WIDE
     switch (k) {
       case Kind::kQ4K: return panels_linear<Kind::kQ4K>(x, t, out_features);
       case Kind::kQ5K: return panels_linear<Kind::kQ5K>(x, t, out_features);
       case Kind::kQ6K: return panels_linear<Kind::kQ6K>(x, t, out_features);
+      case Kind::kQ5_0: return panels_linear<Kind::kQ5_0>(x, t, out_features);
+      case Kind::kQ5_1: return panels_linear<Kind::kQ5_1>(x, t, out_features);
     }
 #endif
     TORCH_CHECK(false, "K-quant panels need AVX-512 VNNI");

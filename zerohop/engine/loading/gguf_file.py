@@ -292,7 +292,7 @@ class GGUFFile:
             and weight.dim() == 2
             and weight.shape[1] % 32 == 0
         ):
-            return quantize_q8_0(weight)  # Q5_0, Q5_1: 8 bits keep them close
+            return quantize_q8_0(weight)  # a type without a kind of its own: 8 bits keep it close
         return weight
 
     def _blocks(self, tensor: Any) -> QuantizedWeight:

@@ -11,6 +11,11 @@ the sub-block scales (uint8 [N, K / 32]; q6_k int8 [N, K / 16]) and mins (uint8 
 and d, dmin as float16 [N, K / 256]. Bytes per 256 weights, resident against the file's:
 q4_k 148 / 144 (+2.8%), q5_k 180 / 176 (+2.3%), q6_k 210 / 210 (the same). The panels the
 kernels multiply (`pack_panels`, kernels/kquant.h) hold the same bytes rearranged.
+
+Q5_0 and Q5_1, what llama-quantize writes for a Q4_K or Q5_K file's rows that are not a multiple
+of 256, share q5_k's nibbles and fifth-bit plane, with float16 d (and dmin = -m) per block of
+32 and no sub-block scales (`scales` empty): q5_0 w = d (q - 16), q5_1 w = d q - dmin; 176 and
+192 bytes per 256 weights, as in the file.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import torch
 from zerohop.engine.model.quant import PanelRows, QuantizedWeight
 
 SUPER = 256
-K_KINDS = ("q4_k", "q5_k", "q6_k")
-GGUF_K_KINDS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
-FILE_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}  # per 256 weights
+K_KINDS = ("q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+GGUF_K_KINDS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "Q5_0": "q5_0", "Q5_1": "q5_1"}
+FILE_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210, "q5_0": 176, "q5_1": 192}  # per 256
+BLOCK_KINDS = ("q5_0", "q5_1")  # d (and m) per block of 32, no sub-block scales
 _NONE = torch.empty(0, dtype=torch.uint8)  # an absent part, for the kernels' fixed six tensors
 
 
@@ -41,15 +47,18 @@ class KQuantWeight(QuantizedWeight):
     def __post_init__(self) -> None:
         assert self.kind in K_KINDS, self.kind
         rows, cols = self.shape
-        assert cols % SUPER == 0, "K must be a multiple of 256"
+        span = super_size(self.kind)
+        assert cols % span == 0, f"K must be a multiple of {span}"
         assert tuple(self.qs.shape) == (rows, cols // 2)
-        assert tuple(self.d.shape) == (rows, cols // SUPER) and self.d.dtype == torch.float16
+        assert tuple(self.d.shape) == (rows, cols // span) and self.d.dtype == torch.float16
         assert (self.high is None) == (self.kind == "q4_k")
-        assert (self.mins is None) == (self.dmin is None) == (self.kind == "q6_k")
+        assert (self.dmin is None) == (self.kind in ("q6_k", "q5_0"))
+        assert (self.mins is None) == (self.kind in ("q6_k", *BLOCK_KINDS))
 
     @property
     def parts(self) -> tuple[torch.Tensor | None, ...]:
-        return (self.qs, self.high, self.scales, self.mins, self.d, self.dmin)
+        scales = None if self.kind in BLOCK_KINDS else self.scales  # empty: q5_0/q5_1 have none
+        return (self.qs, self.high, scales, self.mins, self.d, self.dmin)
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +66,8 @@ class KQuantWeight(QuantizedWeight):
 
     def with_parts(self, parts: list[torch.Tensor | None], rows: int) -> KQuantWeight:
         qs, high, scales, mins, d, dmin = parts
-        assert qs is not None and scales is not None and d is not None
+        assert qs is not None and d is not None
+        scales = _NONE if scales is None else scales
         return KQuantWeight(self.kind, (rows, self.shape[1]), qs, scales, mins, high, d, dmin)
 
     def stacked(self, weights: list[QuantizedWeight]) -> QuantizedWeight:
@@ -72,7 +82,7 @@ class KQuantWeight(QuantizedWeight):
         return self.with_parts(parts, self.shape[0])
 
     def values(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The integers q [n, K] (uint8: q4_k 0..15, q5_k 0..31, q6_k 0..63)."""
+        """The integers q [n, K] (uint8: q4_k 0..15, q5_k, q5_0, q5_1 0..31, q6_k 0..63)."""
         pick = lambda t: t if rows is None else t.index_select(0, rows)  # noqa: E731
         packed = pick(self.qs)
         count = packed.shape[0]
@@ -81,7 +91,7 @@ class KQuantWeight(QuantizedWeight):
         if self.high is None:
             return q
         high = pick(self.high)
-        bits = 1 if self.kind == "q5_k" else 2
+        bits = 2 if self.kind == "q6_k" else 1
         shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
         top = (high.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
         return q | (top.reshape(count, -1) << 4)
@@ -90,7 +100,7 @@ class KQuantWeight(QuantizedWeight):
         """The float32 matrix (as gguf.quants.dequantize computes it), or only `rows`."""
         if rows is None:
             return _floats(self.kind, self.values(), self.scales, self.mins, self.d, self.dmin)
-        parts = (self.scales, self.mins, self.d, self.dmin)
+        parts = self.parts[2:]
         picked = (None if t is None else t.index_select(0, rows) for t in parts)
         return _floats(self.kind, self.values(rows), *picked)
 
@@ -99,16 +109,28 @@ class KQuantWeight(QuantizedWeight):
         return [_NONE if t is None else t for t in self.parts]
 
 
+def super_size(kind: str) -> int:
+    """Weights along K per d: 256 (a super-block), or 32 for q5_0 and q5_1."""
+    return 32 if kind in BLOCK_KINDS else SUPER
+
+
 def _floats(
     kind: str,
     q: torch.Tensor,
-    scales: torch.Tensor,
+    scales: torch.Tensor | None,
     mins: torch.Tensor | None,
     d: torch.Tensor,
     dmin: torch.Tensor | None,
 ) -> torch.Tensor:
     """Rows of integers q [n, K] with their scales as float32 weights [n, K]."""
     count, cols = q.shape
+    if kind in BLOCK_KINDS:  # q5_0: d (q - 16); q5_1: d q + m, held as dmin = -m
+        values = q.float().view(count, cols // 32, 32)
+        scale = d.float().unsqueeze(-1)
+        if dmin is None:
+            return (scale * (values - 16.0)).reshape(count, cols)
+        return (scale * values - dmin.float().unsqueeze(-1)).reshape(count, cols)
+    assert scales is not None
     sub = 16 if kind == "q6_k" else 32
     per = SUPER // sub
     scale = (d.float().repeat_interleave(per, dim=1) * scales.float()).unsqueeze(-1)
@@ -137,19 +159,17 @@ class KPanelRows(PanelRows):
         values = torch.stack((bytes_ & 0x0F, bytes_ >> 4), dim=-2)  # [n, blocks, 8, 2, 2]
         if self.kind != "q4_k":
             planes = high[panel].view(count, blocks, -1, 16, 2)[torch.arange(count), :, :, lane]
-            bits = 1 if self.kind == "q5_k" else 2
+            bits = 2 if self.kind == "q6_k" else 1
             shifts = torch.arange(0, 8, bits, dtype=torch.uint8).view(1, 1, 8 // bits, 1, 1)
             # Field f of plane j: group g = j * (8 // bits // 2) + f // 2, its pair f % 2.
             top = (planes.unsqueeze(2) >> shifts) & ((1 << bits) - 1)  # [n, blocks, f, j, c]
             top = top.permute(0, 1, 3, 2, 4).reshape(count, blocks, 8, 2, 2)
             values = values | (top << 4)
-        lanes = lambda t: t[panel, ..., lane]  # noqa: E731  # [n, ...] of a [P, ..., 16]
-        sc = lanes(scales).reshape(count, -1)
-        return _floats(
-            self.kind, values.reshape(count, -1), sc,
-            None if self.kind == "q6_k" else lanes(mins), lanes(d),
-            None if self.kind == "q6_k" else lanes(dmin),
-        )  # fmt: skip
+        # [n, ...] of a [P, ..., 16]; absent parts (empty) stay absent
+        lanes = lambda t: None if t.numel() == 0 else t[panel, ..., lane].reshape(count, -1)  # noqa: E731
+        held = [lanes(t) for t in (scales, mins, d, dmin)]
+        assert held[2] is not None
+        return _floats(self.kind, values.reshape(count, -1), held[0], held[1], held[2], held[3])
 
 
 def tied_panel_rows(
@@ -183,8 +203,11 @@ def _planes(top: np.ndarray, rows: int, bits: int) -> torch.Tensor:
 
 
 def from_gguf_kquant(raw: np.ndarray, gguf_type: str, shape: tuple[int, int]) -> KQuantWeight:
-    """A GGUF Q4_K/Q5_K/Q6_K tensor's raw bytes (rows of super-blocks) as a KQuantWeight."""
+    """A GGUF Q4_K/Q5_K/Q6_K (or Q5_0/Q5_1) tensor's raw bytes (rows of blocks) as a
+    KQuantWeight."""
     kind = GGUF_K_KINDS[gguf_type]
+    if kind in BLOCK_KINDS:
+        return _from_gguf_q5(raw, kind, shape)
     rows, cols = shape
     supers = cols // SUPER
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows * supers, FILE_BYTES[kind])
@@ -212,6 +235,21 @@ def from_gguf_kquant(raw: np.ndarray, gguf_type: str, shape: tuple[int, int]) ->
     )  # fmt: skip
 
 
+def _from_gguf_q5(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> KQuantWeight:
+    """Q5_0 (d, qh, qs) or Q5_1 (d, m, qh, qs) blocks of 32: the nibbles are q4_1's already,
+    and qh's little-endian bit e is element e's fifth bit, as `high` holds it."""
+    rows, cols = shape
+    fields = [("d", "<f2"), ("m", "<f2")] if kind == "q5_1" else [("d", "<f2")]
+    layout = np.dtype([*fields, ("qh", "u1", 4), ("qs", "u1", 16)])
+    blocks = np.ascontiguousarray(raw).view(np.uint8).view(layout).reshape(rows, cols // 32)
+    as_torch = lambda a: torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1))  # noqa: E731
+    dmin = as_torch(-blocks["m"]) if kind == "q5_1" else None  # w = d q - dmin
+    return KQuantWeight(
+        kind, shape, as_torch(blocks["qs"]), _NONE, None, as_torch(blocks["qh"]),
+        as_torch(blocks["d"]), dmin,
+    )  # fmt: skip
+
+
 def pack_panels(weight: KQuantWeight) -> list[torch.Tensor]:
     """The weight in the kernels' panels of 16 rows (kernels/kquant.h), P = ceil(N / 16):
     nibbles [P, blocks, 8, 32] as q4_1's panels; q5_k's fifth bits [P, blocks, 2, 32] (byte t
@@ -229,7 +267,7 @@ def pack_panels(weight: KQuantWeight) -> list[torch.Tensor]:
     low = q & 0x0F
     out = [(low[:, :, :, 0] | (low[:, :, :, 1] << 4)).contiguous()]
     top = q >> 4
-    if weight.kind == "q5_k":
+    if weight.kind in ("q5_k", *BLOCK_KINDS):
         fields = (
             top.reshape(panels, blocks, 2, 8, 32) << torch.arange(8, dtype=torch.uint8)[:, None]
         )
@@ -239,7 +277,9 @@ def pack_panels(weight: KQuantWeight) -> list[torch.Tensor]:
         out.append(_or_fields(top.reshape(panels, blocks, 4, 4, 32) << shifts))
     else:
         out.append(_NONE)
-    if weight.kind == "q6_k":
+    if weight.kind in BLOCK_KINDS:
+        out += [_NONE, _NONE]
+    elif weight.kind == "q6_k":
         out.append(by_panel(weight.scales).view(panels, blocks, 2, 16))
         out.append(_NONE)
     else:
