@@ -1,8 +1,8 @@
 """GGUF files (llama.cpp's format): metadata, model config and dequantized weights.
 
 Read with the `gguf` package, llama.cpp's own reader, mapped copy-on-write. Q8_0, Q4_0 and
-Q4_1 matrices can stay in their blocks (`zerohop.engine.model.quant`), Q4_K, Q5_K and Q6_K in
-theirs (`zerohop.engine.model.kquant`) and F16/BF16 matrices at 16 bits; other quantized tensors
+Q4_1 matrices can stay in their blocks (`zerohop.engine.model.quant`), Q4_K, Q5_K, Q6_K, Q5_0
+and Q5_1 in theirs (`zerohop.engine.model.kquant`) and F16/BF16 matrices at 16 bits; others
 are dequantized on load (`gguf.quants.dequantize`) to float32 and then to the engine's dtype.
 Tensor names become the Hugging Face names the model code uses, and the converter's Q/K row
 permutation of `llama`-architecture files is undone as transformers does.
