@@ -1,5 +1,5 @@
 """Mixture of experts (Qwen3-MoE): the block against transformers' own, the model from a
-Hugging Face folder and from GGUF files (F32, and experts kept in Q8_0/Q4_1 blocks) against
+Hugging Face folder and from GGUF files (F32; experts kept in Q8_0, Q4_1, Q4_K, Q6_K) against
 transformers, and a token's logits independent of the tokens that share its experts."""
 
 from __future__ import annotations
@@ -61,9 +61,15 @@ def sparse_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def gguf_files(sparse_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe-gguf")
-    return {
+    files = {
         q: write_gguf(sparse_folder, root / f"moe-{q}.gguf", q) for q in ("F32", "Q8_0", "Q4_1")
     }
+    # K-quants need rows of 256 (their block): hidden and expert widths 256.
+    shape = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, head_dim=64)
+    wide = build_tiny_model(root / "wide", "qwen3moe", mlp_only_layers=[], **shape)
+    for qtype in ("Q4_K", "Q6_K"):
+        files[qtype] = write_gguf(wide, root / f"moe-{qtype}.gguf", qtype)
+    return files
 
 
 # ------------------------------------------------------------------------------------------
@@ -191,6 +197,22 @@ def test_quantized_experts_compute_from_the_files_blocks(
         assert top in got_lp and abs(got_lp[top] - want_lp[top]) < 0.05, (got_lp, want_lp)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_experts_are_multiplied_in_their_own_kind(
+    gguf_files: dict[str, Path], qtype: str
+) -> None:
+    quantized = LLM(str(gguf_files[qtype]), **ENGINE)
+    exact = LLM(str(gguf_files[qtype]), **ENGINE, quantization="none")
+    expert = quantized.engine.model.layers[1].moe.experts[5]  # type: ignore[union-attr]
+    assert kernel_weight(expert.gate_up_proj).kind.startswith(qtype.lower())  # type: ignore[union-attr]
+    one = greedy(1, logprobs=5)
+    batch = prompts(3, seed=6)
+    for got, want in zip(quantized.generate(batch, one), exact.generate(batch, one), strict=True):
+        got_lp, want_lp = got.logprobs[0], want.logprobs[0]
+        top = max(want_lp, key=want_lp.__getitem__)
+        assert top in got_lp and abs(got_lp[top] - want_lp[top]) < 0.05, (got_lp, want_lp)
+
+
 def staggered(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list:
     """One request more every other step: prompts share steps with others' decodes."""
     engine, outs = llm.engine, {f"s{i}": [] for i in range(len(batch))}
@@ -213,7 +235,7 @@ def flatten(deltas: list) -> tuple[list[int], list]:
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K"])
 def test_alone_batched_chunked_and_cached_give_the_same_logits(
     gguf_files: dict[str, Path], qtype: str
 ) -> None:
