@@ -5,15 +5,23 @@ transformers, and a token's logits independent of the tokens that share its expe
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
-from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, build_tiny_model, hf_greedy
+from tests.fixtures.tiny_models import (
+    BOS_ID,
+    VOCAB_SIZE,
+    build_tiny_model,
+    hf_greedy,
+    load_hf_model,
+)
 from zerohop import LLM, SamplingParams
 from zerohop.engine import kernels
 from zerohop.engine.base.errors import ModelLoadError
@@ -170,6 +178,22 @@ def test_hf_folder_greedy_matches_transformers(mixed_folder: Path) -> None:
     assert len(layers[0].moe.experts) == 8 and layers[0].moe.top_k == 2  # type: ignore[union-attr]
     batch = prompts(3, seed=1)
     for prompt, out in zip(batch, llm.generate(batch, greedy()), strict=True):
+        assert out.token_ids == hf_greedy(mixed_folder, prompt, MAX_NEW)
+
+
+def test_stacked_expert_parameters_load_as_the_per_expert_ones(
+    mixed_folder: Path, tmp_path: Path
+) -> None:
+    # transformers 5 holds each layer's experts as [E, 2I, H] and [E, H, I] parameters; a
+    # checkpoint saved from that state dict as is names them so.
+    folder = tmp_path / "stacked"
+    shutil.copytree(mixed_folder, folder)
+    state = {k: v.contiguous() for k, v in load_hf_model(mixed_folder).state_dict().items()}
+    assert state["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 64, 64)
+    save_file(state, folder / "model.safetensors")
+    batch = prompts(2, seed=7)
+    outs = LLM(str(folder), **ENGINE).generate(batch, greedy())
+    for prompt, out in zip(batch, outs, strict=True):
         assert out.token_ids == hf_greedy(mixed_folder, prompt, MAX_NEW)
 
 

@@ -32,7 +32,7 @@ from zerohop.engine.model.linear import (
     make_side_by_side,
     onednn_available,
 )
-from zerohop.engine.model.moe import Expert, MoeBlock, silu_mul
+from zerohop.engine.model.moe import Expert, MoeBlock, silu_mul, split_stacked_experts
 from zerohop.engine.model.quant import BLOCK, PanelRows, QuantizedWeight, quantize_q8_0
 from zerohop.engine.model.rope import RotaryEmbedding, apply_rotary
 
@@ -94,6 +94,7 @@ class CausalLM:
         self.device = torch.device(device)
         self.quantization = quantization
         fused = split_fused(tensors, config)  # Phi-3's qkv_proj and gate_up_proj, by rows
+        fused = split_stacked_experts(fused)  # [experts, rows, cols] parameters, per expert
         weights = _WeightSource(fused, dtype, self.device, source, name_in_file, quantization)
         kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
         self.cache_kernels = (

@@ -10,13 +10,40 @@ experts in the order of their rank (not of their id or of the tokens' arrival), 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
 
 from zerohop.engine.model.linear import Linear
+from zerohop.engine.model.quant import QuantizedWeight
+
+_STACKED = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)")
+Weight: TypeAlias = torch.Tensor | QuantizedWeight
+
+
+def split_stacked_experts(tensors: Mapping[str, Weight]) -> dict[str, Weight]:
+    """`tensors` with transformers 5's stacked expert parameters (`experts.gate_up_proj`
+    [E, 2I, H], `experts.down_proj` [E, H, I], as a model's state dict holds them) replaced
+    by the per-expert matrices checkpoints store (`experts.{e}.gate_proj.weight`, ...): views."""
+    out = dict(tensors)
+    for name, stacked in tensors.items():
+        match = _STACKED.fullmatch(name)
+        if match is None or not isinstance(stacked, torch.Tensor) or stacked.dim() != 3:
+            continue
+        del out[name]
+        prefix, part = match.groups()
+        for e, matrix in enumerate(stacked.unbind(0)):
+            if part == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = matrix
+                continue
+            gate, up = matrix.chunk(2, dim=0)
+            out[f"{prefix}.{e}.gate_proj.weight"] = gate
+            out[f"{prefix}.{e}.up_proj.weight"] = up
+    return out
 
 
 @dataclass(slots=True, frozen=True)
