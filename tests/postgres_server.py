@@ -92,23 +92,29 @@ def _run_as() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root and no `postgres` or `nobody` user to run PostgreSQL as")
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` still runs. Zombies do not count: they hold no shared
-    memory, and a PID 1 that never reaps (some containers) would keep them forever."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: signal 0 (counts zombies, harmless where init reaps)
+def _live_processes() -> list[tuple[int, int, int]]:
+    """(pid, ppid, pgrp) of every process that is not a zombie (Linux /proc). Zombies do not
+    count: they hold no shared memory, and a PID 1 that never reaps (some containers) would
+    keep them forever."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")"
+            fields = stat.read_text().rpartition(")")[2].split()
+            if fields[0] != "Z":
+                found.append((int(stat.parent.name), int(fields[1]), int(fields[2])))
+    return found
+
+
+def _family_alive(postmaster: int, children: set[int]) -> bool:
+    """Whether the postmaster's process group or any of its `children` still runs."""
+    if not Path("/proc").is_dir():  # not Linux: signal 0 (counts zombies)
         try:
-            os.killpg(pgid, 0)
+            os.killpg(postmaster, 0)
         except ProcessLookupError:
             return False
         return True
-    for stat in proc.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after ")"
-            fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+    return any(pgrp == postmaster or pid in children for pid, _, pgrp in _live_processes())
 
 
 class PostgresServer:
@@ -239,24 +245,31 @@ class PostgresServer:
             self.kill()
 
     def kill(self) -> None:
-        """SIGKILL to the server and every backend (its process group), as a crash would; the
-        next start() runs crash recovery. Returns once none of them is left."""
+        """SIGKILL to the server and every backend, as a crash would; the next start() runs
+        crash recovery. Returns once none of them is left. Backends are not in the server's
+        process group (each calls setsid()), so they are found as its children: left alone,
+        one outlives the server for a moment and still answers its client."""
         if self.process is None:
             return
+        postmaster = self.process.pid
+        children = {pid for pid, ppid, _ in _live_processes() if ppid == postmaster}
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(postmaster, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         self.process.wait()
-        self._wait_group_gone(self.process.pid)
+        self._wait_gone(postmaster, children)
 
     @staticmethod
-    def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    def _wait_gone(postmaster: int, children: set[int], timeout: float = 10.0) -> None:
         # Backends still attached to the old shared memory would make the next start refuse.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _group_alive(pgid):
+            if not _family_alive(postmaster, children):
                 return
             time.sleep(0.01)
-        raise RuntimeError(f"PostgreSQL processes of group {pgid} outlived SIGKILL")
+        raise RuntimeError(f"PostgreSQL processes of server {postmaster} outlived SIGKILL")
 
     def close(self) -> None:
         """Stop the server and delete its folder."""

@@ -51,9 +51,11 @@ def test_kill_then_start_recovers_committed_rows(postgres: PostgresServer) -> No
     open_conn = psycopg.connect(postgres.url, autocommit=True)  # a client caught by the outage
     open_conn.execute("INSERT INTO harness VALUES (1)")
     postgres.kill()
-    with pytest.raises(psycopg.OperationalError):
-        open_conn.execute("SELECT 1")
-    open_conn.close()
-    postgres.start()
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            open_conn.execute("SELECT 1")
+    finally:  # the server is the session's: the tests after this one need it back
+        open_conn.close()
+        postgres.start()
     assert _count(postgres.url) == before + 1
     assert "database system was interrupted" in postgres.log()
