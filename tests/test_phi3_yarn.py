@@ -84,8 +84,11 @@ def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
     return [[BOS_ID] + [rng.randrange(4, VOCAB_SIZE) for _ in range(n - 1)] for n in lengths]
 
 
-def assert_greedy_matches(path: Path, reference: Path, lengths: tuple[int, ...]) -> LLM:
-    llm = LLM(str(path), num_kv_blocks=64, max_num_batched_tokens=256, quantization="none")
+def assert_greedy_matches(
+    path: Path, reference: Path, lengths: tuple[int, ...], **options: Any
+) -> LLM:
+    options = {"num_kv_blocks": 64, "max_num_batched_tokens": 256, **options}
+    llm = LLM(str(path), quantization="none", **options)
     batch = prompts(len(lengths), lengths)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     for prompt, out in zip(batch, llm.generate(batch, params), strict=True):
@@ -197,6 +200,9 @@ def test_longrope_greedy_matches_transformers(
     """Phi-4-mini's LongRoPE, from the folder and from the GGUF file (factors as tensors)."""
     path = longrope_phi3(folder, context)
     assert_greedy_matches(path, path, lengths)
+    if context > ORIGINAL:  # served within the original context: the short factors
+        llm = assert_greedy_matches(path, path, (5, 17), max_model_len=ORIGINAL)
+        assert llm.engine.max_model_len == ORIGINAL
     written = write_gguf(path, tmp_path / "longrope.gguf", "F32")
     names = {t.name for t in gguf.GGUFReader(written).tensors}
     assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= names

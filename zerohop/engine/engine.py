@@ -65,6 +65,10 @@ class LLMEngine(StepLoop):
             kernels.load().set_threads(torch.get_num_threads())
             if not omp.WORKERS_SLEEP:  # torch's spinning workers would starve ours
                 torch.set_num_threads(1)
+        self.max_model_len = min(
+            self.config.max_model_len or self.model_config.max_position_embeddings,
+            self.model_config.max_position_embeddings,
+        )
         self.model = CausalLM(
             self.model_config,
             weights,
@@ -73,12 +77,9 @@ class LLMEngine(StepLoop):
             str(checkpoint.path),
             checkpoint.name_in_file,
             quantization,
+            self.max_model_len,
         )
         clock.lap("weights")
-        self.max_model_len = min(
-            self.config.max_model_len or self.model_config.max_position_embeddings,
-            self.model_config.max_position_embeddings,
-        )
         num_blocks = num_kv_blocks(self.config, self.model, self.max_model_len)
         bs = self.config.block_size
         self.pool = BlockPool(num_blocks, bs, self.config.enable_prefix_caching)

@@ -42,7 +42,7 @@ class RopeConfig:
     truncate: bool = True  # YaRN's correction range rounded outward to whole dims
     rotary_dim: int | None = None  # rotate only this many leading dims of a head (Phi-3)
     # LongRoPE (Phi-3.5, Phi-4-mini): divisors per frequency within the original context, and
-    # the ones for a context past it (rope.py picks by the model's context, as llama.cpp does).
+    # the ones for a context past it (rope.py picks by the context served, as llama.cpp does).
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
 

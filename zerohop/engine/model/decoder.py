@@ -88,6 +88,7 @@ class CausalLM:
         source: str = "the checkpoint",
         name_in_file: Callable[[str], str] = str,
         quantization: str = "none",
+        context: int | None = None,  # the positions served; LongRoPE picks its factors by it
     ) -> None:
         self.config = config
         self.dtype = dtype
@@ -120,9 +121,8 @@ class CausalLM:
             self.embed_tokens = _lookup_from_panels(self.embed_tokens, self.lm_head)
         else:
             self.lm_head = self.linear(weights.take_matrix("lm_head.weight", (vocab, hidden)), None)
-        self.rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope, dtype, self.device
-        )
+        positions, rope = config.max_position_embeddings, config.rope
+        self.rotary = RotaryEmbedding(config.head_dim, positions, rope, dtype, self.device, context)
         self.scale = config.head_dim**-0.5
 
     def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:

@@ -2,12 +2,12 @@
 
 Computed the way transformers computes them (float32 inverse frequencies, cos/sin of the
 outer product times the attention factor, `rotate_half` layout), so logits match Hugging Face
-bit for bit. LongRoPE's factors are chosen once, by the model's context (the long ones where it
-passes the original context, as llama.cpp chooses by its context size), where transformers
-chooses them by each sequence's length: the two agree wherever the model's context and the
-sequence lie on the same side of the original context. With a partial rotary (Phi-3's
-`partial_rotary_factor`) the tables cover only the rotated leading dims of each head; the rest
-pass through.
+bit for bit. LongRoPE's factors are chosen once, by the context served (`--max-model-len`, else
+the model's): the long ones where it passes the original context, as llama.cpp chooses by its
+context size. transformers chooses them by each sequence's length; the two agree wherever the
+context served and the sequence lie on the same side of the original context. With a partial
+rotary (Phi-3's `partial_rotary_factor`) the tables cover only the rotated leading dims of each
+head; the rest pass through.
 """
 
 from __future__ import annotations
@@ -90,9 +90,10 @@ class RotaryEmbedding:
         rope: RopeConfig,
         dtype: torch.dtype,
         device: torch.device | str,
+        context: int | None = None,
     ) -> None:
         self.rotary_dim = rope.rotary_dim or head_dim
-        inv_freq = inverse_frequencies(self.rotary_dim, rope, max_positions)
+        inv_freq = inverse_frequencies(self.rotary_dim, rope, context or max_positions)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
