@@ -317,3 +317,18 @@ def test_gguf_longrope_without_its_factors_is_refused(folder: Factory, tmp_path:
         LLM(str(path), num_kv_blocks=16)
     message = str(info.value)
     assert path.name in message and "phi3.rope.scaling.type" in message and "longrope" in message
+
+
+def test_gguf_sliding_window_below_the_context_is_refused(folder: Factory, tmp_path: Path) -> None:
+    """Phi-3-mini-4k's files say `phi3.attention.sliding_window` = 2047 of 4096: every layer
+    here attends to the whole context, so such a file is refused as its config.json is."""
+    contents = gguf_contents(folder("phi3"), "F32")
+    contents.put("phi3.attention.sliding_window", 16, VT.UINT32)
+    path = write_contents(contents, tmp_path / "window.gguf")
+    with pytest.raises(ModelLoadError) as info:
+        LLM(str(path), num_kv_blocks=16)
+    message = str(info.value)
+    assert path.name in message and "phi3.attention.sliding_window" in message
+    contents.put("phi3.attention.sliding_window", 2048, VT.UINT32)  # the whole context: loads
+    whole = write_contents(contents, tmp_path / "whole-window.gguf")
+    assert LLM(str(whole), num_kv_blocks=16).engine.model_config.architecture == "Phi3ForCausalLM"

@@ -123,6 +123,7 @@ class GGUFFile:
         heads = self.arch_int("attention.head_count")
         head_dim = self.arch_int("attention.key_length", hidden // heads)
         embed = self._tensor("token_embd.weight")
+        self._refuse_sliding_window()
         return ModelConfig(
             architecture=ARCHITECTURES[arch],
             hidden_size=hidden,
@@ -169,6 +170,17 @@ class GGUFFile:
                 i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in self._tensors
             ),
         )
+
+    def _refuse_sliding_window(self) -> None:
+        """A window shorter than the context (Phi-3-mini-4k's 2047) is refused, as config.json's
+        `sliding_window` is: every layer here attends to the whole context."""
+        key = f"{self.architecture}.attention.sliding_window"
+        window, context = self.get(key), self.arch_int("context_length", 2048)
+        if isinstance(window, int) and 0 < window < context:
+            raise ModelLoadError(
+                f"{self.path}: field '{key}' = {window} (below the context length {context})"
+                " is not supported"
+            )
 
     def _rope(self, head_dim: int) -> RopeConfig:
         arch = self.architecture
