@@ -25,7 +25,13 @@ from transformers import Qwen2Config
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-from tests.fixtures.tiny_gguf import gguf_contents, quantize, write_contents, write_gguf
+from tests.fixtures.tiny_gguf import (
+    gguf_contents,
+    hf_gguf_greedy,
+    quantize,
+    write_contents,
+    write_gguf,
+)
 from tests.fixtures.tiny_models import (
     ARCHS,
     BOS_ID,
@@ -237,6 +243,17 @@ def test_phi3_gguf_matches_the_folder(folder: Factory, tmp_path: Path, partial: 
     assert shapes["blk.0.ffn_up.weight"] == (2 * 128, 64) and "blk.0.ffn_gate.weight" not in shapes
     assert reader.fields["phi3.rope.dimension_count"].contents() == int(16 * partial)
     assert_greedy_matches(written, path, (5, 23))
+
+
+def test_phi3_q8_0_file_matches_transformers_on_the_file(folder: Factory, tmp_path: Path) -> None:
+    """transformers' own reading of a Q8_0 phi3 file (its fused tensors split its way) gives
+    the same ids. Whole-head rotary: transformers reads no `phi3.rope.dimension_count`."""
+    written = write_gguf(folder("phi3", partial_rotary_factor=1.0), tmp_path / "q8.gguf", "Q8_0")
+    llm = LLM(str(written), num_kv_blocks=64, max_num_batched_tokens=256, quantization="none")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    for prompt in prompts(11, (5, 23)):
+        (out,) = llm.generate([prompt], params)
+        assert out.token_ids == hf_gguf_greedy(written, prompt, MAX_NEW), f"{len(prompt)} tokens"
 
 
 def test_yarn_gguf_matches_the_folder(folder: Factory, tmp_path: Path) -> None:
