@@ -286,11 +286,19 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache,
   });
 }
 
+// A row whose query sits at position len - 1 attends to the keys at positions > len - 1 -
+// window (a sliding window, Gemma 3's local layers): the last `window` of its `len` keys.
+// window 0: all of them. The keys a row reads depend on its position alone.
+inline int64_t window_start(int64_t len, int64_t window) {
+  return window > 0 && len > window ? len - window : 0;
+}
+
 // q: [B, H, D] (tokens may be strided); k_cache, v_cache: [slots, Hkv, D]; key_slots: [B, L]
 // int64 (padded); context_lens: [B] int64 (<= L); out: contiguous [B, H, D], written.
+// window > 0: each row over its last `window` keys only.
 inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor key_slots, torch::Tensor context_lens, double scale,
-                             torch::Tensor out) {
+                             torch::Tensor out, int64_t window = 0) {
   check_query(q, k_cache, v_cache, out);
   TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
                   key_slots.dim() == 2 && key_slots.size(0) == q.size(0),
@@ -302,8 +310,15 @@ inline void decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
   const int64_t* slots = key_slots.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   attend_rows(
-      q, k_cache, v_cache, width, [&](int64_t b) { return slots + b * width; },
-      [&](int64_t b) { return std::min(lens[b], width); }, scale, out);
+      q, k_cache, v_cache, width,
+      [&](int64_t b) {
+        return slots + b * width + window_start(std::min(lens[b], width), window);
+      },
+      [&](int64_t b) {
+        const int64_t len = std::min(lens[b], width);
+        return len - window_start(len, window);
+      },
+      scale, out);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -339,10 +354,11 @@ inline void prompt_tiles(const torch::Tensor& q, const torch::Tensor& k_cache,
 // Each query row of one prefill chunk over its sequence's cached keys (the chunk's own
 // already written): row i attends to the first first_len + i slots of key_slots, by the same
 // per-row routine as decode_attention. q: [T, H, D] (tokens may be strided); key_slots: [L]
-// int64 with L >= first_len + T - 1; out: contiguous [T, H, D], written.
+// int64 with L >= first_len + T - 1; out: contiguous [T, H, D], written. window > 0: each row
+// over its last `window` keys, row by row as decode_attention (the tiles share one start).
 inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                              torch::Tensor key_slots, int64_t first_len, double scale,
-                             torch::Tensor out) {
+                             torch::Tensor out, int64_t window = 0) {
   check_query(q, k_cache, v_cache, out);
   TORCH_CHECK(key_slots.scalar_type() == torch::kInt64 && key_slots.is_contiguous() &&
                   key_slots.dim() == 1,
@@ -351,14 +367,16 @@ inline void prompt_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
               "key_slots must cover every row's context");
   const int64_t* slots = key_slots.data_ptr<int64_t>();
 #if defined(__AVX2__) && defined(__FMA__)
-  if (q.size(2) % 64 == 0) {
+  if (q.size(2) % 64 == 0 && window_start(first_len + q.size(0) - 1, window) == 0) {
     prompt_tiles(q, k_cache, v_cache, slots, key_slots.numel(), first_len, scale, out);
     return;
   }
 #endif
   attend_rows(
-      q, k_cache, v_cache, key_slots.numel(), [&](int64_t) { return slots; },
-      [&](int64_t i) { return first_len + i; }, scale, out);
+      q, k_cache, v_cache, key_slots.numel(),
+      [&](int64_t i) { return slots + window_start(first_len + i, window); },
+      [&](int64_t i) { return first_len + i - window_start(first_len + i, window); }, scale,
+      out);
 }
 
 }  // namespace zerohop

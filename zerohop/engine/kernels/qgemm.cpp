@@ -610,6 +610,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("rms_norm", &zerohop::rms_norm, "RMSNorm, after residual += x when given");
   module.def("rotate", &zerohop::rotate, "rotary embedding in place (rotate_half layout)");
   module.def("silu_mul", &zerohop::silu_mul, "silu(gate) * up of a [T, 2I] gate|up matrix");
+  module.def("gelu_mul", &zerohop::gelu_mul, "gelu_tanh(gate) * up of a [T, 2I] gate|up matrix");
   pybind11::class_<zerohop::Product>(module, "Product")
       .def(pybind11::init<const std::string&, std::vector<torch::Tensor>,
                           c10::optional<torch::Tensor>, int64_t>(),

@@ -68,4 +68,26 @@ inline void silu_mul_row(const float* gate, const float* up, float* out, int64_t
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's gelu_pytorch_tanh): 0.5 g (1 + tanh(u)) with
+// u = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2u)).
+inline void gelu_tanh_mul_row(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr float k2 = -2.0f * 0.7978845608028654f, cube = 0.044715f;
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(cube), g),
+                                         _mm256_mul_ps(g, g), g);
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(k2), inner));
+    const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = gate[i], inner = cube * g * (g * g) + g;
+    out[i] = g / (1.0f + std::exp(k2 * inner)) * up[i];
+  }
+}
+
 }  // namespace zerohop

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from zerohop.engine.base.errors import ModelLoadError
+from zerohop.engine.model import gemma3
 from zerohop.engine.model.config import (
     ExpertConfig,
     ModelConfig,
@@ -37,6 +38,7 @@ ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gemma3": gemma3.ARCHITECTURE,
 }
 SUPPORTED_TYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
@@ -64,6 +66,8 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # the mixture-of-experts router
+    "post_attention_norm": "post_attention_layernorm",  # gemma3: the attention's output
+    "post_ffw_norm": "post_feedforward_layernorm",  # gemma3: the MLP's output
 }
 # [experts, rows, cols] tensors, one matrix per expert: model.layers.N.mlp.experts.E.<part>
 _EXPERT_TENSORS = {
@@ -123,11 +127,17 @@ class GGUFFile:
         heads = self.arch_int("attention.head_count")
         head_dim = self.arch_int("attention.key_length", hidden // heads)
         embed = self._tensor("token_embd.weight")
-        self._refuse_sliding_window()
+        layers = self.arch_int("block_count")
+        gemma = None
+        if arch == "gemma3":
+            where = str(self.path)
+            gemma = gemma3.from_gguf(self.get, layers, hidden, heads, head_dim, where)
+        else:
+            self._refuse_sliding_window()
         return ModelConfig(
             architecture=ARCHITECTURES[arch],
             hidden_size=hidden,
-            num_layers=self.arch_int("block_count"),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=self.arch_int("attention.head_count_kv", heads),
             head_dim=head_dim,
@@ -145,6 +155,7 @@ class GGUFFile:
             torch_dtype=None,
             experts=self._experts(),
             qk_norm_whole=self._qk_norm_whole(head_dim),
+            gemma3=gemma,
         )
 
     def _qk_norm_whole(self, head_dim: int) -> bool:
@@ -263,6 +274,8 @@ class GGUFFile:
                 weight = unpermute_rows(weight, heads)
             elif self.architecture == "llama" and ".attn_k." in name:
                 weight = unpermute_rows(weight, kv_heads)
+            if self.architecture == "gemma3" and ".ffn_norm." in name:  # the MLP's input
+                hf_name = hf_name.replace(".post_attention_", ".pre_feedforward_")
             if self.architecture == "phi3" and hf_name.endswith(".mlp.up_proj.weight"):
                 hf_name = hf_name.replace(".up_proj.", ".gate_up_proj.")  # gate and up fused
             out[hf_name] = weight

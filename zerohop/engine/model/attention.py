@@ -63,8 +63,11 @@ def paged_attention(
     batch: AttentionBatch,
     scale: float,
     kernels: CacheKernels | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D]."""
+    """q: [T, H, D]; k, v: [T, Hkv, D]. Writes k/v to the cache, returns [T, H * D].
+    window > 0: a query at position p attends to the keys at positions > p - window only
+    (a sliding window, as transformers' sliding_window_overlay)."""
     if kernels is not None:
         kernels.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
     else:
@@ -76,36 +79,51 @@ def paged_attention(
         n, group = batch.decode.num_seqs, batch.decode
         if kernels is not None:
             kernels.decode_attention(
-                q[:n], k_cache, v_cache, group.key_slots, group.context_lens, scale, out[:n]
+                q[:n],
+                k_cache,
+                v_cache,
+                group.key_slots,
+                group.context_lens,
+                scale,
+                out[:n],
+                window,
             )
         else:
-            out[:n] = _decode(q[:n], k_cache, v_cache, group, scale)
+            out[:n] = _decode(q[:n], k_cache, v_cache, group, scale, window)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         if kernels is not None:
             assert chunk.key_slots is not None, "the prompt kernel reads every key from the cache"
             first_len = chunk.key_slots.numel() - chunk.num_tokens + 1
             kernels.prompt_attention(
-                q[rows], k_cache, v_cache, chunk.key_slots, first_len, scale, out[rows]
+                q[rows], k_cache, v_cache, chunk.key_slots, first_len, scale, out[rows], window
             )
         else:
-            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
+            out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale, window)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    scale: float,
+    window: int,
 ) -> torch.Tensor:
     assert group.key_mask is not None, "the SDPA path needs the key mask"
+    mask = group.key_mask
+    if window > 0:
+        key_pos = torch.arange(mask.shape[-1], device=mask.device)
+        recent = key_pos.unsqueeze(0) >= (group.context_lens - window).unsqueeze(1)
+        mask = mask & recent.view(mask.shape)
     batch, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     # Query heads sharing a KV head become that head's "query rows": no KV repeat needed.
     grouped_q = q.view(batch, kv_heads, num_heads // kv_heads, head_dim)
     keys = _gather(k_cache, group.key_slots).transpose(1, 2)
     values = _gather(v_cache, group.key_slots).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        grouped_q, keys, values, attn_mask=group.key_mask, scale=scale
-    )
+    out = F.scaled_dot_product_attention(grouped_q, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(batch, num_heads, head_dim)
 
 
@@ -117,12 +135,15 @@ def _prefill(
     v_cache: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    window: int,
 ) -> torch.Tensor:
     if chunk.key_slots is None:
         keys, values, mask, causal = k, v, None, True
     else:
         keys, values = _gather(k_cache, chunk.key_slots), _gather(v_cache, chunk.key_slots)
         mask, causal = chunk.mask, False
+    if window > 0:
+        mask, causal = _window_mask(q.shape[0], keys.shape[0], window, q.device), False
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.transpose(0, 1).unsqueeze(0),
@@ -133,6 +154,13 @@ def _prefill(
         enable_gqa=True,
     )
     return out.squeeze(0).transpose(0, 1)
+
+
+def _window_mask(rows: int, ctx: int, window: int, device: torch.device) -> torch.Tensor:
+    """[rows, ctx]: the chunk's last `rows` positions, each over its causal window."""
+    query_pos = torch.arange(ctx - rows, ctx, device=device).unsqueeze(1)
+    key_pos = torch.arange(ctx, device=device).unsqueeze(0)
+    return (key_pos <= query_pos) & (key_pos > query_pos - window)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from zerohop.engine.base.errors import ModelLoadError
+from zerohop.engine.model import gemma3
+from zerohop.engine.model.gemma3 import Gemma3Config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -21,8 +23,10 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "OlmoeForCausalLM",
+    gemma3.ARCHITECTURE,
 )
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +86,7 @@ class ModelConfig:
     torch_dtype: str | None = None
     experts: ExpertConfig | None = None  # mixture of experts (moe.py): None, every layer dense
     qk_norm_whole: bool = False  # the q and k norms span all heads' projection (OLMoE)
+    gemma3: Gemma3Config | None = None  # Gemma 3's local/global layers, norms, scales
 
     def moe_layer(self, layer: int) -> bool:
         return self.experts is not None and self.experts.in_layer(layer)
@@ -99,11 +104,18 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        fields = _ConfigReader(raw, source)
         arch = _architecture(raw, source)
+        if arch == gemma3.ARCHITECTURE:  # transformers leaves its class defaults out of the file
+            raw = {**gemma3.DEFAULTS, **raw}
+        fields = _ConfigReader(raw, source)
         hidden = fields.int("hidden_size")
         heads = fields.int("num_attention_heads")
-        _reject_unsupported(raw, source)
+        gemma = None
+        if arch == gemma3.ARCHITECTURE:
+            gemma = gemma3.from_dict(raw, fields.int("num_hidden_layers"), source)
+            raw = gemma3.global_rope_params(raw)
+        else:
+            _reject_unsupported(raw, source)
         eos = raw.get("eos_token_id")
         return cls(
             architecture=arch,
@@ -119,11 +131,12 @@ class ModelConfig:
             rope=_rope_config(raw, source),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
+            qk_norm=arch in (*QK_NORM_ARCHITECTURES, gemma3.ARCHITECTURE),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             experts=_expert_config(raw, fields, arch) if arch in MOE_ARCHITECTURES else None,
             qk_norm_whole=arch == "OlmoeForCausalLM",
+            gemma3=gemma,
         )
 
 

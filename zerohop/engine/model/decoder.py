@@ -18,9 +18,10 @@ from zerohop.engine.base.errors import ModelLoadError
 from zerohop.engine.kernels import cpu_kernel
 from zerohop.engine.kernels import load as load_kernels
 from zerohop.engine.model.attention import AttentionBatch, CacheKernels, paged_attention
-from zerohop.engine.model.config import ModelConfig
+from zerohop.engine.model.config import ModelConfig, RopeConfig
 from zerohop.engine.model.fused import FusedOps
 from zerohop.engine.model.fused_weights import split_fused
+from zerohop.engine.model.gemma3 import embed_scale, gelu_mul
 from zerohop.engine.model.kquant import KQuantWeight, tied_panel_rows
 from zerohop.engine.model.linear import (
     Linear,
@@ -52,6 +53,11 @@ class LayerWeights:
     gate_up_proj: Linear | None  # gate and up stacked; None where the MLP is `moe`
     down_proj: Linear | None
     moe: MoeBlock | None = None  # a mixture-of-experts MLP (moe.py)
+    # Gemma 3: norms of the attention's and the MLP's outputs before each residual add, and
+    # the layer's sliding window (0: global; its own RoPE table where local)
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    window: int = 0
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,6 +66,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(torch.float32)
     variance = x32.pow(2).mean(-1, keepdim=True)
     return weight * (x32 * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def _normed(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return x if weight is None else rms_norm(x, weight, eps)
 
 
 def _lookup_from_panels(
@@ -97,6 +107,7 @@ class CausalLM:
         fused = split_fused(tensors, config)  # Phi-3's qkv_proj and gate_up_proj, by rows
         fused = split_stacked_experts(fused)  # [experts, rows, cols] parameters, per expert
         weights = _WeightSource(fused, dtype, self.device, source, name_in_file, quantization)
+        weights.norm_offset = config.gemma3.norm_offset if config.gemma3 else 0.0
         kernels = load_kernels() if cpu_kernel("decode_attention", self.device, dtype) else None
         self.cache_kernels = (
             CacheKernels(kernels.write_kv, kernels.decode_attention, kernels.prompt_attention)
@@ -115,7 +126,7 @@ class CausalLM:
             "model.embed_tokens.weight", (vocab, hidden)
         )
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
-        self.norm = weights.take("model.norm.weight", (hidden,))
+        self.norm = weights.take_norm("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
             self.lm_head = self.linear(self.embed_tokens, None)
             self.embed_tokens = _lookup_from_panels(self.embed_tokens, self.lm_head)
@@ -124,6 +135,13 @@ class CausalLM:
         positions, rope = config.max_position_embeddings, config.rope
         self.rotary = RotaryEmbedding(config.head_dim, positions, rope, dtype, self.device, context)
         self.scale = config.head_dim**-0.5
+        self.local_rotary: RotaryEmbedding | None = None  # Gemma 3's sliding-window layers
+        self.embed_scale: torch.Tensor | None = None
+        if config.gemma3 is not None:
+            local = RopeConfig(theta=config.gemma3.local_theta)
+            self.local_rotary = RotaryEmbedding(config.head_dim, positions, local, dtype, device)
+            self.scale = config.gemma3.query_pre_attn_scalar**-0.5
+            self.embed_scale = embed_scale(hidden, dtype)
 
     def _load_layer(self, w: _WeightSource, i: int) -> LayerWeights:
         c = self.config
@@ -145,17 +163,28 @@ class CausalLM:
         moe = self._load_moe(w, p) if c.moe_layer(i) else None
         dense = ("mlp.gate_proj", "mlp.up_proj") if moe is None else ()
         gate_up = [matrix(name, inter, hidden) for name in dense]
+        gemma = c.gemma3
         return LayerWeights(
-            input_norm=w.take(p + "input_layernorm.weight", (hidden,)),
+            input_norm=w.take_norm(p + "input_layernorm.weight", (hidden,)),
             qkv_proj=self.stacked_linear(qkv),
             qkv_sizes=(q_dim, kv_dim, kv_dim),
             o_proj=self.linear(*matrix("self_attn.o_proj", hidden, q_dim)),
-            q_norm=w.take(p + "self_attn.q_norm.weight", (q_norm_dim,)) if qk_norm else None,
-            k_norm=w.take(p + "self_attn.k_norm.weight", (k_norm_dim,)) if qk_norm else None,
-            post_norm=w.take(p + "post_attention_layernorm.weight", (hidden,)),
+            q_norm=w.take_norm(p + "self_attn.q_norm.weight", (q_norm_dim,)) if qk_norm else None,
+            k_norm=w.take_norm(p + "self_attn.k_norm.weight", (k_norm_dim,)) if qk_norm else None,
+            post_norm=w.take_norm(
+                p + ("pre_feedforward" if gemma else "post_attention") + "_layernorm.weight",
+                (hidden,),
+            ),
             gate_up_proj=self.stacked_linear(gate_up) if gate_up else None,
             down_proj=None if moe else self.linear(*matrix("mlp.down_proj", hidden, inter)),
             moe=moe,
+            attn_out_norm=w.take_norm(p + "post_attention_layernorm.weight", (hidden,))
+            if gemma
+            else None,
+            mlp_out_norm=w.take_norm(p + "post_feedforward_layernorm.weight", (hidden,))
+            if gemma
+            else None,
+            window=gemma.window(i) if gemma else 0,
         )
 
     def _load_moe(self, w: _WeightSource, prefix: str) -> MoeBlock:
@@ -204,8 +233,10 @@ class CausalLM:
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.embed_tokens, (QuantizedWeight, PanelRows)):
-            return self.embed_tokens.dequantize(input_ids)
-        return F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+            rows = self.embed_tokens.dequantize(input_ids)
+        else:
+            rows = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+        return rows if self.embed_scale is None else rows * self.embed_scale
 
     @torch.inference_mode()
     def forward(
@@ -228,16 +259,23 @@ class CausalLM:
                 self.fused_ops.set_decode_rows(-1)
         eps = self.config.rms_norm_eps
         hidden = self.embed(input_ids)
-        rotary = self.rotary.lookup(positions)
+        tables = [self.rotary.lookup(positions)]
+        if self.local_rotary is not None:
+            tables.append(self.local_rotary.lookup(positions))
 
         def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return apply_rotary(q, k, *rotary)
+            return apply_rotary(q, k, *tables[0])
+
+        def local_rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return apply_rotary(q, k, *tables[-1])
 
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             normed = rms_norm(hidden, layer.input_norm, eps)
-            hidden = hidden + self.attention(layer, normed, rope, attn, k_cache, v_cache)
+            turn = local_rope if layer.window else rope
+            out = self.attention(layer, normed, turn, attn, k_cache, v_cache)
+            hidden = hidden + _normed(out, layer.attn_out_norm, eps)
             normed = rms_norm(hidden, layer.post_norm, eps)
-            hidden = hidden + self.mlp(layer, normed)
+            hidden = hidden + _normed(self.mlp(layer, normed), layer.mlp_out_norm, eps)
         last = rms_norm(hidden[logits_rows], self.norm, eps)
         return self.lm_head(last).float()
 
@@ -267,19 +305,32 @@ class CausalLM:
         layers = self.layers
         decode_rows = attn.decode.num_seqs if attn.decode else 0
 
-        def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            # In place: q and k are fresh views of this layer's qkv; a partial rotary turns
-            # only the leading dims that cos and sin cover.
-            rotary = cos.shape[-1]
-            ops.rotate(q[..., :rotary], cos, sin)
-            ops.rotate(k[..., :rotary], cos, sin)
-            return q, k
+        def turner(cos: torch.Tensor, sin: torch.Tensor) -> Rope:
+            def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                # In place: q and k are fresh views of this layer's qkv; a partial rotary turns
+                # only the leading dims that cos and sin cover.
+                rotary = cos.shape[-1]
+                ops.rotate(q[..., :rotary], cos, sin)
+                ops.rotate(k[..., :rotary], cos, sin)
+                return q, k
+
+            return rope
+
+        rope = local_rope = turner(cos, sin)
+        if self.local_rotary is not None:
+            local = self.local_rotary
+            local_rope = turner(local.cos[positions], local.sin[positions])
+
+        def fused_norm(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+            return x if weight is None else ops.rms_norm(x, weight, eps, None)
 
         normed = ops.rms_norm(hidden, layers[0].input_norm, eps, None)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
-            attended = self.attention(layer, normed, rope, attn, k_cache, v_cache)
+            turn = local_rope if layer.window else rope
+            attended = self.attention(layer, normed, turn, attn, k_cache, v_cache)
+            attended = fused_norm(attended, layer.attn_out_norm)
             normed = ops.rms_norm(attended, layer.post_norm, eps, hidden)  # hidden += attended
-            mlp = self.mlp(layer, normed, decode_rows)
+            mlp = fused_norm(self.mlp(layer, normed, decode_rows), layer.mlp_out_norm)
             if i + 1 < len(layers):
                 normed = ops.rms_norm(mlp, layers[i + 1].input_norm, eps, hidden)  # hidden += mlp
             else:
@@ -293,7 +344,10 @@ class CausalLM:
         if layer.moe is not None:
             return layer.moe(x, decode_rows)
         assert layer.gate_up_proj is not None and layer.down_proj is not None
-        activation = self.fused_ops.silu_mul if self.fused_ops else silu_mul
+        if self.config.gemma3 is not None:
+            activation = self.fused_ops.gelu_mul if self.fused_ops else gelu_mul
+        else:
+            activation = self.fused_ops.silu_mul if self.fused_ops else silu_mul
         return layer.down_proj(activation(layer.gate_up_proj(x)))
 
     def attention(
@@ -319,7 +373,9 @@ class CausalLM:
             q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
         q, k = rope(q, k)
-        out = paged_attention(q, k, v, k_cache, v_cache, attn, self.scale, self.cache_kernels)
+        out = paged_attention(
+            q, k, v, k_cache, v_cache, attn, self.scale, self.cache_kernels, layer.window
+        )
         return layer.o_proj(out)
 
 
@@ -339,6 +395,15 @@ class _WeightSource:
         self.tensors, self.dtype, self.device, self.source = tensors, dtype, device, source
         self.name_in_file = name_in_file
         self.quantization = quantization
+        self.norm_offset = 0.0  # Gemma's RMSNorm multiplies by (1 + w): 1.0 from its folders
+
+    def take_norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A norm's weight, with the offset added in float32 (Gemma3RMSNorm's 1 + w)."""
+        if not self.norm_offset:
+            return self.take(name, shape)
+        weight = self._find(name, shape)
+        assert isinstance(weight, torch.Tensor), f"{name} is a vector"
+        return (weight.float() + self.norm_offset).to(dtype=self.dtype, device=self.device)
 
     def take_matrix(self, name: str, shape: tuple[int, int]) -> torch.Tensor | QuantizedWeight:
         weight = self._find(name, shape)

@@ -17,10 +17,13 @@ class FusedOps:
     rms_norm: Callable[..., torch.Tensor]  # (x, weight, eps, residual | None)
     rotate: Callable[..., None]  # (x [T, H, D], cos [T, D], sin [T, D]), in place
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    gelu_mul: Callable[[torch.Tensor], torch.Tensor]  # gelu_tanh(gate) * up (Gemma)
     # (rows): the quantized products' rows from this index on are prompt rows, which keep
     # float32 activations (decode rows round to int8); -1: every row decodes.
     set_decode_rows: Callable[[int], None]
 
     @classmethod
     def from_kernels(cls, module: ModuleType) -> FusedOps:
-        return cls(module.rms_norm, module.rotate, module.silu_mul, module.set_decode_rows)
+        return cls(
+            module.rms_norm, module.rotate, module.silu_mul, module.gelu_mul, module.set_decode_rows
+        )

@@ -1,0 +1,154 @@
+"""Gemma 3 text models (Gemma3ForCausalLM, GGUF `gemma3`) against transformers on the same
+random weights: local sliding-window layers (window 8, so 40-token prompts run far past it)
+between global ones, each with its own RoPE base, q/k norms, four (1 + w) norms a layer, the
+embedding scale and the query_pre_attn_scalar scale. Greedy ids identical at float32 on the
+C++ kernels and on plain torch ops, from the folder and from a GGUF file written as llama.cpp's
+converter writes it (norm weights stored as w + 1); logits the same alone, batched, chunked
+and cached past the window; soft-capping refused by field.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gguf import GGUFValueType as VT
+
+from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
+from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, build_tiny_model, hf_greedy
+from zerohop import LLM, SamplingParams
+from zerohop.engine import kernels
+from zerohop.engine.base.errors import ModelLoadError
+
+MAX_NEW = 8
+ENGINE: dict[str, Any] = {"num_kv_blocks": 64, "max_num_batched_tokens": 256}
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("gemma3") / "gemma3", "gemma3")
+
+
+@pytest.fixture(scope="module")
+def gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # As llama.cpp reads a gemma3 file: the query scale from the head size (no key holds
+    # Gemma's scalar), every 6th layer global (no key holds the layer types). Heads of 64:
+    # the prompt kernel's tiles run where a chunk's rows all lie within the window.
+    root = tmp_path_factory.mktemp("gemma3_gguf")
+    shape = {"head_dim": 64, "query_pre_attn_scalar": 64, "num_hidden_layers": 6}
+    shape["layer_types"] = None
+    return build_tiny_model(root / "gemma3", "gemma3", **shape)
+
+
+@pytest.fixture(scope="module")
+def gguf_file(gguf_folder: Path) -> Path:
+    return write_gguf(gguf_folder, gguf_folder.parent / "gemma3.gguf", "F32")
+
+
+def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[BOS_ID] + [rng.randrange(4, VOCAB_SIZE) for _ in range(n - 1)] for n in lengths]
+
+
+def greedy(logprobs: int | None = None) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=logprobs)
+
+
+def assert_greedy_matches(path: Path, reference: Path, lengths: tuple[int, ...]) -> LLM:
+    llm = LLM(str(path), quantization="none", **ENGINE)
+    batch = prompts(len(lengths), lengths)
+    for prompt, out in zip(batch, llm.generate(batch, greedy()), strict=True):
+        assert out.token_ids == hf_greedy(reference, prompt, MAX_NEW), f"{len(prompt)} tokens"
+    return llm
+
+
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["kernels", "torch"])
+def test_folder_greedy_matches_transformers_past_the_window(
+    folder: Path, with_kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not with_kernels:
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    llm = assert_greedy_matches(folder, folder, (5, 40))
+    model = llm.engine.model
+    assert [layer.window for layer in model.layers] == [WINDOW, 0, WINDOW]
+    assert model.scale == 24**-0.5
+    # q/k norms keep Gemma off the C++ decode step: the Python fused pass runs it.
+    assert llm.engine.runner.decode_step is None
+
+
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["kernels", "torch"])
+def test_gguf_greedy_matches_transformers(
+    gguf_folder: Path, gguf_file: Path, with_kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not with_kernels:
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    llm = assert_greedy_matches(gguf_file, gguf_folder, (6, 40))
+    assert [layer.window for layer in llm.engine.model.layers] == [WINDOW] * 5 + [0]
+
+
+def flatten(deltas: list[Any]) -> tuple[list[int], list[Any]]:
+    tokens: list[int] = []
+    logprobs: list[Any] = []
+    for new_ids, new_logprobs in deltas:
+        tokens += new_ids
+        logprobs += new_logprobs or []
+    return tokens, logprobs
+
+
+def staggered(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list[list[Any]]:
+    """One request more every other step: prompts share steps with others' decodes."""
+    engine, outs = llm.engine, {f"s{i}": [] for i in range(len(batch))}
+    waiting, steps = list(enumerate(batch)), 0
+    while waiting or engine.has_unfinished():
+        if waiting and steps % 2 == 0:
+            i, prompt = waiting.pop(0)
+            engine.add_request(f"s{i}", prompt, params)
+        for delta in engine.step():
+            outs[delta.request_id].append((delta.new_token_ids, delta.new_logprobs))
+        steps += 1
+    return [outs[f"s{i}"] for i in range(len(batch))]
+
+
+def test_alone_batched_chunked_and_cached_give_the_same_logits(gguf_file: Path) -> None:
+    rng = random.Random(5)
+    shared = [rng.randrange(4, VOCAB_SIZE) for _ in range(32)]  # whole blocks to cache
+    batch = [
+        [BOS_ID, *(shared if i % 2 == 0 else []), *prompts(i, (rng.randrange(3, 30),))[0][1:]]
+        for i in range(8)
+    ]
+    params, path = greedy(logprobs=5), str(gguf_file)
+
+    def results(outs: list[Any]) -> list[tuple[list[int], list[Any]]]:
+        return [(out.token_ids, out.logprobs) for out in outs]
+
+    alone = LLM(path, **ENGINE, enable_prefix_caching=False)
+    want = [results(alone.generate([p], params))[0] for p in batch]
+    together = LLM(path, **ENGINE)
+    assert results(together.generate(batch, params)) == want
+    assert results(together.generate(batch, params)) == want  # from the prefix cache
+    chunked = LLM(path, **ENGINE | {"max_num_batched_tokens": 12})
+    assert [flatten(d) for d in staggered(chunked, batch, params)] == want
+
+
+@pytest.mark.parametrize("name", ["attn_logit_softcapping", "final_logit_softcapping"])
+def test_soft_capping_is_refused_by_field(folder: Path, tmp_path: Path, name: str) -> None:
+    copy = tmp_path / "capped"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config[name] = 30.0
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=rf"config\.json: field '{name}'"):
+        LLM(str(copy), **ENGINE)
+
+
+def test_a_gguf_file_with_soft_capping_is_refused(gguf_folder: Path, tmp_path: Path) -> None:
+    contents = gguf_contents(gguf_folder, "F32")
+    contents.put("gemma3.final_logit_softcapping", 30.0, VT.FLOAT32)
+    path = write_contents(contents, tmp_path / "capped.gguf")
+    with pytest.raises(ModelLoadError, match=r"capped\.gguf.*'gemma3\.final_logit_softcapping'"):
+        LLM(str(path), **ENGINE)
