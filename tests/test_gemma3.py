@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from gguf import GGUFValueType as VT
+from transformers import AutoTokenizer
 
 from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, build_tiny_model, hf_greedy
@@ -152,3 +153,58 @@ def test_a_gguf_file_with_soft_capping_is_refused(gguf_folder: Path, tmp_path: P
     path = write_contents(contents, tmp_path / "capped.gguf")
     with pytest.raises(ModelLoadError, match=r"capped\.gguf.*'gemma3\.final_logit_softcapping'"):
         LLM(str(path), **ENGINE)
+
+
+# Gemma 3's chat template (as its tokenizer_config.json ships it, images left out): no system
+# role, so a system message is folded into the first user turn; the assistant is "model".
+GEMMA_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim }}
+    {{- '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\\n'}}
+{%- endif -%}
+"""
+CHAT = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Hi there "},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "What is 2 + 2?"},
+]
+WANT = (
+    "<s><start_of_turn>user\nAnswer briefly.\n\nHi there<end_of_turn>\n"
+    "<start_of_turn>model\nHello.<end_of_turn>\n"
+    "<start_of_turn>user\nWhat is 2 + 2?<end_of_turn>\n<start_of_turn>model\n"
+)
+
+
+def test_gemma_chat_template_from_the_folder_and_the_file(
+    gguf_folder: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "chat"
+    shutil.copytree(gguf_folder, folder)
+    (folder / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
+    reference = AutoTokenizer.from_pretrained(folder)
+    assert reference.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == WANT
+    assert LLM(str(folder), **ENGINE).engine.tokenizer.apply_chat_template(CHAT) == WANT
+    contents = gguf_contents(gguf_folder, "F32")
+    contents.put("tokenizer.chat_template", GEMMA_TEMPLATE, VT.STRING)
+    path = write_contents(contents, tmp_path / "chat.gguf")
+    assert LLM(str(path), **ENGINE).engine.tokenizer.apply_chat_template(CHAT) == WANT
