@@ -82,6 +82,24 @@ def test_folder_greedy_matches_transformers_past_the_window(
     assert llm.engine.runner.decode_step is None
 
 
+def test_a_config_in_the_released_checkpoints_layout_loads(folder: Path, tmp_path: Path) -> None:
+    # Gemma 3's released config.json: rope_theta, rope_local_base_freq and rope_scaling at the
+    # top level, layers by sliding_window_pattern; transformers' class defaults left out.
+    legacy = tmp_path / "legacy"
+    shutil.copytree(folder, legacy)
+    config = json.loads((legacy / "config.json").read_text())
+    del config["rope_parameters"]
+    del config["layer_types"], config["tie_word_embeddings"], config["hidden_activation"]
+    config["sliding_window_pattern"] = 2  # local, global, local
+    config["rope_theta"] = 2e5
+    config["rope_local_base_freq"] = 500.0  # not the default 10000
+    config["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (legacy / "config.json").write_text(json.dumps(config))
+    llm = assert_greedy_matches(legacy, legacy, (40,))
+    assert llm.engine.model.config.gemma3.local_theta == 500.0  # type: ignore[union-attr]
+    assert [layer.window for layer in llm.engine.model.layers] == [WINDOW, 0, WINDOW]
+
+
 @pytest.mark.parametrize("with_kernels", [True, False], ids=["kernels", "torch"])
 def test_gguf_greedy_matches_transformers(
     gguf_folder: Path, gguf_file: Path, with_kernels: bool, monkeypatch: pytest.MonkeyPatch
@@ -115,7 +133,10 @@ def staggered(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list[
     return [outs[f"s{i}"] for i in range(len(batch))]
 
 
-def test_alone_batched_chunked_and_cached_give_the_same_logits(gguf_file: Path) -> None:
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_alone_batched_chunked_and_cached_give_the_same_logits(
+    gguf_folder: Path, gguf_file: Path, qtype: str
+) -> None:
     rng = random.Random(5)
     shared = [rng.randrange(4, VOCAB_SIZE) for _ in range(32)]  # whole blocks to cache
     batch = [
@@ -123,6 +144,8 @@ def test_alone_batched_chunked_and_cached_give_the_same_logits(gguf_file: Path) 
         for i in range(8)
     ]
     params, path = greedy(logprobs=5), str(gguf_file)
+    if qtype != "F32":
+        path = str(write_gguf(gguf_folder, gguf_folder.parent / f"gemma3-{qtype}.gguf", qtype))
 
     def results(outs: list[Any]) -> list[tuple[list[int], list[Any]]]:
         return [(out.token_ids, out.logprobs) for out in outs]
