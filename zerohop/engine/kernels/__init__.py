@@ -40,6 +40,7 @@ HEADERS = tuple(
         "vec_math.h",
         "decode_step.h",
         "dense_gemm.h",
+        "bf16_gemm.h",
         "token_mask.h",
         "int16_rows.h",
         "panel_product.h",

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "bf16_gemm.h"
 #include "dense_gemm.h"
 #include "kquant.h"
 #include "panel_product.h"
@@ -24,10 +25,11 @@ torch::Tensor q4_1_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, to
 // One weight matrix as zerohop's kernels hold it: "dense" (dense_pack's panels of a float32,
 // float16 or bfloat16 W), "q8_0" (qs, d), "q4_1" (qs, d, m), "q8_0_panels" and "q4_1_panels"
 // (q8_0_pack's and q4_1_pack's: the products on AVX-512 VNNI), and the K-quants q4_k, q5_k,
-// q6_k (with q5_0, q5_1) and their "_panels" (kquant.h: six tensors each).
+// q6_k (with q5_0, q5_1) and their "_panels" (kquant.h: six tensors each), "bf16_panels"
+// (bf16_pack's: the bfloat16 product on AVX-512 BF16).
 class Product {
  public:
-  enum class Kind { kDense, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant, kStack };
+  enum class Kind { kDense, kBf16, kQ8_0, kQ4_1, kQ8_0Panels, kQ4_1Panels, kKQuant, kStack };
 
   Product(const std::string& kind, std::vector<torch::Tensor> tensors,
           c10::optional<torch::Tensor> bias, int64_t out_features = 0)
@@ -35,7 +37,7 @@ class Product {
         out_features_(out_features) {
     const size_t expected = kind_ == Kind::kStack                                   ? 0
                             : kind_ == Kind::kKQuant                                ? 6
-                            : kind_ == Kind::kDense                                 ? 1
+                            : kind_ == Kind::kDense || kind_ == Kind::kBf16        ? 1
                             : kind_ == Kind::kQ8_0 || kind_ == Kind::kQ8_0Panels ? 2
                                                                                  : 3;
     TORCH_CHECK(tensors_.size() == expected, kind, " takes ", expected, " tensors");
@@ -45,6 +47,7 @@ class Product {
     torch::Tensor out;
     switch (kind_) {
       case Kind::kDense: out = dense_linear(x, tensors_[0], out_features_); break;
+      case Kind::kBf16: out = bf16_linear(x, tensors_[0], out_features_); break;
       case Kind::kQ8_0: out = q8_0_linear(x, tensors_[0], tensors_[1]); break;
       case Kind::kQ4_1: out = q4_1_linear(x, tensors_[0], tensors_[1], tensors_[2]); break;
       case Kind::kQ8_0Panels:
@@ -85,6 +88,7 @@ class Product {
   static Kind parse(const std::string& kind) {
     if (kind == "stack") return Kind::kStack;
     if (kind == "dense") return Kind::kDense;
+    if (kind == "bf16_panels") return Kind::kBf16;
     if (kind == "q8_0") return Kind::kQ8_0;
     if (kind == "q8_0_panels") return Kind::kQ8_0Panels;
     if (kind == "q4_1_panels") return Kind::kQ4_1Panels;

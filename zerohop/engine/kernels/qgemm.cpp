@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "bf16_gemm.h"
 #include "decode_step.h"
 #include "dense_gemm.h"
 #include "kquant.h"
@@ -602,6 +603,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              "a float32/float16/bfloat16 W [N, K] in the dense kernel's panels [N / 16, K, 16]");
   module.def("dense_linear", &zerohop::dense_linear,
              "x @ W.T with W packed by dense_pack (float32, float16 or bfloat16)");
+  module.def("bf16_pack", &zerohop::bf16_pack,
+             "a bfloat16 W [N, K] in the bf16 product's panels [N / 16, K / 2, 16, 2]");
+  module.def("bf16_linear", &zerohop::bf16_linear,
+             "x @ W.T with W packed by bf16_pack, x rounded to bfloat16 (vdpbf16ps)");
+  module.def("bf16_dot", &zerohop::bf16_dot,
+             "whether bfloat16 weights can be multiplied with AVX-512 BF16 (bf16_linear)");
   module.def("decode_attention", &zerohop::decode_attention,
              "one query token per sequence over the paged KV cache, into out");
   module.def("prompt_attention", &zerohop::prompt_attention,

@@ -24,6 +24,7 @@ from zerohop.engine.model.fused_weights import split_fused
 from zerohop.engine.model.gemma3 import embed_scale, gelu_mul
 from zerohop.engine.model.kquant import KQuantWeight, tied_panel_rows
 from zerohop.engine.model.linear import (
+    DensePanelRows,
     Linear,
     kernel_weight,
     make_dense_linear,
@@ -74,10 +75,13 @@ def _normed(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.T
 
 def _lookup_from_panels(
     embedding: torch.Tensor | QuantizedWeight | PanelRows, lm_head: Linear
-) -> torch.Tensor | QuantizedWeight | PanelRows:
-    """A tied q8_0 embedding read from its output layer's panels (kernels/panel_product.h),
-    so the matrix is held once; any other embedding as it is."""
+) -> torch.Tensor | QuantizedWeight | PanelRows | DensePanelRows:
+    """A tied q8_0 or 16-bit embedding read from its output layer's panels
+    (kernels/panel_product.h, dense_gemm.h, bf16_gemm.h), so the matrix is held once; any
+    other embedding as it is."""
     packed = kernel_weight(lm_head)
+    if isinstance(embedding, torch.Tensor) and embedding.dtype in (torch.float16, torch.bfloat16):
+        return DensePanelRows.of(packed) or embedding
     if not isinstance(embedding, QuantizedWeight) or packed is None:
         return embedding
     if isinstance(embedding, KQuantWeight) and packed.kind == f"{embedding.kind}_panels":
@@ -122,9 +126,8 @@ class CausalLM:
         else:
             self.float_linear = make_plain_linear
         vocab, hidden = config.vocab_size, config.hidden_size
-        self.embed_tokens: torch.Tensor | QuantizedWeight | PanelRows = weights.take_matrix(
-            "model.embed_tokens.weight", (vocab, hidden)
-        )
+        self.embed_tokens: torch.Tensor | QuantizedWeight | PanelRows | DensePanelRows
+        self.embed_tokens = weights.take_matrix("model.embed_tokens.weight", (vocab, hidden))
         self.layers = [self._load_layer(weights, i) for i in range(config.num_layers)]
         self.norm = weights.take_norm("model.norm.weight", (hidden,))
         if config.tie_word_embeddings:
@@ -232,7 +235,7 @@ class CausalLM:
         return self.float_linear(weight, bias)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.embed_tokens, (QuantizedWeight, PanelRows)):
+        if isinstance(self.embed_tokens, (QuantizedWeight, PanelRows, DensePanelRows)):
             rows = self.embed_tokens.dequantize(input_ids)
         else:
             rows = F.embedding(input_ids, self.embed_tokens).to(self.dtype)

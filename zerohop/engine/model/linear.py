@@ -10,6 +10,7 @@ memory-mapped view, so weights stay in memory once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -146,17 +147,59 @@ def _kquant_linear(ops: Any, weight: KQuantWeight, bias: torch.Tensor | None, wi
 
 
 def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """make_dense_path_linear on the default path for W's dtype; ZEROHOP_BF16_DOT=0 keeps
+    bfloat16 weights on the exact widening path."""
+    bf16_dot = False if os.environ.get("ZEROHOP_BF16_DOT") == "0" else None
+    return make_dense_path_linear(weight, bias, bf16_dot)
+
+
+def make_dense_path_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, bf16_dot: bool | None
+) -> Linear:
     """x @ W.T + bias on zerohop's dense kernel (kernels/dense_gemm.h), for a float32,
     float16 or bfloat16 W at any row count: W is packed once into the kernel's panels, and a
-    16-bit W stays at 16 bits (widened in registers, exactly)."""
+    16-bit W stays at 16 bits (widened in registers, exactly). A bfloat16 W is multiplied
+    with AVX-512 BF16 instead (kernels/bf16_gemm.h: x rounded to bfloat16, ~2x faster at
+    8-64 rows) where the kernels have it (`bf16_dot` None) or when told (True); False keeps
+    the exact widening path, as on CPUs without the instruction."""
     from zerohop.engine import kernels
 
     ops = kernels.load()
     out_features = weight.shape[0]
-    packed = ops.dense_pack(weight.contiguous())
+    if bf16_dot is None:
+        bf16_dot = bool(ops.bf16_dot()) and weight.shape[-1] % 2 == 0
+    if weight.dtype == torch.bfloat16 and bf16_dot:
+        kind, packed, product = "bf16_panels", ops.bf16_pack(weight.contiguous()), ops.bf16_linear
+    else:
+        kind, packed, product = "dense", ops.dense_pack(weight.contiguous()), ops.dense_linear
 
     def linear(x: torch.Tensor) -> torch.Tensor:
-        out = ops.dense_linear(x.contiguous(), packed, out_features)
+        out: torch.Tensor = product(x.contiguous(), packed, out_features)
         return out if bias is None else out.add_(bias)
 
-    return _with_kernel_weight(linear, KernelWeight("dense", (packed,), bias, out_features))
+    return _with_kernel_weight(linear, KernelWeight(kind, (packed,), bias, out_features))
+
+
+@dataclass(slots=True, frozen=True)
+class DensePanelRows:
+    """A tied embedding read from its output layer's dense or bf16 panels (held once):
+    row r is lane r % 16 of panel r // 16."""
+
+    panels: torch.Tensor  # dense_pack's [P, K, 16] or bf16_pack's [P, K / 2, 16, 2]
+    hidden: int
+
+    @staticmethod
+    def of(weight: KernelWeight | None) -> DensePanelRows | None:
+        if weight is None or weight.kind not in ("dense", "bf16_panels") or weight.bias is not None:
+            return None
+        panels = weight.tensors[0]
+        return DensePanelRows(panels, panels.shape[1] * (2 if panels.dim() == 4 else 1))
+
+    def dequantize(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `input_ids`, in float32."""
+        panel, lane = input_ids // 16, input_ids % 16
+        if self.panels.dim() == 4:
+            rows = self.panels[panel, :, lane, :]  # [T, K / 2, 2]
+        else:
+            rows = self.panels[panel, :, lane]  # [T, K]
+        return rows.reshape(-1, self.hidden).float()
