@@ -128,11 +128,11 @@ def test_prompt_attention_gives_each_row_the_decode_arithmetic(
     decoded = torch.empty_like(q)
     lens = torch.arange(1, 201)
     ops.decode_attention(q, k_cache, v_cache, key_slots.expand(200, -1).contiguous(), lens,
-                         0.125, decoded)  # fmt: skip
+                         0.125, decoded, 0)  # fmt: skip
     for start, end in ((0, 200), (0, 37), (37, 38), (38, 200), (150, 199), (65, 130), (3, 12)):
         out = torch.empty(end - start, heads, dim)
         ops.prompt_attention(q[start:end], k_cache, v_cache, key_slots[:end].contiguous(),
-                             start + 1, 0.125, out)  # fmt: skip
+                             start + 1, 0.125, out, 0)  # fmt: skip
         assert torch.equal(out, decoded[start:end]), (start, end)
 
 
@@ -141,4 +141,4 @@ def test_prompt_attention_refuses_slots_that_do_not_cover_the_rows() -> None:
     cache = torch.zeros(10, 1, 8)
     with pytest.raises(RuntimeError, match="cover every row"):
         ops.prompt_attention(torch.zeros(4, 1, 8), cache, cache.clone(), torch.arange(3),
-                             1, 1.0, torch.empty(4, 1, 8))  # fmt: skip
+                             1, 1.0, torch.empty(4, 1, 8), 0)  # fmt: skip

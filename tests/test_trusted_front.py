@@ -158,9 +158,13 @@ def test_claude_code_behind_the_front_is_audited_as_its_user(servers: dict, tmp_
     messages = [e for e in front.exchanges if e.path.startswith("/v1/messages")]
     assert messages and all(e.status == 429 for e in messages), messages
     assert all(e.request_headers["x-claude-gateway-user-id"] == "sub-7f3a" for e in messages)
-    audited = wait_until(
-        lambda: _audit(trusted, keys["admin"], api_key_id=keys["spent"]["key_id"]), 5
-    )
-    claude_code = [r for r in audited if r.get("end_user") == "sub-7f3a"]
-    assert claude_code and all(r["status"] == 429 for r in claude_code), audited
+
+    def claude_codes_records() -> list[dict]:
+        # The key's other tests' records may be written first: the audit log is written in
+        # the background, so wait for this user's own.
+        audited = _audit(trusted, keys["admin"], api_key_id=keys["spent"]["key_id"])
+        return [r for r in audited if r.get("end_user") == "sub-7f3a"]
+
+    claude_code = wait_until(claude_codes_records, 5)
+    assert claude_code and all(r["status"] == 429 for r in claude_code), claude_code
     assert {r["end_user_email"] for r in claude_code} == {"ada@example.com"}

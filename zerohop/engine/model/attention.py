@@ -20,9 +20,10 @@ import torch.nn.functional as F
 @dataclass(slots=True, frozen=True)
 class CacheKernels:
     """zerohop's C++ cache operations (CPU): `write_kv(k, v, k_cache, v_cache, slots)`,
-    `decode_attention(q, k_cache, v_cache, key_slots, context_lens, scale, out)`, which reads
-    keys and values in place from their slots, and `prompt_attention(q, k_cache, v_cache,
-    key_slots, first_len, scale, out)`, a chunk's rows each as decode_attention would."""
+    `decode_attention(q, k_cache, v_cache, key_slots, context_lens, scale, out, window)`, which
+    reads keys and values in place from their slots, and `prompt_attention(q, k_cache, v_cache,
+    key_slots, first_len, scale, out, window)`, a chunk's rows each as decode_attention would;
+    `window` > 0 limits each row to its last `window` keys (a sliding window), 0 to none."""
 
     write_kv: Callable[..., None]
     decode_attention: Callable[..., None]
