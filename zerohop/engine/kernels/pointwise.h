@@ -86,8 +86,9 @@ inline void rotate(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   });
 }
 
-// gate_up: [T, 2 I] (gate then up) -> [T, I] silu(gate) * up.
-inline torch::Tensor silu_mul(torch::Tensor gate_up) {
+// gate_up: [T, 2 I] (gate then up) -> [T, I] act(gate) * up, row by row by `row`.
+template <typename GatedRow>
+inline torch::Tensor gated_rows(const torch::Tensor& gate_up, GatedRow row) {
   check_rows(gate_up, "gate_up");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
   auto out = torch::empty({rows, width}, gate_up.options());
@@ -96,26 +97,20 @@ inline torch::Tensor silu_mul(torch::Tensor gate_up) {
   for_rows(rows, width, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = in + r * 2 * width;
-      silu_mul_row(g, g + width, o + r * width, width);
+      row(g, g + width, o + r * width, width);
     }
   });
   return out;
 }
 
-// gate_up: [T, 2 I] (gate then up) -> [T, I] gelu_tanh(gate) * up (Gemma), row by row.
+// silu(gate) * up.
+inline torch::Tensor silu_mul(torch::Tensor gate_up) {
+  return gated_rows(gate_up, silu_mul_row);
+}
+
+// gelu_tanh(gate) * up (Gemma).
 inline torch::Tensor gelu_mul(torch::Tensor gate_up) {
-  check_rows(gate_up, "gate_up");
-  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, width}, gate_up.options());
-  const float* in = gate_up.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  for_rows(rows, width, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* g = in + r * 2 * width;
-      gelu_tanh_mul_row(g, g + width, o + r * width, width);
-    }
-  });
-  return out;
+  return gated_rows(gate_up, gelu_tanh_mul_row);
 }
 
 }  // namespace zerohop
