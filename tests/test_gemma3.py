@@ -19,6 +19,7 @@ import pytest
 from gguf import GGUFValueType as VT
 from transformers import AutoTokenizer
 
+from tests.fixtures.engine_runs import staggered
 from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
 from tests.fixtures.tiny_models import BOS_ID, VOCAB_SIZE, build_tiny_model, hf_greedy
 from zerohop import LLM, SamplingParams
@@ -117,20 +118,6 @@ def flatten(deltas: list[Any]) -> tuple[list[int], list[Any]]:
         tokens += new_ids
         logprobs += new_logprobs or []
     return tokens, logprobs
-
-
-def staggered(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list[list[Any]]:
-    """One request more every other step: prompts share steps with others' decodes."""
-    engine, outs = llm.engine, {f"s{i}": [] for i in range(len(batch))}
-    waiting, steps = list(enumerate(batch)), 0
-    while waiting or engine.has_unfinished():
-        if waiting and steps % 2 == 0:
-            i, prompt = waiting.pop(0)
-            engine.add_request(f"s{i}", prompt, params)
-        for delta in engine.step():
-            outs[delta.request_id].append((delta.new_token_ids, delta.new_logprobs))
-        steps += 1
-    return [outs[f"s{i}"] for i in range(len(batch))]
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])

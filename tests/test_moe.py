@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
+from tests.fixtures.engine_runs import staggered
 from tests.fixtures.tiny_gguf import gguf_contents, write_contents, write_gguf
 from tests.fixtures.tiny_models import (
     BOS_ID,
@@ -205,50 +206,30 @@ def test_f32_gguf_greedy_matches_transformers(gguf_files: dict[str, Path], spars
         assert out.token_ids == hf_greedy(sparse_folder, prompt, MAX_NEW)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_quantized_experts_compute_from_the_files_blocks(
-    gguf_files: dict[str, Path], qtype: str
+@pytest.mark.parametrize(
+    ("qtype", "layer", "expert", "product", "seed"),
+    [
+        ("Q8_0", 0, 3, "down_proj", 3),
+        ("Q4_1", 0, 3, "down_proj", 3),
+        ("Q4_K", 1, 5, "gate_up_proj", 6),
+        ("Q6_K", 1, 5, "gate_up_proj", 6),
+    ],
+)
+def test_quantized_experts_are_multiplied_in_the_files_own_kind(
+    gguf_files: dict[str, Path], qtype: str, layer: int, expert: int, product: str, seed: int
 ) -> None:
+    """Block (Q8_0, Q4_1) and K-quant (Q4_K, Q6_K) experts stay in their kind, close to the
+    dequantized model."""
     quantized = LLM(str(gguf_files[qtype]), **ENGINE)
     exact = LLM(str(gguf_files[qtype]), **ENGINE, quantization="none")
-    expert = quantized.engine.model.layers[0].moe.experts[3]  # type: ignore[union-attr]
-    assert kernel_weight(expert.down_proj).kind.startswith(qtype.lower())  # type: ignore[union-attr]
-    batch = prompts(3, seed=3)
+    linear = getattr(quantized.engine.model.layers[layer].moe.experts[expert], product)  # type: ignore[union-attr]
+    assert kernel_weight(linear).kind.startswith(qtype.lower())  # type: ignore[union-attr]
+    batch = prompts(3, seed=seed)
     one = greedy(1, logprobs=5)
     for got, want in zip(quantized.generate(batch, one), exact.generate(batch, one), strict=True):
         got_lp, want_lp = got.logprobs[0], want.logprobs[0]
         top = max(want_lp, key=want_lp.__getitem__)
         assert top in got_lp and abs(got_lp[top] - want_lp[top]) < 0.05, (got_lp, want_lp)
-
-
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_k_quant_experts_are_multiplied_in_their_own_kind(
-    gguf_files: dict[str, Path], qtype: str
-) -> None:
-    quantized = LLM(str(gguf_files[qtype]), **ENGINE)
-    exact = LLM(str(gguf_files[qtype]), **ENGINE, quantization="none")
-    expert = quantized.engine.model.layers[1].moe.experts[5]  # type: ignore[union-attr]
-    assert kernel_weight(expert.gate_up_proj).kind.startswith(qtype.lower())  # type: ignore[union-attr]
-    one = greedy(1, logprobs=5)
-    batch = prompts(3, seed=6)
-    for got, want in zip(quantized.generate(batch, one), exact.generate(batch, one), strict=True):
-        got_lp, want_lp = got.logprobs[0], want.logprobs[0]
-        top = max(want_lp, key=want_lp.__getitem__)
-        assert top in got_lp and abs(got_lp[top] - want_lp[top]) < 0.05, (got_lp, want_lp)
-
-
-def staggered(llm: LLM, batch: list[list[int]], params: SamplingParams) -> list:
-    """One request more every other step: prompts share steps with others' decodes."""
-    engine, outs = llm.engine, {f"s{i}": [] for i in range(len(batch))}
-    waiting, steps = list(enumerate(batch)), 0
-    while waiting or engine.has_unfinished():
-        if waiting and steps % 2 == 0:
-            i, prompt = waiting.pop(0)
-            engine.add_request(f"s{i}", prompt, params)
-        for delta in engine.step():
-            outs[delta.request_id].append((delta.new_token_ids, delta.new_logprobs))
-        steps += 1
-    return [outs[f"s{i}"] for i in range(len(batch))]
 
 
 def flatten(deltas: list) -> tuple[list[int], list]:
